@@ -1,0 +1,90 @@
+"""Every exception llamay raises on bad input, in one place.
+
+Each names what was wrong (file, field, feature) and, where it helps, what to do.
+The HTTP edge maps `LlamayError` subclasses to 4xx responses with the same message.
+"""
+
+from __future__ import annotations
+
+
+class LlamayError(Exception):
+    """Base class of llamay's own errors."""
+
+
+# --- GGUF parsing -------------------------------------------------------------
+
+
+class GGUFError(LlamayError):
+    """A GGUF file could not be read."""
+
+
+class GGUFTruncatedError(GGUFError):
+    """The file ends before a field that the header says is there."""
+
+
+class GGUFMagicError(GGUFError):
+    """The file does not start with the GGUF magic."""
+
+
+class GGUFVersionError(GGUFError):
+    """The GGUF version is not one llamay reads (2 or 3)."""
+
+
+class GGUFValueTypeError(GGUFError):
+    """A metadata value has a type code that GGUF does not define."""
+
+
+class GGUFBoundsError(GGUFError):
+    """A count, length or offset points beyond the end of the file."""
+
+
+class GGUFTensorError(GGUFError):
+    """A tensor description is inconsistent (bad shape, type, alignment, overlap)."""
+
+
+# --- Quantisation ---------------------------------------------------------------
+
+
+class UnsupportedTensorTypeError(LlamayError):
+    """A tensor's GGML type has no dequantiser in llamay."""
+
+
+# --- Models ---------------------------------------------------------------------
+
+
+class UnknownArchitectureError(LlamayError):
+    """The GGUF's `general.architecture` is not one llamay implements."""
+
+
+class ModelFormatError(LlamayError):
+    """A model file lacks a tensor or metadata key its architecture needs."""
+
+
+class ModelNotFoundError(LlamayError):
+    """A model name is neither a file nor a name the store knows or can fetch."""
+
+
+class InvalidModelNameError(LlamayError):
+    """A model name that could escape the store directory or is otherwise malformed."""
+
+
+class FetchError(LlamayError):
+    """Fetching a model from its source failed (download, extraction or checksum)."""
+
+
+# --- Tokenizers -----------------------------------------------------------------
+
+
+class TokenizerError(LlamayError):
+    """The GGUF's tokenizer metadata is missing or of a kind llamay does not build."""
+
+
+# --- Requests -------------------------------------------------------------------
+
+
+class RequestError(LlamayError):
+    """A generation request is invalid (bad sampling parameters, prompt too long, ...)."""
+
+
+class ContextOverflowError(RequestError):
+    """The prompt plus requested tokens do not fit the model's context."""

@@ -1,0 +1,14 @@
+"""GGUF files: parse (mmap, zero-copy tensor views) and write. Knows nothing of JAX."""
+
+from llamay.gguf.constants import BLOCK_SIZES, GGMLType, GGUFValueType, tensor_nbytes
+from llamay.gguf.reader import GGUFFile, TensorInfo, open_gguf
+
+__all__ = [
+    "BLOCK_SIZES",
+    "GGMLType",
+    "GGUFValueType",
+    "GGUFFile",
+    "TensorInfo",
+    "open_gguf",
+    "tensor_nbytes",
+]
