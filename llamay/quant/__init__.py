@@ -1,5 +1,5 @@
 """GGUF block layouts: numpy and jnp dequantisation, quantisation, QTensor and qmatmul."""
 
-from llamay.quant.qtensor import QTensor, qmatmul
+from llamay.quant.qtensor import MixedQTensor, QTensor, qmatmul
 
-__all__ = ["QTensor", "qmatmul"]
+__all__ = ["MixedQTensor", "QTensor", "qmatmul"]

@@ -47,10 +47,33 @@ class QTensor:
         return dequantize_jnp(jnp.take(self.data, ids, axis=-2), self.ggml_type).astype(dtype)
 
 
-def qmatmul(x: jax.Array, w: QTensor) -> jax.Array:
+    def layer(self, index: jax.Array) -> QTensor:
+        """Slice one entry of a stacked [L, rows, row_bytes] tensor by a traced index."""
+        return QTensor(jax.lax.dynamic_index_in_dim(self.data, index, keepdims=False),
+                       self.ggml_type, self.cols)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class MixedQTensor:
+    """One layer's weight when a role's layers have different GGML types (e.g. Q4_K_M
+    files mix Q4_K and Q6_K): the per-type stacks, and which stack/entry is this layer's.
+
+    Built inside the layer scan: `stacks` are closed over, `which`/`index` are scanned.
+    """
+
+    stacks: tuple[QTensor, ...]
+    which: jax.Array  # int32 scalar: position in `stacks`
+    index: jax.Array  # int32 scalar: entry within that stack
+
+
+def qmatmul(x: jax.Array, w: QTensor | MixedQTensor) -> jax.Array:
     """x @ W.T for x [..., cols] and W [rows, cols]: the one matmul every architecture calls.
 
     Exact numerics: f32 accumulation over the dequantised weight.
     """
+    if isinstance(w, MixedQTensor):
+        branches = [lambda x, s=s: qmatmul(x, s.layer(w.index)) for s in w.stacks]
+        return jax.lax.switch(w.which, branches, x)
     wf = w.dequantize(jnp.float32)
     return jnp.einsum("...k,nk->...n", x.astype(jnp.float32), wf, precision="highest")
