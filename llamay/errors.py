@@ -42,6 +42,14 @@ class GGUFTensorError(GGUFError):
     """A tensor description is inconsistent (bad shape, type, alignment, overlap)."""
 
 
+class GGUFDuplicateError(GGUFError):
+    """A metadata key or tensor name appears more than once."""
+
+
+class GGUFWriteError(GGUFError):
+    """Values or tensors given to the GGUF writer cannot be encoded as asked."""
+
+
 # --- Quantisation ---------------------------------------------------------------
 
 
