@@ -1,0 +1,135 @@
+"""The Python API research scripts use: `llamay.load(...)` and `Model`.
+
+    m = llamay.load("smollm2:135m")          # or a path to a .gguf
+    m.generate("Once upon a time", max_tokens=32, temperature=0)
+    m.logits(m.tokenize("The capital of France is"))   # numpy [T, vocab] float32
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from llamay.arch import get_architecture
+from llamay.engine import Generation, Runtime, check_prompt, padded_batch
+from llamay.errors import RequestError
+from llamay.gguf import GGUFFile
+from llamay.kv import bucket, new_dense_kv
+from llamay.model import bind, logits_step
+from llamay.runtime import enable_compilation_cache
+from llamay.sample import Sampler
+from llamay.tok import IncrementalDecoder, Tokenizer
+
+NUMERICS = ("exact", "llamacpp")
+
+
+class Model:
+    """A loaded model: config, weights pytree, tokenizer, and the calls that use them."""
+
+    def __init__(self, path: str | os.PathLike, numerics: str = "exact", n_ctx: int | None = None):
+        if numerics not in NUMERICS:
+            raise RequestError(f"numerics must be one of {NUMERICS}, not {numerics!r}")
+        if numerics == "llamacpp":
+            raise RequestError(
+                'numerics="llamacpp" (int8-rounded activations, f16 KV) is not implemented '
+                'yet; use numerics="exact"'
+            )
+        enable_compilation_cache()
+        self.path = Path(path)
+        self.numerics = numerics
+        self.gguf = GGUFFile(self.path)
+        self.arch = get_architecture(self.gguf.architecture)
+        self.config = self.arch.config(self.gguf.metadata)
+        self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+        self.weights = bind(self.gguf, self.arch, self.config.n_layers)
+        ctx = self.config.context_length
+        self.n_ctx = min(n_ctx or ctx, ctx)
+        self.runtime = Runtime(self.config, self.weights, self.n_ctx, jnp.float32)
+
+    # -- text <-> ids ----------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False):
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # -- numbers ----------------------------------------------------------------------
+
+    def logits(self, ids) -> np.ndarray:
+        """Logits at every position of `ids`: numpy [len(ids), vocab] float32."""
+        return self._run(ids, hidden=False)[0]
+
+    def hidden_states(self, ids) -> np.ndarray:
+        """Each block's output at every position: numpy [n_layers, len(ids), d_model]."""
+        return self._run(ids, hidden=True)[1]
+
+    def _run(self, ids, hidden: bool):
+        ids = [int(i) for i in ids]
+        check_prompt(len(ids), self.n_ctx + 1)
+        cfg = self.config
+        slots = bucket(len(ids))
+        kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, jnp.float32)
+        tokens, positions = padded_batch(ids, slots)
+        logits, hs, _ = logits_step(cfg, self.weights, kv, tokens, positions, hidden=hidden)
+        n = len(ids)
+        out = np.asarray(logits[0, :n], np.float32)
+        return out, (np.asarray(hs[:, 0, :n], np.float32) if hidden else None)
+
+    # -- generation ---------------------------------------------------------------------
+
+    def generation(self, prompt_ids, max_tokens: int = 128, sampler: Sampler | None = None):
+        """The token-level generator (an iterator of ids with a `finish_reason`)."""
+        return Generation(
+            self.runtime,
+            list(prompt_ids),
+            max_tokens,
+            sampler or Sampler(),
+            frozenset(self.tokenizer.stop_ids),
+        )
+
+    def generate(
+        self,
+        prompt: str,
+        max_tokens: int = 128,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        seed: int | None = None,
+        stream: bool = False,
+    ) -> str | Iterator[str]:
+        """Continue `prompt` (special-token text parsed, BOS per the model, as llama.cpp's
+        CLI does). Returns the text, or an iterator of text pieces when `stream`."""
+        sampler = Sampler(temperature, top_k, top_p, min_p, seed)
+        ids = self.tokenize(prompt, add_special=True, parse_special=True)
+        gen = self.generation(ids, max_tokens, sampler)
+        pieces = self._stream_text(gen)
+        return pieces if stream else "".join(pieces)
+
+    def _stream_text(self, gen: Generation) -> Iterator[str]:
+        dec = IncrementalDecoder(self.tokenizer)
+        for tok in gen:
+            piece = dec.feed(tok)
+            if piece:
+                yield piece
+        tail = dec.flush()
+        if tail:
+            yield tail
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"Model({str(self.path)!r}, arch={c.arch!r}, layers={c.n_layers}, n_ctx={self.n_ctx})"
+
+
+def load(path_or_name: str | os.PathLike, numerics: str = "exact", n_ctx: int | None = None,
+         progress: bool = True) -> Model:
+    """Load a model from a `.gguf` path or a store name (fetched on first use)."""
+    from llamay.store import resolve
+
+    return Model(resolve(str(path_or_name), progress=progress) if not Path(path_or_name).is_file()
+                 else path_or_name, numerics=numerics, n_ctx=n_ctx)

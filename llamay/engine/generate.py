@@ -1,0 +1,94 @@
+"""Single-sequence generation over the step functions: prefill once, then decode
+token by token until a stop token, the token budget or the context end.
+
+The host keeps the bookkeeping (positions, stop checks); each step returns one
+token id per row, the only device→host transfer per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import jax.numpy as jnp
+import numpy as np
+
+from llamay.engine.steps import decode_step, prefill_step
+from llamay.errors import ContextOverflowError, RequestError
+from llamay.kv import bucket, cache_slots, new_dense_kv
+from llamay.sample import Sampler, SamplingParams, seed_keys
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the steps need besides the prompt: config, weights and cache settings."""
+
+    cfg: object
+    weights: dict
+    n_ctx: int
+    kv_dtype: object = jnp.float32
+
+
+def padded_batch(ids: list[int], slots: int):
+    """One row padded to its prefill bucket; padding gets position `slots` (dropped)."""
+    t = len(ids)
+    tb = bucket(t)
+    tokens = np.zeros((1, tb), np.int32)
+    tokens[0, :t] = ids
+    positions = np.full((1, tb), slots, np.int32)
+    positions[0, :t] = np.arange(t)
+    return jnp.asarray(tokens), jnp.asarray(positions)
+
+
+def check_prompt(n_prompt: int, n_ctx: int) -> None:
+    if n_prompt == 0:
+        raise RequestError("the prompt is empty (no tokens to condition on)")
+    if n_prompt >= n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {n_prompt} tokens; the context holds {n_ctx} "
+            "(shorten the prompt or load the model with a larger n_ctx)"
+        )
+
+
+@dataclass
+class Generation:
+    """Iterator over generated token ids; `finish_reason` is "stop" or "length" at the end."""
+
+    rt: Runtime
+    prompt_ids: list[int]
+    max_tokens: int
+    sampler: Sampler
+    stop_ids: frozenset[int]
+    finish_reason: str | None = None
+    n_generated: int = field(default=0)
+
+    def __iter__(self) -> Iterator[int]:
+        rt, cfg = self.rt, self.rt.cfg
+        n = len(self.prompt_ids)
+        check_prompt(n, rt.n_ctx)
+        budget = min(self.max_tokens, rt.n_ctx - n)
+        if budget <= 0:
+            self.finish_reason = "length"
+            return
+        slots = cache_slots(n + budget, rt.n_ctx)
+        kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, rt.kv_dtype)
+        params = SamplingParams.stack([self.sampler])
+        keys = seed_keys([self.sampler])
+        tokens, positions = padded_batch(self.prompt_ids, slots)
+        last = jnp.asarray([n - 1], jnp.int32)
+        nxt, keys, kv = prefill_step(cfg, rt.weights, kv, tokens, positions, last, params, keys)
+        pos = n
+        while True:
+            tok = int(nxt[0])
+            if tok in self.stop_ids:
+                self.finish_reason = "stop"
+                return
+            self.n_generated += 1
+            yield tok
+            if self.n_generated >= budget:
+                self.finish_reason = "length"
+                return
+            nxt, keys, kv = decode_step(
+                cfg, rt.weights, kv, nxt, jnp.asarray([pos], jnp.int32), params, keys
+            )
+            pos += 1

@@ -1,0 +1,38 @@
+"""The jit-compiled generation steps: forward, head on the rows that sample, and
+on-device sampling fused into one call, so a step returns just the new token ids.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from llamay.arch import get_architecture
+from llamay.model import forward
+from llamay.sample import SamplingParams, sample
+
+
+@partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
+def prefill_step(cfg, weights, kv, tokens, positions, last, params: SamplingParams, keys):
+    """Prefill a (bucket-padded) prompt and sample the first new token of each row.
+
+    last [B]: index in T of each row's last real token. Returns (tokens [B], keys, kv).
+    """
+    arch = get_architecture(cfg.arch)
+    x, kv, _ = forward(cfg, weights, kv, tokens, positions)
+    x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
+    logits = arch.head(cfg, weights, x_last)[:, 0]
+    next_tokens, keys = sample(logits, params, keys)
+    return next_tokens, keys, kv
+
+
+@partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
+def decode_step(cfg, weights, kv, tokens, positions, params: SamplingParams, keys):
+    """One token per row: tokens [B] at positions [B]. Returns (next tokens [B], keys, kv)."""
+    arch = get_architecture(cfg.arch)
+    x, kv, _ = forward(cfg, weights, kv, tokens[:, None], positions[:, None])
+    logits = arch.head(cfg, weights, x)[:, 0]
+    next_tokens, keys = sample(logits, params, keys)
+    return next_tokens, keys, kv

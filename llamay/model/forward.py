@@ -1,0 +1,59 @@
+"""The forward pass: an architecture's `embed`, then `block` under `lax.scan` over the
+stacked layers; `head` is left to the step that needs it (all rows or the last).
+Steps are pure: `(weights, kv, batch) -> (outputs, kv)` with the KV state donated.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from llamay.arch import get_architecture
+from llamay.kv import DenseKV
+from llamay.quant import MixedQTensor
+
+
+def _split_layers(layers: dict[str, Any]):
+    """Scanned per-layer data, and what the scan body closes over (mixed-type stacks)."""
+    scanned, fixed = {}, {}
+    for role, v in layers.items():
+        if isinstance(v, MixedQTensor):
+            scanned[role] = (v.which, v.index)
+            fixed[role] = v.stacks
+        else:
+            scanned[role] = v
+    return scanned, fixed
+
+
+def forward(cfg, weights, kv: DenseKV, tokens, positions, *, hidden: bool = False):
+    """Run all blocks over tokens [B, T] at positions [B, T].
+
+    Returns (final hidden state [B, T, E], new kv, per-layer outputs [L, B, T, E] or None).
+    """
+    arch = get_architecture(cfg.arch)
+    x = arch.embed(cfg, weights, tokens)
+    scanned, fixed = _split_layers(weights["layers"])
+
+    def body(x, xs):
+        lw_scanned, k, v, layer = xs
+        lw = {
+            role: MixedQTensor(fixed[role], *val) if role in fixed else val
+            for role, val in lw_scanned.items()
+        }
+        x, k, v = arch.block(cfg, lw, x, positions, k, v, layer)
+        return x, (k, v, x if hidden else None)
+
+    layer_ids = jnp.arange(kv.k.shape[0], dtype=jnp.int32)
+    x, (k, v, hs) = jax.lax.scan(body, x, (scanned, kv.k, kv.v, layer_ids))
+    return x, DenseKV(k, v), hs
+
+
+@partial(jax.jit, static_argnames=("cfg", "hidden"), donate_argnames=("kv",))
+def logits_step(cfg, weights, kv, tokens, positions, hidden: bool = False):
+    """Logits at every position [B, T, V] (and per-layer hidden states if asked)."""
+    arch = get_architecture(cfg.arch)
+    x, kv, hs = forward(cfg, weights, kv, tokens, positions, hidden=hidden)
+    return arch.head(cfg, weights, x), hs, kv
