@@ -1,5 +1,32 @@
 """GGUF block layouts: numpy and jnp dequantisation, quantisation, QTensor and qmatmul."""
 
-from llamay.quant.qtensor import MixedQTensor, QTensor, qmatmul
+from llamay.quant.act_quant import (
+    VEC_DOT_TYPES,
+    Q8Acts,
+    quantize_q8_0,
+    quantize_q8_1,
+    quantize_q8_k,
+    round_activations,
+)
+from llamay.quant.jnp_dequant import dequantize_jnp
+from llamay.quant.layouts import LAYOUTS, BlockLayout, layout_of
+from llamay.quant.np_dequant import dequantize
+from llamay.quant.qtensor import QTensor, qmatmul
+from llamay.quant.quantize import quantize
 
-__all__ = ["MixedQTensor", "QTensor", "qmatmul"]
+__all__ = [
+    "LAYOUTS",
+    "VEC_DOT_TYPES",
+    "BlockLayout",
+    "Q8Acts",
+    "QTensor",
+    "dequantize",
+    "dequantize_jnp",
+    "layout_of",
+    "qmatmul",
+    "quantize",
+    "quantize_q8_0",
+    "quantize_q8_1",
+    "quantize_q8_k",
+    "round_activations",
+]

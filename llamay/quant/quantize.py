@@ -1,0 +1,113 @@
+"""Numpy quantisation of float rows into GGUF blocks (for writing GGUF files and tests).
+
+Byte-equal to gguf-py's `gguf.quants.quantize`, which reproduces ggml's reference
+quantisers (`quantize_row_*_ref`) for these types. K-quants are not offered:
+ggml's K-quant search is not something gguf-py (our oracle) implements either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from llamay.errors import UnsupportedTensorTypeError
+from llamay.gguf.constants import GGMLType
+from llamay.quant.formulas import bit_pack, nibble_pack, q8_quants, signed_absmax
+from llamay.quant.layouts import LAYOUTS, NUMPY
+from llamay.quant.np_dequant import map_blocks
+
+Fields = dict[str, np.ndarray]
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    return np.where(d == 0, 0, 1 / d)
+
+
+def _levels(v: np.ndarray, top: int) -> np.ndarray:
+    """C's `(uint8_t)(v)` then MIN(top, .): truncation toward zero, clamped."""
+    return np.minimum(np.trunc(v).astype(np.uint8), top)
+
+
+def _symmetric(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0/Q5_0: scale from the signed max, quants offset by levels/2."""
+    d = signed_absmax(NUMPY, x) / -(levels // 2)
+    return d, _levels(x * _inverse(d) + np.float32(levels // 2 + 0.5), levels - 1)
+
+
+def _affine(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1/Q5_1: scale and min from the range."""
+    lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    d = (hi - lo) / (levels - 1)
+    return d, lo, _levels((x - lo) * _inverse(d) + np.float32(0.5), levels - 1)
+
+
+def _q4_0(x: np.ndarray) -> Fields:
+    d, q = _symmetric(x, 16)
+    return {"d": d, "qs": nibble_pack(q)}
+
+
+def _q4_1(x: np.ndarray) -> Fields:
+    d, m, q = _affine(x, 16)
+    return {"d": d, "m": m, "qs": nibble_pack(q)}
+
+
+def _q5_0(x: np.ndarray) -> Fields:
+    d, q = _symmetric(x, 32)
+    return {"d": d, "qh": bit_pack(NUMPY, q >> 4), "qs": nibble_pack(q)}
+
+
+def _q5_1(x: np.ndarray) -> Fields:
+    d, m, q = _affine(x, 32)
+    return {"d": d, "m": m, "qh": bit_pack(NUMPY, q >> 4), "qs": nibble_pack(q)}
+
+
+def _q8_0(x: np.ndarray) -> Fields:
+    qs, d = q8_quants(NUMPY, x, "ref")
+    return {"d": d, "qs": qs}
+
+
+def _bf16(x: np.ndarray) -> Fields:
+    """ggml_compute_fp32_to_bf16: NaNs made quiet, otherwise round to nearest even."""
+    n = x.view(np.uint32)
+    n = np.where((n & 0x7FFFFFFF) > 0x7F800000, (n & 0xFFFF0000) | (64 << 16), n)
+    n = (n.astype(np.uint64) + (0x7FFF + ((n >> 16) & 1))) >> 16
+    return {"x": n.astype(np.uint16)}
+
+
+_QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], Fields]] = {
+    GGMLType.F32: lambda x: {"x": x},
+    GGMLType.F16: lambda x: {"x": x},
+    GGMLType.BF16: _bf16,
+    GGMLType.Q4_0: _q4_0,
+    GGMLType.Q4_1: _q4_1,
+    GGMLType.Q5_0: _q5_0,
+    GGMLType.Q5_1: _q5_1,
+    GGMLType.Q8_0: _q8_0,
+}
+
+
+def quantize(x: np.ndarray, ggml_type: GGMLType | int) -> np.ndarray:
+    """float32 [..., n_cols] -> uint8 [..., row_bytes] in `ggml_type`'s block layout.
+
+    n_cols must be a multiple of the type's block size. Raises
+    UnsupportedTensorTypeError for types without a quantiser here.
+    """
+    try:
+        t = GGMLType(ggml_type)
+        fn = _QUANTIZERS[t]
+    except (ValueError, KeyError):
+        names = ", ".join(t.name for t in _QUANTIZERS)
+        raise UnsupportedTensorTypeError(
+            f"llamay cannot quantise to GGML type {ggml_type!r} (it can: {names})"
+        ) from None
+    lay = LAYOUTS[t]
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 0 or x.shape[-1] % lay.block_elems:
+        raise ValueError(
+            f"cannot quantise shape {x.shape} to {t.name}: the last dim must be a "
+            f"multiple of {lay.block_elems}"
+        )
+    blocks = x.reshape(*x.shape[:-1], -1, lay.block_elems)
+    out = map_blocks(lambda b: lay.pack(NUMPY, fn(b)), blocks, lay.block_bytes, np.uint8)
+    return out.reshape(*x.shape[:-1], -1)

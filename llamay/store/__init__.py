@@ -1,0 +1,472 @@
+"""The content-addressed model store.
+
+Layout under `store_dir()` (`$LLAMAY_HOME`, default `~/.llamay`):
+
+    blobs/sha256-<hex>                 model files, named by their sha256, read-only
+    manifests/[<ns>/]<name>/<tag>.json one per model name: name, tag, digest, size, source,
+                                       created
+    locks/sha256-<hex>.lock            advisory locks held while a blob is written or removed
+
+A pull streams the file from its `Source` into a temporary file inside `blobs/`, hashing
+as it writes, verifies size and sha256, renames it into place and only then writes the
+manifest (atomically, via a temporary file and rename). Any failure leaves neither a
+partial blob nor a manifest behind and raises `FetchError` saying what failed.
+
+    pull(name, progress=True) -> Path       fetch a catalogue model (no-op if present)
+    resolve(name_or_path) -> Path           a GGUF file path, or a store name (pulled if needed)
+    list_models() -> list[ModelEntry]
+    remove(name)
+    store_dir() -> Path
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from llamay.errors import FetchError, InvalidModelNameError, LlamayError, ModelNotFoundError
+from llamay.store.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry, known_names, lookup, suggest
+from llamay.store.names import ModelRef, contained_path, manifest_path, parse_name
+from llamay.store.source import SOURCE_KINDS, Source, register_source, source_from_json, status
+from llamay.store.wheel import WheelPart, WheelSource, wheel_cache_dir
+
+__all__ = [
+    "CATALOG",
+    "DEFAULT_MODEL",
+    "SOURCE_KINDS",
+    "CatalogEntry",
+    "ModelEntry",
+    "ModelRef",
+    "Source",
+    "WheelPart",
+    "WheelSource",
+    "blob_path",
+    "known_names",
+    "list_models",
+    "parse_name",
+    "pull",
+    "register_source",
+    "remove",
+    "resolve",
+    "source_from_json",
+    "store_dir",
+    "wheel_cache_dir",
+]
+
+MANIFEST_SCHEMA = 1
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_PARTIAL_PREFIX = ".partial-"
+_STALE_PARTIAL_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model in the store, as `list_models()` reports it."""
+
+    name: str  # canonical `[ns/]name:tag`
+    digest: str  # `sha256:<hex>`
+    size: int
+    modified: datetime  # when the manifest was last written (UTC)
+    path: Path  # the blob
+    source: dict[str, Any] | None = None
+
+
+# --- layout ---------------------------------------------------------------------------
+
+
+def store_dir() -> Path:
+    """The store's root: `$LLAMAY_HOME`, default `~/.llamay` (not created here)."""
+    env = os.environ.get("LLAMAY_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".llamay"
+
+
+def _blobs(root: Path) -> Path:
+    return root / "blobs"
+
+
+def _manifests(root: Path) -> Path:
+    return root / "manifests"
+
+
+def blob_path(digest: str, root: Path | None = None) -> Path:
+    """The blob file for `sha256:<hex>` (or bare `<hex>`); it need not exist."""
+    hexdigest = digest.removeprefix("sha256:")
+    if not _HEX64.fullmatch(hexdigest):
+        raise FetchError(f"malformed digest {digest!r}: expected sha256:<64 lowercase hex digits>")
+    root = store_dir() if root is None else root
+    return contained_path(_blobs(root), f"sha256-{hexdigest}")
+
+
+# --- small filesystem helpers ----------------------------------------------------------
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        try:
+            path.unlink()
+        except PermissionError:  # read-only blobs on Windows
+            os.chmod(path, 0o644)
+            path.unlink()
+
+
+def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def _lock(root: Path, key: str, what: str, *, progress: bool) -> Iterator[None]:
+    """An exclusive advisory lock on `locks/<key>.lock` (blocking, with a message if busy)."""
+    locks = root / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            import fcntl
+        except ImportError:  # Windows
+            import msvcrt
+
+            while True:
+                try:
+                    msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            try:
+                yield
+            finally:
+                os.lseek(fd, 0, os.SEEK_SET)
+                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            status(f"waiting for another process {what}", progress=progress)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+class _HashingWriter:
+    """Writes to a file, hashing as it goes; refuses to grow past `limit` bytes."""
+
+    def __init__(self, f: Any, limit: int | None, what: str):
+        self._f = f
+        self._limit = limit
+        self._what = what
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes, /) -> int:
+        n = len(data)
+        if self._limit is not None and self.size + n > self._limit:
+            raise FetchError(f"{self._what} produced more than the expected {self._limit} bytes")
+        self._f.write(data)
+        self.sha256.update(data)
+        self.size += n
+        return n
+
+
+def _sweep_stale_partials(blobs: Path) -> None:
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for p in blobs.iterdir():
+            if p.name.startswith(_PARTIAL_PREFIX):
+                with contextlib.suppress(OSError):
+                    if now - p.stat().st_mtime > _STALE_PARTIAL_S:
+                        p.unlink()
+
+
+# --- manifests ----------------------------------------------------------------------------
+
+
+def _parse_manifest(path: Path, ref: ModelRef, root: Path) -> ModelEntry:
+    """Read and check a manifest; raises `LlamayError`/`OSError`/`ValueError` when malformed."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    digest, size = data.get("digest"), data.get("size")
+    if not isinstance(digest, str) or not digest.startswith("sha256:"):
+        raise ValueError(f"bad digest {digest!r}")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f"bad size {size!r}")
+    source = data.get("source")
+    return ModelEntry(
+        name=str(ref),
+        digest=digest,
+        size=size,
+        modified=datetime.fromtimestamp(path.stat().st_mtime, UTC),
+        path=blob_path(digest, root),
+        source=source if isinstance(source, dict) else None,
+    )
+
+
+def _read_entry(root: Path, ref: ModelRef) -> ModelEntry | None:
+    """The manifest's entry for `ref`, or None if there is no (readable) manifest."""
+    path = manifest_path(_manifests(root), ref)
+    if not path.is_file():
+        return None
+    try:
+        return _parse_manifest(path, ref, root)
+    except (OSError, ValueError, LlamayError) as e:
+        warnings.warn(f"ignoring malformed manifest {path}: {e}", stacklevel=3)
+        return None
+
+
+def _blob_ok(entry: ModelEntry) -> bool:
+    try:
+        return entry.path.is_file() and entry.path.stat().st_size == entry.size
+    except OSError:
+        return False
+
+
+# --- pulling --------------------------------------------------------------------------------
+
+
+def _fetch_blob(
+    root: Path, ref: ModelRef, sha256: str, size: int | None, source: Source, progress: bool
+) -> tuple[Path, int, bool]:
+    """Make sure `blobs/sha256-<sha256>` exists; returns (path, size, created_now).
+
+    Caller holds the digest lock.
+    """
+    blobs = _blobs(root)
+    blobs.mkdir(parents=True, exist_ok=True)
+    blob = blob_path(sha256, root)
+    if blob.is_file():
+        actual = blob.stat().st_size
+        if size is None or actual == size:
+            return blob, actual, False
+        status(
+            f"{blob} has the wrong size ({actual}, expected {size}); fetching again",
+            progress=progress,
+        )
+        _unlink(blob)
+    _sweep_stale_partials(blobs)
+    if size is not None:
+        free = shutil.disk_usage(blobs).free
+        if free < size:
+            raise FetchError(
+                f"not enough disk space for {ref} in {blobs}: need {size} bytes, {free} free"
+            )
+    status(f"pulling {ref} from {source.describe()}", progress=progress)
+    tmp = blobs / f"{_PARTIAL_PREFIX}{sha256[:12]}-{secrets.token_hex(6)}"
+    try:
+        try:
+            with open(tmp, "xb") as f:
+                writer = _HashingWriter(f, size, f"{source.describe()}")
+                source.fetch(writer, progress=progress)
+                f.flush()
+                os.fsync(f.fileno())
+        except FetchError:
+            raise
+        except Exception as e:
+            raise FetchError(
+                f"pulling {ref} from {source.describe()} failed: {type(e).__name__}: {e}"
+            ) from e
+        if size is not None and writer.size != size:
+            raise FetchError(
+                f"{ref} from {source.describe()}: got {writer.size} bytes, expected {size}"
+            )
+        got = writer.sha256.hexdigest()
+        if got != sha256:
+            dropped = source.invalidate_cache()
+            raise FetchError(
+                f"checksum mismatch for {ref} from {source.describe()}: expected sha256 "
+                f"{sha256}, got {got}"
+                + ("; the cached download was removed, a retry fetches it again" if dropped else "")
+            )
+        try:
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, blob)
+        except OSError as e:
+            raise FetchError(f"could not move the verified blob into {blob}: {e}") from e
+        _fsync_dir(blobs)
+        return blob, writer.size, True
+    finally:
+        _unlink(tmp)
+
+
+def _pull(
+    root: Path, ref: ModelRef, sha256: str, size: int | None, source: Source, progress: bool
+) -> Path:
+    mpath = manifest_path(_manifests(root), ref)
+    with _lock(root, f"sha256-{sha256}", f"pulling {ref}", progress=progress):
+        entry = _read_entry(root, ref)
+        if entry is not None and entry.digest == f"sha256:{sha256}" and _blob_ok(entry):
+            return entry.path  # another process finished it while we waited
+        blob, actual, created = _fetch_blob(root, ref, sha256, size, source, progress)
+        manifest = {
+            "schema_version": MANIFEST_SCHEMA,
+            "name": ref.repository,
+            "tag": ref.tag,
+            "digest": f"sha256:{sha256}",
+            "size": actual,
+            "source": source.to_json(),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        try:
+            _atomic_write_json(mpath, manifest)
+        except Exception as e:
+            if created:
+                _unlink(blob)
+            raise FetchError(f"could not write the manifest {mpath} for {ref}: {e}") from e
+    status(f"{ref}: {blob}", progress=progress)
+    return blob
+
+
+def pull(name: str, progress: bool = True) -> Path:
+    """Fetch `name` into the store if it is not there; returns the blob's path.
+
+    A no-op when the manifest and a blob of the recorded size are present. Otherwise the
+    model comes from its catalogue entry (or, for a damaged model outside the catalogue,
+    from the source its manifest recorded). Progress goes to stderr when `progress`.
+    Raises `InvalidModelNameError`, `ModelNotFoundError` (unknown name) or `FetchError`.
+    """
+    ref = parse_name(name)
+    root = store_dir()
+    entry = _read_entry(root, ref)
+    if entry is not None and _blob_ok(entry):
+        return entry.path
+    cat = lookup(ref)
+    if cat is not None:
+        return _pull(root, ref, cat.sha256, cat.size, cat.source, progress)
+    if entry is not None and entry.source is not None:
+        source = source_from_json(entry.source)
+        return _pull(root, ref, entry.digest.removeprefix("sha256:"), entry.size, source, progress)
+    raise ModelNotFoundError(_unknown_message(ref, root))
+
+
+def _unknown_message(ref: ModelRef, root: Path) -> str:
+    local = [m.name for m in list_models(root)]
+    names = sorted(set(known_names()) | set(local))
+    hint = suggest(ref, names)
+    msg = f"unknown model {str(ref)!r}"
+    if hint:
+        msg += f" (did you mean {', '.join(hint)}?)"
+    return (
+        msg + f"; known models: {', '.join(names) or '(none)'}. A path to a .gguf file works too."
+    )
+
+
+# --- resolving ------------------------------------------------------------------------------
+
+
+def _looks_like_path(text: str) -> bool:
+    return (
+        text.lower().endswith(".gguf")
+        or text.startswith(("/", "./", "../", "~", ".\\", "..\\"))
+        or "\\" in text
+        or text in (".", "..")
+    )
+
+
+def resolve(name_or_path: str | os.PathLike[str], progress: bool = True) -> Path:
+    """A model file for a path or a store name.
+
+    An existing file → that path. A path-like string (ends in `.gguf`, starts with `/`,
+    `./`, `~`, ...) that is not a file → `ModelNotFoundError`. Otherwise a store name:
+    the stored blob, pulled first if it is in the catalogue and missing; an unknown name →
+    `ModelNotFoundError` listing the known names.
+    """
+    is_pathlike = isinstance(name_or_path, os.PathLike)
+    text = os.fspath(name_or_path)
+    if not isinstance(text, str):
+        raise InvalidModelNameError(f"invalid model name or path {name_or_path!r}")
+    path = Path(text).expanduser() if "\0" not in text else None
+    if path is not None:
+        try:
+            if path.is_file():
+                return path
+            if is_pathlike or _looks_like_path(text):
+                what = "is not a file" if path.exists() else "does not exist"
+                raise ModelNotFoundError(f"model file {text} {what}")
+        except OSError:  # a name too long for the OS, etc.: try it as a name below
+            pass
+    return pull(text, progress=progress)
+
+
+# --- listing and removing ------------------------------------------------------------------
+
+
+def list_models(root: Path | None = None) -> list[ModelEntry]:
+    """Every model in the store, sorted by name. Malformed manifests are skipped with a warning."""
+    root = store_dir() if root is None else root
+    manifests = _manifests(root)
+    if not manifests.is_dir():
+        return []
+    out = []
+    for path in sorted(manifests.rglob("*.json")):
+        rel = path.relative_to(manifests).parts
+        if any(part.startswith(".") for part in rel):
+            continue
+        text = "/".join(rel[:-1]) + ":" + rel[-1].removesuffix(".json")
+        try:
+            ref = parse_name(text)
+            out.append(_parse_manifest(path, ref, root))
+        except (OSError, ValueError, LlamayError) as e:
+            warnings.warn(f"ignoring malformed manifest {path}: {e}", stacklevel=2)
+    return sorted(out, key=lambda m: m.name)
+
+
+def remove(name: str) -> None:
+    """Delete a model's manifest, and its blob when no other manifest uses it."""
+    ref = parse_name(name)
+    root = store_dir()
+    manifests = _manifests(root)
+    mpath = manifest_path(manifests, ref)
+    if not mpath.is_file():
+        raise ModelNotFoundError(f"model {ref} is not in the store {root}")
+    entry = _read_entry(root, ref)
+    if entry is None:  # malformed: the manifest goes, blobs stay
+        _unlink(mpath)
+    else:
+        key = f"sha256-{entry.digest.removeprefix('sha256:')}"
+        with _lock(root, key, f"using {entry.digest}", progress=False):
+            _unlink(mpath)
+            if not any(m.digest == entry.digest for m in list_models(root)):
+                _unlink(entry.path)
+    parent = mpath.parent
+    while parent != manifests:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+        parent = parent.parent
