@@ -79,16 +79,20 @@ class Generation:
         nxt, keys, kv = prefill_step(cfg, rt.weights, kv, tokens, positions, last, params, keys)
         pos = n
         while True:
+            # Dispatch the next step before reading this token back, so the device
+            # works while the host checks for stops and detokenises.
+            ahead = None
+            if self.n_generated + 1 < budget:
+                at = jnp.asarray([pos], jnp.int32)
+                ahead = decode_step(cfg, rt.weights, kv, nxt, at, params, keys)
             tok = int(nxt[0])
             if tok in self.stop_ids:
                 self.finish_reason = "stop"
                 return
             self.n_generated += 1
             yield tok
-            if self.n_generated >= budget:
+            if ahead is None:
                 self.finish_reason = "length"
                 return
-            nxt, keys, kv = decode_step(
-                cfg, rt.weights, kv, nxt, jnp.asarray([pos], jnp.int32), params, keys
-            )
+            nxt, keys, kv = ahead
             pos += 1
