@@ -1,0 +1,74 @@
+"""The `llamay` command, in-process through Typer's runner, against the llama.cpp goldens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from llamay_cli.main import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def smollm2_goldens(fixtures_dir, kind):
+    return json.loads((fixtures_dir / kind / "smollm2-135m-instruct-q4_1.json").read_text())
+
+
+@pytest.mark.model
+def test_generate_streams_only_the_text_to_stdout(smollm2_path, fixtures_dir):
+    import llamay
+
+    g = smollm2_goldens(fixtures_dir, "transformers")["greedy"][0]
+    r = run("generate", "-m", str(smollm2_path), "-n", "12", "--temperature", "0", g["prompt"])
+    assert r.exit_code == 0, r.stderr
+    expect = llamay.load(smollm2_path).detokenize(g["greedy_ids"][:12])
+    assert r.stdout == expect + "\n"
+    assert "[llamay]" in r.stderr
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    "flags,key",
+    [((), "ids_add_special"), (("--no-special",), "ids_raw"),
+     (("--no-special", "--parse-special"), "ids_parse_special")],
+)
+def test_tokenize_json_equals_llamacpp(smollm2_path, fixtures_dir, flags, key):
+    item = next(
+        t for t in smollm2_goldens(fixtures_dir, "llamacpp")["tokenize"] if "<|" in t["text"]
+    )
+    r = run("tokenize", "-m", str(smollm2_path), *flags, "--json", item["text"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout) == item[key]
+
+
+def test_missing_model_file_is_a_clear_error(tmp_path):
+    r = run("generate", "-m", str(tmp_path / "nope.gguf"), "hello")
+    assert r.exit_code == 1
+    assert "nope.gguf" in r.stderr and r.stdout == ""
+
+
+def test_corrupt_model_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)
+    r = run("generate", "-m", str(bad), "hello")
+    assert r.exit_code == 1
+    assert "error:" in r.stderr and "bad.gguf" in r.stderr
+
+
+def test_unknown_store_name_lists_known_models():
+    r = run("generate", "-m", "no-such-model:1b", "hello")
+    assert r.exit_code == 1
+    assert "smollm2:135m" in r.stderr
+
+
+@pytest.mark.model
+def test_list_shows_pulled_model(smollm2_path):
+    r = run("list")
+    assert r.exit_code == 0
+    assert "smollm2:135m" in r.stdout

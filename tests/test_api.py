@@ -1,0 +1,72 @@
+"""`llamay.load` and `Model` on bad input: each failure a specific, clear exception."""
+
+from __future__ import annotations
+
+import pytest
+
+import llamay
+from llamay.errors import (
+    ContextOverflowError,
+    GGUFError,
+    ModelFormatError,
+    ModelNotFoundError,
+    RequestError,
+    UnknownArchitectureError,
+)
+from llamay.gguf.writer import copy_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny(fixtures_dir):
+    return fixtures_dir / "tiny" / "llama.gguf"
+
+
+def test_unknown_architecture_lists_supported(tiny, tmp_path):
+    bad = copy_gguf(tiny, tmp_path / "arch.gguf", metadata={"general.architecture": "nosuch"})
+    with pytest.raises(UnknownArchitectureError, match="nosuch.*llama"):
+        llamay.load(bad)
+
+
+def test_missing_tensor_names_it(tiny, tmp_path):
+    bad = copy_gguf(tiny, tmp_path / "t.gguf", tensors={"blk.2.ffn_up.weight": None})
+    with pytest.raises(ModelFormatError, match=r"blk\.2\.ffn_up\.weight"):
+        llamay.load(bad)
+
+
+def test_missing_hparam_names_it(tiny, tmp_path):
+    bad = copy_gguf(tiny, tmp_path / "h.gguf", metadata={"llama.block_count": None})
+    with pytest.raises(ModelFormatError, match=r"llama\.block_count"):
+        llamay.load(bad)
+
+
+def test_truncated_file_is_a_gguf_error(tiny, tmp_path):
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(tiny.read_bytes()[:100_000])
+    with pytest.raises(GGUFError, match="cut.gguf"):
+        llamay.load(bad)
+
+
+def test_missing_path_is_not_found(tmp_path):
+    with pytest.raises(ModelNotFoundError):
+        llamay.load(tmp_path / "absent.gguf")
+
+
+def test_bad_numerics_and_requests(tiny):
+    with pytest.raises(RequestError, match="numerics"):
+        llamay.load(tiny, numerics="fast")
+    m = llamay.load(tiny, n_ctx=64)
+    with pytest.raises(ContextOverflowError, match="64"):
+        m.generate("word " * 100, max_tokens=4)
+    with pytest.raises(RequestError, match="empty"):
+        list(m.generation([], max_tokens=4))
+    with pytest.raises(RequestError, match="top_p"):
+        m.generate("hi", top_p=0)
+
+
+def test_generation_stops_at_context_end(tiny):
+    m = llamay.load(tiny, n_ctx=40)
+    from llamay.sample import GREEDY
+
+    gen = m.generation(list(range(1000, 1030)), max_tokens=100, sampler=GREEDY)
+    out = list(gen)
+    assert len(out) == 10 and gen.finish_reason == "length"
