@@ -11,13 +11,14 @@ from llamay.quant.act_quant import (
 from llamay.quant.jnp_dequant import dequantize_jnp
 from llamay.quant.layouts import LAYOUTS, BlockLayout, layout_of
 from llamay.quant.np_dequant import dequantize
-from llamay.quant.qtensor import QTensor, qmatmul
+from llamay.quant.qtensor import MixedQTensor, QTensor, qmatmul
 from llamay.quant.quantize import quantize
 
 __all__ = [
     "LAYOUTS",
     "VEC_DOT_TYPES",
     "BlockLayout",
+    "MixedQTensor",
     "Q8Acts",
     "QTensor",
     "dequantize",

@@ -98,18 +98,17 @@ def quantize_q8_k(x: jax.Array) -> Q8Acts:
     block gets d = 0.
     """
     b = _blocks(x, _T.Q8_K)
+    opaque = jax.lax.optimization_barrier  # keep XLA from rewriting the divisions
     mx = signed_absmax(jax_backend(), b)
     nonzero = mx != 0
-    iscale = jnp.where(nonzero, -127 / jnp.where(nonzero, mx, 1), 0)
+    iscale = opaque(jnp.where(nonzero, -127 / opaque(jnp.where(nonzero, mx, 1)), 0))
     qs = jnp.minimum(jnp.round(iscale * b), 127).astype(jnp.int8)
     d = jnp.where(nonzero, 1 / jnp.where(nonzero, iscale, 1), 0)
     bsums = jnp.sum(qs.reshape(*qs.shape[:-1], -1, 16), axis=-1, dtype=jnp.int16)
     return _acts(qs, d, bsums.reshape(*x.shape[:-1], -1), x.shape)
 
 
-def round_activations(
-    x: jax.Array, weight_type: GGMLType | int, variant: str = "ref"
-) -> jax.Array:
+def round_activations(x: jax.Array, weight_type: GGMLType | int, variant: str = "ref") -> jax.Array:
     """x [..., n] as llama.cpp's CPU matmul against a `weight_type` weight sees it (f32)."""
     try:
         dot = VEC_DOT_TYPES[GGMLType(weight_type)]

@@ -1,6 +1,6 @@
 """Block formulas written once against an array namespace (numpy or jax.numpy).
 
-`dequantize_blocks(bk, ggml_type, blocks)` maps uint8 [..., block_bytes] to f32
+`dequantize_blocks(bk, layout, blocks)` maps uint8 [..., block_bytes] to f32
 [..., block_elems] with nothing but slices, shifts, masks, reshapes and
 broadcasts: no gathers, no per-block Python, so it vectorises in numpy and
 fuses into one loop in XLA.
@@ -103,6 +103,8 @@ def _f32_field(bk: Backend, f: F) -> Array:
 def _f16(bk: Backend, f: F) -> Array:
     """f16 -> f32, keeping NaN payloads bit for bit (XLA's convert quiets signalling NaNs)."""
     xp, x = bk.xp, f["x"]
+    if bk.f16_keeps_nan_payload:
+        return _f32(bk, x)
     h = _bitcast(bk, x, "uint16").astype(xp.uint32)
     nan = _bitcast(bk, ((h & 0x8000) << 16) | 0x7F800000 | ((h & 0x3FF) << 13), "float32")
     return xp.where(xp.isnan(x), nan, _f32(bk, x))
@@ -227,18 +229,21 @@ def q8_quants(bk: Backend, x: Array, variant: str = "ref") -> tuple[Array, Array
     `variant` picks which of ggml's implementations to reproduce:
     "ref" = quantize_row_q8_0_ref (id = 1/d, roundf), "x86" = the AVX/AVX2/AVX-512
     path (id = 127/amax, round half to even), "arm" = the NEON path (id = 1/d,
-    round half to even). They differ only at rounding ties.
+    round half to even). They differ at exact ties, and x86 also where 127/amax and
+    1/(amax/127) round differently.
     """
     if variant not in Q8_VARIANTS:
         raise ValueError(f"unknown Q8 variant {variant!r} (one of {Q8_VARIANTS})")
-    xp = bk.xp
+    xp, opaque = bk.xp, bk.opaque
+    # XLA rewrites divisions algebraically (a / bcast(c) -> a * (1/c), 1 / (a / b) -> b / a,
+    # ...), which is not IEEE division; `opaque` pins each operand as computed.
     amax = xp.max(xp.abs(x), axis=-1, keepdims=True)
-    d = amax / 127
+    d = amax / opaque(xp.full_like(amax, 127))
     if variant == "x86":
-        inv = xp.where(amax != 0, 127 / amax, 0)
+        inv = xp.where(amax != 0, 127 / opaque(amax), 0)
     else:
-        inv = xp.where(d != 0, 1 / d, 0)
-    v = x * inv
+        inv = xp.where(d != 0, 1 / opaque(d), 0)
+    v = x * opaque(inv)
     q = round_away(bk, v) if variant == "ref" else xp.round(v)
     return q.astype(xp.int8), d
 

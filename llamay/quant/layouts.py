@@ -3,8 +3,9 @@
 One table serves every codec in this package. A `BlockLayout` says where each
 field of a block sits and how to read it; `unpack` turns a uint8 array of blocks
 [..., block_bytes] into named, typed field arrays [..., count], and `pack` does
-the reverse. Both work on numpy and on jax arrays through a `Backend`, the one
-place where the two differ (reinterpreting bytes as another dtype).
+the reverse. Both work on numpy and on jax arrays through a `Backend`, which
+holds the little that differs between the two (reinterpreting bytes as another
+dtype, keeping the compiler from rewriting a division).
 
 How the quant bits map to values (element `o` of a block; see `formulas.py`):
 
@@ -41,15 +42,21 @@ Array = Any  # numpy.ndarray or jax.Array
 
 @dataclass(frozen=True)
 class Backend:
-    """An array namespace plus the two byte reinterpretations it needs.
+    """An array namespace plus what differs between numpy and jax.
 
     `from_bytes(u8 [..., k * itemsize], dtype) -> dtype [..., k]` and
-    `to_bytes(x [..., k]) -> u8 [..., k * itemsize]`, little-endian.
+    `to_bytes(x [..., k]) -> u8 [..., k * itemsize]`, little-endian;
+    `opaque(x)` hides a value from the compiler's algebraic rewrites (XLA turns
+    `a / broadcast(c)` into `a * (1/c)`, which is not IEEE division);
+    `f16_keeps_nan_payload`: whether f16 -> f32 conversion keeps signalling NaNs as
+    they are (numpy does, XLA quiets them).
     """
 
     xp: ModuleType
     from_bytes: Callable[[Array, Any], Array]
     to_bytes: Callable[[Array], Array]
+    opaque: Callable[[Array], Array]
+    f16_keeps_nan_payload: bool
 
 
 @dataclass(frozen=True)
@@ -91,68 +98,40 @@ class BlockLayout:
         return bk.xp.concatenate(parts, axis=-1)
 
 
-def _layout(t: GGMLType, *fields: tuple[str, str, int]) -> BlockLayout:
-    elems, nbytes = BLOCK_SIZES[t]
-    return BlockLayout(t, elems, nbytes, tuple(Field(*f) for f in fields))
+_DTYPES = {"u8": "uint8", "i8": "int8", "u16": "uint16", "i16": "int16"}
+_DTYPES |= {"f16": "float16", "f32": "float32"}
 
-
-_T = GGMLType
-LAYOUTS: dict[GGMLType, BlockLayout] = {
-    lay.ggml_type: lay
-    for lay in (
-        _layout(_T.F32, ("x", "float32", 1)),
-        _layout(_T.F16, ("x", "float16", 1)),
-        _layout(_T.BF16, ("x", "uint16", 1)),
-        _layout(_T.Q4_0, ("d", "float16", 1), ("qs", "uint8", 16)),
-        _layout(_T.Q4_1, ("d", "float16", 1), ("m", "float16", 1), ("qs", "uint8", 16)),
-        _layout(_T.Q5_0, ("d", "float16", 1), ("qh", "uint8", 4), ("qs", "uint8", 16)),
-        _layout(
-            _T.Q5_1,
-            ("d", "float16", 1),
-            ("m", "float16", 1),
-            ("qh", "uint8", 4),
-            ("qs", "uint8", 16),
-        ),
-        _layout(_T.Q8_0, ("d", "float16", 1), ("qs", "int8", 32)),
-        _layout(
-            _T.Q2_K,
-            ("scales", "uint8", 16),
-            ("qs", "uint8", 64),
-            ("d", "float16", 1),
-            ("dmin", "float16", 1),
-        ),
-        _layout(
-            _T.Q3_K,
-            ("hmask", "uint8", 32),
-            ("qs", "uint8", 64),
-            ("scales", "uint8", 12),
-            ("d", "float16", 1),
-        ),
-        _layout(
-            _T.Q4_K,
-            ("d", "float16", 1),
-            ("dmin", "float16", 1),
-            ("scales", "uint8", 12),
-            ("qs", "uint8", 128),
-        ),
-        _layout(
-            _T.Q5_K,
-            ("d", "float16", 1),
-            ("dmin", "float16", 1),
-            ("scales", "uint8", 12),
-            ("qh", "uint8", 32),
-            ("qs", "uint8", 128),
-        ),
-        _layout(
-            _T.Q6_K,
-            ("ql", "uint8", 128),
-            ("qh", "uint8", 64),
-            ("scales", "int8", 16),
-            ("d", "float16", 1),
-        ),
-        _layout(_T.Q8_K, ("d", "float32", 1), ("qs", "int8", 256), ("bsums", "int16", 16)),
-    )
+# Fields in byte order, as "name:dtype[*count]" (ggml's block_* structs).
+_SPECS: dict[GGMLType, str] = {
+    GGMLType.F32: "x:f32",
+    GGMLType.F16: "x:f16",
+    GGMLType.BF16: "x:u16",
+    GGMLType.Q4_0: "d:f16 qs:u8*16",
+    GGMLType.Q4_1: "d:f16 m:f16 qs:u8*16",
+    GGMLType.Q5_0: "d:f16 qh:u8*4 qs:u8*16",
+    GGMLType.Q5_1: "d:f16 m:f16 qh:u8*4 qs:u8*16",
+    GGMLType.Q8_0: "d:f16 qs:i8*32",
+    GGMLType.Q2_K: "scales:u8*16 qs:u8*64 d:f16 dmin:f16",
+    GGMLType.Q3_K: "hmask:u8*32 qs:u8*64 scales:u8*12 d:f16",
+    GGMLType.Q4_K: "d:f16 dmin:f16 scales:u8*12 qs:u8*128",
+    GGMLType.Q5_K: "d:f16 dmin:f16 scales:u8*12 qh:u8*32 qs:u8*128",
+    GGMLType.Q6_K: "ql:u8*128 qh:u8*64 scales:i8*16 d:f16",
+    GGMLType.Q8_K: "d:f32 qs:i8*256 bsums:i16*16",
 }
+
+
+def _field(spec: str) -> Field:
+    name, _, typ = spec.partition(":")
+    typ, _, count = typ.partition("*")
+    return Field(name, _DTYPES[typ], int(count or 1))
+
+
+def _layout(t: GGMLType, spec: str) -> BlockLayout:
+    elems, nbytes = BLOCK_SIZES[t]
+    return BlockLayout(t, elems, nbytes, tuple(_field(f) for f in spec.split()))
+
+
+LAYOUTS: dict[GGMLType, BlockLayout] = {t: _layout(t, spec) for t, spec in _SPECS.items()}
 
 
 def layout_of(ggml_type: GGMLType | int) -> BlockLayout:
@@ -194,7 +173,7 @@ def _np_to_bytes(x: np.ndarray) -> np.ndarray:
     return x.astype(x.dtype.newbyteorder("<"), copy=False).view(np.uint8)
 
 
-NUMPY = Backend(np, _np_from_bytes, _np_to_bytes)
+NUMPY = Backend(np, _np_from_bytes, _np_to_bytes, lambda x: x, True)
 
 
 @functools.cache
@@ -214,4 +193,4 @@ def jax_backend() -> Backend:
         b = lax.bitcast_convert_type(x, jnp.uint8)
         return b.reshape(*x.shape[:-1], -1) if x.dtype.itemsize > 1 else b
 
-    return Backend(jnp, from_bytes, to_bytes)
+    return Backend(jnp, from_bytes, to_bytes, lax.optimization_barrier, False)

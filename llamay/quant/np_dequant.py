@@ -30,7 +30,9 @@ def dequantize(raw: np.ndarray, ggml_type: GGMLType | int) -> np.ndarray:
     if raw.dtype != np.uint8:
         raw = raw.view(np.uint8)
     blocks = blocks_of(NUMPY, raw, lay)
-    out = map_blocks(lambda b: dequantize_blocks(NUMPY, lay, b), blocks, lay.block_elems, np.float32)
+    out = map_blocks(
+        lambda b: dequantize_blocks(NUMPY, lay, b), blocks, lay.block_elems, np.float32
+    )
     return out.reshape(*raw.shape[:-1], -1)
 
 
