@@ -114,6 +114,40 @@ def tokenize(
 
 
 @app.command()
+def show(
+    model: Annotated[str, typer.Argument(help="A path to a .gguf file or a store name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Describe a model: architecture, parameters, context, tensor types, chat template."""
+    from llamay.gguf.inspect import summary
+    from llamay.store import resolve
+
+    try:
+        info = summary(resolve(model))
+    except LlamayError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        print(json.dumps(info, default=str))
+        return
+    types = ", ".join(f"{t} x{n}" for t, n in info["tensor_types"].items())
+    rows = [
+        ("architecture", info["architecture"]),
+        ("name", info.get("name")),
+        ("parameters", f"{info['parameter_count'] / 1e6:.1f}M"),
+        ("file type", info.get("file_type")),
+        ("file size", f"{info['file_size'] / 1e6:.1f} MB"),
+        ("context length", info.get("context_length")),
+        ("embedding length", info.get("embedding_length")),
+        ("layers", info.get("block_count")),
+        ("tokenizer", f"{info.get('tokenizer')} ({info.get('vocab_size')} tokens)"),
+        ("chat template", "yes" if info["has_chat_template"] else "no (built-in fallback)"),
+        ("tensor types", types),
+    ]
+    for k, v in rows:
+        print(f"{k:>18}  {v}")
+
+
+@app.command()
 def pull(name: Annotated[str, typer.Argument(help="A model name, e.g. smollm2:135m.")]) -> None:
     """Fetch a model into the local store."""
     from llamay.store import pull as store_pull

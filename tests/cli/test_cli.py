@@ -72,3 +72,22 @@ def test_list_shows_pulled_model(smollm2_path):
     r = run("list")
     assert r.exit_code == 0
     assert "smollm2:135m" in r.stdout
+
+
+def test_show_describes_a_model_as_gguf_py_reads_it(fixtures_dir):
+    from gguf import GGUFReader
+
+    path = fixtures_dir / "tiny" / "qwen3.gguf"
+    r = run("show", str(path), "--json")
+    assert r.exit_code == 0, r.stderr
+    info = json.loads(r.stdout)
+    ref = GGUFReader(path)
+    assert info["architecture"] == "qwen3"
+    assert info["tensor_count"] == len(ref.tensors)
+    assert info["parameter_count"] == sum(int(t.n_elements) for t in ref.tensors)
+    counts = {}
+    for t in ref.tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    assert info["tensor_types"] == counts
+    text = run("show", str(path))
+    assert text.exit_code == 0 and "qwen3" in text.stdout
