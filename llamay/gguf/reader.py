@@ -194,33 +194,18 @@ class _Cursor:
     def _strings_bulk(self, n: int) -> list[str] | None:
         """Fast path for long string arrays (vocabularies, merges).
 
-        One Python pass finds where each string ends; then the prefixes are
-        zeroed in a copy of the region, the whole region is decoded at once and
-        split at the 8-zero-byte prefixes. Returns None (the caller then takes
-        the per-string path, which also reports errors precisely) when the
-        strings contain NUL bytes, are not valid UTF-8, are 64 KiB or longer,
-        or run past the end of the file.
+        Find where each length prefix starts (vectorised, else one Python pass),
+        zero the prefixes in a copy of the region, decode the whole region at
+        once and split it at the 8-zero-byte prefixes. Returns None (the caller
+        then takes the per-string path, which also reports errors precisely)
+        when the strings contain NUL bytes, are not valid UTF-8, are 64 KiB or
+        longer, or run past the end of the file.
         """
-        buf, start, size = self.buf, self.pos, self.size
-        unpack = _U64.unpack_from
-        ends = [0] * n
-        pos = start
-        try:
-            for i in range(n):
-                pos += 8 + unpack(buf, pos)[0]
-                ends[i] = pos
-        except (struct.error, OverflowError):
+        found = self._prefixes_vectorised(n) or self._prefixes_loop(n)
+        if found is None:
             return None
-        if pos > size:
-            return None
-        e = np.array(ends, dtype=np.int64)
-        e -= start
-        prefix = np.empty_like(e)
-        prefix[0] = 0
-        prefix[1:] = e[:-1]
-        if int((e - prefix).max()) >= 8 + 65536:
-            return None
-        region = np.frombuffer(buf, dtype=np.uint8, count=pos - start, offset=start).copy()
+        prefix, end = found
+        region = np.frombuffer(self.buf, dtype=np.uint8, count=end, offset=self.pos).copy()
         region[prefix] = 0  # length bytes 2..7 are zero already (length < 64 KiB)
         region[prefix + 1] = 0
         blob = region.tobytes()
@@ -234,9 +219,65 @@ class _Cursor:
         parts = text.split("\0" * 8)
         if len(parts) != n + 1:  # cannot happen given the checks above
             return None
-        self.pos = pos
+        self.pos += end
         del parts[0]
         return parts
+
+    def _prefixes_vectorised(self, n: int) -> tuple[np.ndarray, int] | None:
+        """Offsets (relative to `pos`) of `n` consecutive length prefixes and the end
+        of the last string, found without a Python loop, or None.
+
+        With no NUL bytes inside the strings and every length < 64 KiB, each
+        prefix ends a run of zero bytes, so the prefixes are the first `n` ends
+        of zero runs (minus 7). The result is accepted only if the lengths read
+        at those offsets chain exactly from one prefix to the next.
+        """
+        avail = self.remaining()
+        window = min(avail, 32 * n)
+        while True:
+            a = np.frombuffer(self.buf, dtype=np.uint8, count=window, offset=self.pos)
+            z = a == 0
+            run_ends = np.flatnonzero(z[:-1] & ~z[1:])
+            if len(run_ends) >= n:
+                break
+            if window == avail:
+                return None
+            window = min(avail, 4 * window)
+        prefix = run_ends[:n] - 7
+        if prefix[0] != 0:  # (so all are >= 0: run ends increase)
+            return None
+        if (a[prefix + 2] | a[prefix + 3] | a[prefix + 4] | a[prefix + 5] | a[prefix + 6]).any():
+            return None
+        length = a[prefix].astype(np.int64)
+        length |= a[prefix + 1].astype(np.int64) << 8
+        nxt = prefix + 8 + length
+        if (nxt[:-1] != prefix[1:]).any():
+            return None
+        end = int(nxt[-1])
+        return (prefix, end) if end <= avail else None
+
+    def _prefixes_loop(self, n: int) -> tuple[np.ndarray, int] | None:
+        """As `_prefixes_vectorised`, by one Python pass over the lengths."""
+        buf, start = self.buf, self.pos
+        unpack = _U64.unpack_from
+        ends = [0] * n
+        pos = start
+        try:
+            for i in range(n):
+                pos += 8 + unpack(buf, pos)[0]
+                ends[i] = pos
+        except (struct.error, OverflowError):
+            return None
+        if pos > self.size:
+            return None
+        e = np.array(ends, dtype=np.int64)
+        e -= start
+        prefix = np.empty_like(e)
+        prefix[0] = 0
+        prefix[1:] = e[:-1]
+        if int((e - prefix).max()) >= 8 + 65536:
+            return None
+        return prefix, pos - start
 
 
 def _value_type(code: int, what: str, path: str) -> GGUFValueType:
@@ -305,7 +346,10 @@ class GGUFFile:
     def _parse(self, buf: mmap.mmap) -> None:
         path = str(self.path)
         cur = _Cursor(buf, path)
-        magic = cur.take(4, "magic") if cur.remaining() >= 4 else bytes(buf[:])
+        magic = buf[:4]
+        if len(magic) < 4 and GGUF_MAGIC.startswith(magic):
+            raise GGUFTruncatedError(f"{path}: file ends inside the magic ({len(magic)} bytes)")
+        cur.pos = 4
         if magic != GGUF_MAGIC:
             raise GGUFMagicError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
         self.version = cur.u32("version")
@@ -337,9 +381,7 @@ class GGUFFile:
             vtype = _value_type(cur.u32(f"type of {key!r}"), f"metadata {key!r}", path)
             subtype = None
             if vtype == GGUFValueType.ARRAY and cur.remaining() >= 4:
-                subtype = _value_type(
-                    _U32.unpack_from(buf, cur.pos)[0], f"metadata {key!r}", path
-                )
+                subtype = _value_type(_U32.unpack_from(buf, cur.pos)[0], f"metadata {key!r}", path)
             self.metadata[key] = _read_value(cur, vtype, f"metadata {key!r}")
             self.metadata_types[key] = (vtype, subtype)
             self._kv_spans[key] = (start, cur.pos)
