@@ -48,12 +48,30 @@ def test_first_step_logits_equal_transformers(smollm2, fixtures_dir):
 
 
 def test_first_step_logits_near_llamacpp(smollm2, fixtures_dir):
-    """llama.cpp rounds activations to int8 blocks: exact math is within 0.5 of it."""
+    """llama.cpp rounds activations to int8 blocks: exact math is within 0.5 of it.
+
+    One prompt ("The quick brown fox") is the exception, and not ours: the independent
+    exact-math oracle (transformers) is itself 0.95 from llama.cpp there. So the bound is
+    0.5, or transformers' own distance from llama.cpp where that is larger, and at most
+    one prompt may need the larger bound.
+    """
+    exact = {g["prompt"]: g for g in goldens(fixtures_dir, "transformers")["greedy"]}
+    widened = 0
     for g in goldens(fixtures_dir, "llamacpp")["greedy"]:
+        ref = dict(zip(g["first_top10_ids"], g["first_top10_logits"], strict=True))
+        tf = exact[g["prompt"]]
+        tf_gap = max(
+            abs(v - ref[i])
+            for i, v in zip(tf["first_top10_ids"], tf["first_top10_logits"], strict=True)
+            if i in ref
+        )
+        bound = max(0.5, tf_gap + 1e-3)
+        widened += bound > 0.5
         row = smollm2.logits(g["prompt_ids"])[-1]
         np.testing.assert_allclose(
-            row[g["first_top10_ids"]], g["first_top10_logits"], atol=0.5, err_msg=g["prompt"]
+            row[g["first_top10_ids"]], g["first_top10_logits"], atol=bound, err_msg=g["prompt"]
         )
+    assert widened <= 1
 
 
 def test_prompt_ids_match_llamacpp_tokenisation(smollm2, fixtures_dir):
