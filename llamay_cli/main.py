@@ -77,19 +77,14 @@ def generate(
         total = time.perf_counter() - t1
     except LlamayError as exc:
         raise _fail(exc) from None
-    _err(
-        f"[llamay] load {t_load:.2f}s, first token {first or 0:.2f}s, "
-        f"total {total:.2f}s"
-    )
+    _err(f"[llamay] load {t_load:.2f}s, first token {first or 0:.2f}s, total {total:.2f}s")
 
 
 @app.command()
 def tokenize(
     text: Annotated[str, typer.Argument(help="The text to tokenize.")],
     model: ModelOpt = DEFAULT_MODEL,
-    no_special: Annotated[
-        bool, typer.Option("--no-special", help="Do not add BOS/EOS.")
-    ] = False,
+    no_special: Annotated[bool, typer.Option("--no-special", help="Do not add BOS/EOS.")] = False,
     parse_special: Annotated[
         bool, typer.Option("--parse-special", help="Parse special-token text as special tokens.")
     ] = False,

@@ -35,8 +35,11 @@ def test_generate_streams_only_the_text_to_stdout(smollm2_path, fixtures_dir):
 @pytest.mark.model
 @pytest.mark.parametrize(
     "flags,key",
-    [((), "ids_add_special"), (("--no-special",), "ids_raw"),
-     (("--no-special", "--parse-special"), "ids_parse_special")],
+    [
+        ((), "ids_add_special"),
+        (("--no-special",), "ids_raw"),
+        (("--no-special", "--parse-special"), "ids_parse_special"),
+    ],
 )
 def test_tokenize_json_equals_llamacpp(smollm2_path, fixtures_dir, flags, key):
     item = next(

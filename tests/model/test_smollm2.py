@@ -77,9 +77,9 @@ def test_first_step_logits_near_llamacpp(smollm2, fixtures_dir):
 def test_prompt_ids_match_llamacpp_tokenisation(smollm2, fixtures_dir):
     """generate()'s prompt handling (special tokens parsed, BOS per metadata) is llama.cpp's."""
     for g in goldens(fixtures_dir, "llamacpp")["greedy"]:
-        assert smollm2.tokenize(g["prompt"], add_special=True, parse_special=True) == g[
-            "prompt_ids"
-        ]
+        assert (
+            smollm2.tokenize(g["prompt"], add_special=True, parse_special=True) == g["prompt_ids"]
+        )
 
 
 def test_generate_text_is_the_greedy_detokenisation(smollm2, fixtures_dir):
