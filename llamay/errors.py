@@ -87,6 +87,14 @@ class TokenizerError(LlamayError):
     """The GGUF's tokenizer metadata is missing or of a kind llamay does not build."""
 
 
+class UnsupportedTokenizerError(TokenizerError):
+    """The tokenizer model or pre-tokenizer type is one llamay does not implement."""
+
+
+class ChatTemplateError(TokenizerError):
+    """A chat template failed to render: bad syntax, `raise_exception`, or an unsafe operation."""
+
+
 # --- Requests -------------------------------------------------------------------
 
 
