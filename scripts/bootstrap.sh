@@ -10,7 +10,12 @@ fi
 stamp=.venv/.llamay-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[llamay] installing dependencies into .venv" >&2
-  .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q -e '.[test]' >&2
+  log=.venv/install.log
+  if ! { .venv/bin/python -m pip install -q --upgrade pip &&
+         .venv/bin/python -m pip install -q -e '.[test]'; } >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "[llamay] installing dependencies failed (full log: $log)" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
