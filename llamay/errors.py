@@ -104,3 +104,10 @@ class RequestError(LlamayError):
 
 class ContextOverflowError(RequestError):
     """The prompt plus requested tokens do not fit the model's context."""
+
+
+# --- OCR ------------------------------------------------------------------------
+
+
+class OCRError(LlamayError):
+    """An OCR input, lexicon, language model or recognizer file is unusable."""
