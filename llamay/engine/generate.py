@@ -7,7 +7,7 @@ token id per row, the only device→host transfer per step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import jax.numpy as jnp
@@ -16,7 +16,7 @@ import numpy as np
 from llamay.engine.steps import decode_step, prefill_step
 from llamay.errors import ContextOverflowError, RequestError
 from llamay.kv import bucket, cache_slots, new_dense_kv
-from llamay.sample import Sampler, SamplingParams, seed_keys
+from llamay.sample import Sampler, SamplerState, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -52,32 +52,54 @@ def check_prompt(n_prompt: int, n_ctx: int) -> None:
 
 @dataclass
 class Generation:
-    """Iterator over generated token ids; `finish_reason` is "stop" or "length" at the end."""
+    """Iterator over generated token ids; `finish_reason` is "stop" or "length" at the end.
+
+    With `sampler.n_probs`, `logprobs` collects per token (logprob, [(id, logprob)...]).
+    """
 
     rt: Runtime
     prompt_ids: list[int]
     max_tokens: int
     sampler: Sampler
     stop_ids: frozenset[int]
+    pieces: Sequence[bytes] | None = None  # token bytes, for DRY's sequence breakers
     finish_reason: str | None = None
     n_generated: int = field(default=0)
+    logprobs: list = field(default_factory=list)
 
-    def __iter__(self) -> Iterator[int]:
+    def _setup(self):
         rt, cfg = self.rt, self.rt.cfg
         n = len(self.prompt_ids)
         check_prompt(n, rt.n_ctx)
         budget = min(self.max_tokens, rt.n_ctx - n)
+        slots = cache_slots(n + max(budget, 1), rt.n_ctx)
+        kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, rt.kv_dtype)
+        vocab = getattr(cfg, "vocab", None) or (len(self.pieces) if self.pieces else None)
+        params = SamplingParams.stack([self.sampler], vocab, self.pieces)
+        state = SamplerState.init([self.sampler], [self.prompt_ids])
+        tokens, positions = padded_batch(self.prompt_ids, slots)
+        last = jnp.asarray([n - 1], jnp.int32)
+        return budget, kv, params, state, tokens, positions, last
+
+    def _record(self, state) -> None:
+        if self.sampler.n_probs:
+            top = list(
+                zip(
+                    np.asarray(state.top_ids[0]).tolist(),
+                    np.asarray(state.top_logprobs[0]).tolist(),
+                    strict=True,
+                )
+            )
+            self.logprobs.append((float(state.token_logprob[0]), top))
+
+    def __iter__(self) -> Iterator[int]:
+        rt, cfg = self.rt, self.rt.cfg
+        budget, kv, params, keys, tokens, positions, last = self._setup()
         if budget <= 0:
             self.finish_reason = "length"
             return
-        slots = cache_slots(n + budget, rt.n_ctx)
-        kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, rt.kv_dtype)
-        params = SamplingParams.stack([self.sampler])
-        keys = seed_keys([self.sampler])
-        tokens, positions = padded_batch(self.prompt_ids, slots)
-        last = jnp.asarray([n - 1], jnp.int32)
         nxt, keys, kv = prefill_step(cfg, rt.weights, kv, tokens, positions, last, params, keys)
-        pos = n
+        pos = len(self.prompt_ids)
         while True:
             # Dispatch the next step before reading this token back, so the device
             # works while the host checks for stops and detokenises.
@@ -89,6 +111,7 @@ class Generation:
             if tok in self.stop_ids:
                 self.finish_reason = "stop"
                 return
+            self._record(keys)
             self.n_generated += 1
             yield tok
             if ahead is None:

@@ -1,14 +1,27 @@
-"""Samplers as data, applied on device in one jitted function.
+"""Samplers as data: llama.cpp's sampler set, parameter names and default order.
 
 `Sampler` is the host-side description of one request's sampling (validated);
 `SamplingParams` is the per-slot array form the step function takes, so a new
-request's settings never recompile anything. The chain follows llama.cpp's
-default order: top-k → top-p → min-p → temperature → draw; temperature 0 is greedy.
+request's settings never recompile anything; `SamplerState` is what sampling
+carries from step to step per slot (PRNG key, a ring of recent token ids for the
+penalties and DRY, mirostat's mu, the last step's log-probabilities). The device
+side lives in `llamay.sample.chain`.
+
+What is static (compiled in) is only the *plan*: the sampler order (or mirostat
+mode) and the number of log-probabilities returned; slots of one batch share it.
+
+Deviations from llama.cpp, named: the token history is a ring of `HISTORY` ids, so
+`repeat_last_n` / `dry_penalty_last_n` of -1 ("the whole context") mean the last
+`HISTORY` tokens, and larger windows are refused; a DRY sequence breaker is every
+token whose text contains a breaker string (llama.cpp also matches breakers spread
+over several tokens); the random draw uses JAX's PRNG, not mt19937, so seeded runs
+are reproducible within llamay but do not repeat llama.cpp's draws.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -16,21 +29,108 @@ import numpy as np
 
 from llamay.errors import RequestError
 
+HISTORY = 512  # recent token ids kept per slot (penalties, DRY)
+
+# llama.cpp's `--samplers` names, in its default order.
+STAGES = (
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
+)
+DEFAULT_ORDER = STAGES
+_ALIASES = {
+    "typical_p": "typ_p",
+    "typical": "typ_p",
+    "temp": "temperature",
+    "top-k": "top_k",
+    "top-p": "top_p",
+    "min-p": "min_p",
+    "top-n-sigma": "top_n_sigma",
+}
+DRY_BREAKERS = ("\n", ":", '"', "*")
+
+
+def parse_order(order: str | Sequence[str]) -> tuple[str, ...]:
+    """A sampler order from names ("top_k;top_p;temperature" or a list); unknown names fail."""
+    names = order.split(";") if isinstance(order, str) else list(order)
+    out = []
+    for n in names:
+        n = _ALIASES.get(n.strip(), n.strip())
+        if n not in STAGES:
+            raise RequestError(f"unknown sampler {n!r} in the sampler order; known: {STAGES}")
+        out.append(n)
+    return tuple(out)
+
 
 @dataclass(frozen=True)
 class Sampler:
+    """One request's sampling, with llama.cpp's parameter names and defaults."""
+
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
     seed: int | None = None
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    min_keep: int = 0
+    repeat_last_n: int = 64
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = DRY_BREAKERS
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    samplers: tuple[str, ...] = DEFAULT_ORDER
+    n_probs: int = 0
 
     def __post_init__(self):
+        if isinstance(self.logit_bias, Mapping):
+            object.__setattr__(self, "logit_bias", tuple(self.logit_bias.items()))
+        object.__setattr__(
+            self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias)
+        )
+        object.__setattr__(self, "samplers", parse_order(self.samplers))
+        object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
         checks = [
             (self.temperature >= 0, "temperature must be >= 0"),
             (self.top_k >= 0, "top_k must be >= 0 (0 disables it)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (0.0 < self.typical_p <= 1.0, "typical_p must be in (0, 1]"),
+            (self.dynatemp_range >= 0, "dynatemp_range must be >= 0"),
+            (0.0 <= self.xtc_probability <= 1.0, "xtc_probability must be in [0, 1]"),
+            (self.min_keep >= 0, "min_keep must be >= 0"),
+            (
+                -1 <= self.repeat_last_n <= HISTORY,
+                f"repeat_last_n must be in [-1, {HISTORY}] (the token history kept per slot)",
+            ),
+            (self.repeat_penalty > 0, "repeat_penalty must be > 0 (1 disables it)"),
+            (
+                -1 <= self.dry_penalty_last_n <= HISTORY,
+                f"dry_penalty_last_n must be in [-1, {HISTORY}] (the token history kept per slot)",
+            ),
+            (self.dry_allowed_length >= 0, "dry_allowed_length must be >= 0"),
+            (self.mirostat in (0, 1, 2), "mirostat must be 0 (off), 1 or 2"),
+            (self.mirostat_eta >= 0, "mirostat_eta must be >= 0"),
+            (0 <= self.n_probs <= 64, "n_probs must be in [0, 64]"),
+            (all(b for b in self.dry_sequence_breakers), "DRY sequence breakers must be non-empty"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -40,25 +140,175 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def plan(self) -> tuple[tuple[str, ...], int]:
+        """What is compiled in: the stage order (or the mirostat chain) and n_probs."""
+        if self.mirostat:
+            return (("temperature_plain", f"mirostat{self.mirostat}"), self.n_probs)
+        return (self.samplers, self.n_probs)
+
+    @property
+    def uses_dry(self) -> bool:
+        return (
+            not self.mirostat
+            and "dry" in self.samplers
+            and self.dry_multiplier != 0
+            and self.dry_base >= 1.0
+            and self.dry_penalty_last_n != 0
+        )
+
 
 GREEDY = Sampler(temperature=0.0)
+
+
+def dry_breaker_table(pieces: Sequence[bytes], breakers: Sequence[str]) -> np.ndarray:
+    """bool[V]: the tokens whose text contains a sequence-breaker string."""
+    needles = [b.encode() for b in breakers]
+    return np.array([any(n in p for n in needles) for p in pieces], bool)
+
+
+_F32_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "dry_multiplier",
+    "dry_base",
+    "mirostat_tau",
+    "mirostat_eta",
+)
+_I32_FIELDS = ("top_k", "min_keep", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n")
 
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: jax.Array  # [B] f32
-    top_k: jax.Array  # [B] i32
-    top_p: jax.Array  # [B] f32
-    min_p: jax.Array  # [B] f32
+    """Per-slot sampling parameters as device arrays [B] (bias and breakers [B, V])."""
+
+    temperature: jax.Array
+    top_p: jax.Array
+    min_p: jax.Array
+    dynatemp_range: jax.Array
+    dynatemp_exponent: jax.Array
+    typical_p: jax.Array
+    top_n_sigma: jax.Array
+    xtc_probability: jax.Array
+    xtc_threshold: jax.Array
+    repeat_penalty: jax.Array
+    presence_penalty: jax.Array
+    frequency_penalty: jax.Array
+    dry_multiplier: jax.Array
+    dry_base: jax.Array
+    mirostat_tau: jax.Array
+    mirostat_eta: jax.Array
+    top_k: jax.Array
+    min_keep: jax.Array
+    repeat_last_n: jax.Array
+    dry_allowed_length: jax.Array
+    dry_penalty_last_n: jax.Array
+    logit_bias: jax.Array | None  # [B, V] f32, or None when no slot has a bias
+    dry_breakers: jax.Array | None  # [B, V] bool, or None when no slot uses DRY
+    order: tuple[str, ...] = field(metadata=dict(static=True), default=DEFAULT_ORDER)
+    n_probs: int = field(metadata=dict(static=True), default=0)
 
     @staticmethod
-    def stack(samplers: list[Sampler]) -> SamplingParams:
+    def stack(
+        samplers: list[Sampler],
+        vocab_size: int | None = None,
+        pieces: Sequence[bytes] | None = None,
+    ) -> SamplingParams:
+        """The slots' samplers as arrays. `vocab_size` is needed for logit_bias and DRY;
+        `pieces` (each token's bytes) for DRY's sequence breakers."""
+        plans = {s.plan for s in samplers}
+        if len(plans) != 1:
+            raise RequestError(
+                "the slots of one batch must share the sampler order, mirostat mode and n_probs"
+            )
+        order, n_probs = plans.pop()
+        arr = {
+            f: jnp.asarray(np.array([getattr(s, f) for s in samplers], np.float32))
+            for f in _F32_FIELDS
+        }
+        arr |= {
+            f: jnp.asarray(np.array([getattr(s, f) for s in samplers], np.int32))
+            for f in _I32_FIELDS
+        }
+        bias = breakers = None
+        if any(s.logit_bias for s in samplers):
+            if vocab_size is None:
+                raise RequestError("logit_bias needs the vocabulary size")
+            b = np.zeros((len(samplers), vocab_size), np.float32)
+            for i, s in enumerate(samplers):
+                for t, v in s.logit_bias:
+                    if not 0 <= t < vocab_size:
+                        raise RequestError(
+                            f"logit_bias names token {t}, outside the vocabulary "
+                            f"(0..{vocab_size - 1})"
+                        )
+                    b[i, t] += v
+            bias = jnp.asarray(b)
+        if any(s.uses_dry for s in samplers):
+            if pieces is None:
+                raise RequestError(
+                    "DRY needs the tokenizer's token pieces for its sequence breakers"
+                )
+            tables = [
+                dry_breaker_table(pieces, s.dry_sequence_breakers)
+                if s.uses_dry
+                else np.zeros(len(pieces), bool)
+                for s in samplers
+            ]
+            breakers = jnp.asarray(np.stack(tables))
         return SamplingParams(
-            jnp.asarray(np.array([s.temperature for s in samplers], np.float32)),
-            jnp.asarray(np.array([s.top_k for s in samplers], np.int32)),
-            jnp.asarray(np.array([s.top_p for s in samplers], np.float32)),
-            jnp.asarray(np.array([s.min_p for s in samplers], np.float32)),
+            **arr, logit_bias=bias, dry_breakers=breakers, order=order, n_probs=n_probs
+        )
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class SamplerState:
+    """What sampling carries between steps, per slot."""
+
+    keys: jax.Array  # [B, 2] uint32 PRNG key data
+    history: jax.Array  # [B, HISTORY] int32 ring of recent ids (-1 empty)
+    n_seen: jax.Array  # [B] int32 ids pushed so far (ring write position = n_seen % HISTORY)
+    mu: jax.Array  # [B] f32 mirostat's running surprise target
+    top_logprobs: jax.Array  # [B, n_probs] f32: last step's best log-probabilities
+    top_ids: jax.Array  # [B, n_probs] int32: their token ids
+    token_logprob: jax.Array  # [B] f32: last step's chosen token's log-probability
+
+    @staticmethod
+    def init(
+        samplers: list[Sampler],
+        histories: list[Sequence[int]] | None = None,
+        history: int = HISTORY,
+    ) -> SamplerState:
+        """Fresh state; `histories` (e.g. the prompts) seed the penalty window, as
+        llama.cpp's CLI accepts the prompt tokens into its samplers."""
+        B = len(samplers)
+        n_probs = samplers[0].n_probs if samplers else 0
+        ring = np.full((B, history), -1, np.int32)
+        seen = np.zeros(B, np.int32)
+        for i, h in enumerate(histories or []):
+            h = list(h)[-history:]
+            ring[i, : len(h)] = h
+            seen[i] = len(h)
+        return SamplerState(
+            keys=seed_keys(samplers),
+            history=jnp.asarray(ring),
+            n_seen=jnp.asarray(seen),
+            mu=jnp.asarray(np.array([2.0 * s.mirostat_tau for s in samplers], np.float32)),
+            top_logprobs=jnp.zeros((B, n_probs), jnp.float32),
+            top_ids=jnp.zeros((B, n_probs), jnp.int32),
+            token_logprob=jnp.zeros((B,), jnp.float32),
         )
 
 
@@ -69,32 +319,3 @@ def seed_keys(samplers: list[Sampler]) -> jax.Array:
         for s in samplers
     ]
     return jnp.stack([jax.random.key_data(jax.random.key(sd)) for sd in seeds])
-
-
-def _filter_sorted(sorted_logits: jax.Array, p: SamplingParams) -> jax.Array:
-    """Mask (to -inf) the sorted candidates that top-k, top-p and min-p drop."""
-    V = sorted_logits.shape[-1]
-    rank = jnp.arange(V)[None, :]
-    k = p.top_k[:, None]
-    x = jnp.where((k <= 0) | (rank < k), sorted_logits, -jnp.inf)
-    probs = jax.nn.softmax(x, axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs  # mass of the better candidates
-    x = jnp.where((before < p.top_p[:, None]) | (rank == 0), x, -jnp.inf)
-    floor = x[:, :1] + jnp.log(jnp.maximum(p.min_p[:, None], 1e-30))
-    return jnp.where((p.min_p[:, None] <= 0) | (x >= floor), x, -jnp.inf)
-
-
-def sample(logits: jax.Array, p: SamplingParams, keys: jax.Array):
-    """Draw one token per row from logits [B, V]. Returns (tokens [B] int32, new keys)."""
-    logits = logits.astype(jnp.float32)
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    order = jnp.argsort(-logits, axis=-1)
-    sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-    x = _filter_sorted(sorted_logits, p)
-    temp = jnp.maximum(p.temperature, 1e-6)[:, None]
-    split = jax.vmap(lambda k: jax.random.split(jax.random.wrap_key_data(k)))(keys)
-    draw_keys, next_keys = split[:, 0], split[:, 1]
-    pick = jax.vmap(jax.random.categorical)(draw_keys, x / temp)
-    drawn = jnp.take_along_axis(order, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
-    tokens = jnp.where(p.temperature <= 0, greedy, drawn)
-    return tokens, jax.vmap(jax.random.key_data)(next_keys)
