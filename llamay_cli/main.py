@@ -168,6 +168,9 @@ def list_models() -> None:
         print(f"{e.name:<28} {e.size / 1e6:>8.1f}MB  {e.digest[:19]}")
 
 
+__import__("llamay_cli.store_cmds").store_cmds.register(app)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,101 @@
+"""Use the models a local Ollama installation already downloaded, without copying them.
+
+    find_store() -> Path | None           $OLLAMA_MODELS, ~/.ollama/models, /usr/share/ollama/...
+    list_models(root=None) -> [OllamaModel]
+    resolve(name, root=None) -> OllamaModel   .model_path is the GGUF blob (run it read-only)
+    load(name, root=None, ...) -> (llamay Model, OllamaModel)
+    generate(model, om, prompt, ...)      with the template, system and params layers applied
+
+The `params` layer becomes default sampler settings (`SamplerDefaults`), the `template`
+layer formats the prompt (`llamay.ollama.template`, a Go-template subset), the `system`
+layer fills `.System`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from llamay.ollama.errors import OllamaStoreError, UnsupportedTemplateError
+from llamay.ollama.params import SamplerDefaults, cut_at_stops
+from llamay.ollama.store import (
+    FullName,
+    OllamaModel,
+    candidate_dirs,
+    find_store,
+    list_models,
+    resolve,
+)
+from llamay.ollama.template import render
+
+if TYPE_CHECKING:
+    from llamay.api import Model
+
+__all__ = [
+    "FullName",
+    "OllamaModel",
+    "OllamaStoreError",
+    "SamplerDefaults",
+    "UnsupportedTemplateError",
+    "candidate_dirs",
+    "cut_at_stops",
+    "find_store",
+    "format_prompt",
+    "generate",
+    "list_models",
+    "load",
+    "resolve",
+]
+
+
+def load(
+    name: str, root: str | os.PathLike[str] | None = None, **load_kwargs: Any
+) -> tuple[Model, OllamaModel]:
+    """Resolve `name` in the Ollama store and load its GGUF blob in place (read-only).
+
+    The params layer's `num_ctx` sets the context size unless `n_ctx` is given.
+    """
+    import llamay
+
+    om = resolve(name, root)
+    defaults = om.sampler_defaults()
+    if load_kwargs.get("n_ctx") is None and defaults.n_ctx is not None:
+        load_kwargs["n_ctx"] = defaults.n_ctx
+    return llamay.load(om.model_path, **load_kwargs), om
+
+
+def format_prompt(om: OllamaModel, prompt: str, system: str | None = None) -> str:
+    """`prompt` through the model's template layer (with its system layer unless `system`).
+
+    Without a template layer, or with one outside the supported subset (a warning says
+    so), the prompt is returned unchanged.
+    """
+    if om.template is None:
+        return prompt
+    try:
+        return render(om.template, prompt, om.system if system is None else system)
+    except UnsupportedTemplateError as e:
+        warnings.warn(f"{om.name}: {e}; using the prompt as it is", stacklevel=2)
+        return prompt
+
+
+def generate(
+    model: Model,
+    om: OllamaModel,
+    prompt: str,
+    *,
+    system: str | None = None,
+    raw: bool = False,
+    stream: bool = False,
+    **overrides: Any,
+) -> str | Iterator[str]:
+    """Generate from an Ollama model: the template formats the prompt (unless `raw`), the
+    params layer supplies the sampler defaults (`overrides` win) and its stop strings end
+    the text."""
+    defaults = om.sampler_defaults()
+    kwargs = defaults.generate_kwargs() | overrides
+    text = prompt if raw else format_prompt(om, prompt, system)
+    pieces = cut_at_stops(model.generate(text, stream=True, **kwargs), defaults.stop)
+    return pieces if stream else "".join(pieces)

@@ -2,20 +2,31 @@
 
 Layout under `store_dir()` (`$LLAMAY_HOME`, default `~/.llamay`):
 
-    blobs/sha256-<hex>                 model files, named by their sha256, read-only
-    manifests/[<ns>/]<name>/<tag>.json one per model name: name, tag, digest, size, source,
-                                       created
+    blobs/sha256-<hex>                 model files (and small layers), named by their sha256,
+                                       read-only
+    manifests/[<ns>/]<name>/<tag>.json one per catalogue/local name: name, tag, digest, size,
+                                       source, created
+    manifests/<host>/<ns>/<name>/<tag> one per registry name, in Ollama's shape and layout
+                                       (`llamay.store.manifest`): config + layers
     locks/sha256-<hex>.lock            advisory locks held while a blob is written or removed
 
 A pull streams the file from its `Source` into a temporary file inside `blobs/`, hashing
 as it writes, verifies size and sha256, renames it into place and only then writes the
 manifest (atomically, via a temporary file and rename). Any failure leaves neither a
-partial blob nor a manifest behind and raises `FetchError` saying what failed.
+partial blob nor a manifest behind and raises `FetchError` saying what failed. The one
+exception is a *resumable* source (a registry blob): its download goes to the hidden
+`blobs/.partial-<hex>`, which an interruption (a broken connection, Ctrl-C, kill -9) leaves
+for the next pull to continue with a ranged request; it is never visible as a blob.
+
+A registry name (`host/ns/name:tag`) is pulled with the OCI protocol (`llamay.store.oci`):
+manifest by tag, then every blob by digest, each verified, then the manifest.
 
     pull(name, progress=True) -> Path       fetch a catalogue model (no-op if present)
     resolve(name_or_path) -> Path           a GGUF file path, or a store name (pulled if needed)
     list_models() -> list[ModelEntry]
     remove(name)
+    copy(src, dst)                          another name for the same blobs
+    gc() -> list[Path]                      remove blobs no manifest references
     store_dir() -> Path
 """
 
@@ -37,8 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from llamay.errors import FetchError, InvalidModelNameError, LlamayError, ModelNotFoundError
+from llamay.store import manifest as media
 from llamay.store.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry, known_names, lookup, suggest
+from llamay.store.manifest import Layer, Manifest
 from llamay.store.names import ModelRef, contained_path, manifest_path, parse_name
+from llamay.store.oci import OciBlobSource, Registry, TransientFetchError, default_scheme
 from llamay.store.source import SOURCE_KINDS, Source, register_source, source_from_json, status
 from llamay.store.wheel import WheelPart, WheelSource, wheel_cache_dir
 
@@ -47,12 +61,17 @@ __all__ = [
     "DEFAULT_MODEL",
     "SOURCE_KINDS",
     "CatalogEntry",
+    "Layer",
+    "Manifest",
     "ModelEntry",
     "ModelRef",
+    "OciBlobSource",
     "Source",
     "WheelPart",
     "WheelSource",
     "blob_path",
+    "copy",
+    "gc",
     "known_names",
     "list_models",
     "parse_name",
@@ -69,6 +88,10 @@ MANIFEST_SCHEMA = 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _PARTIAL_PREFIX = ".partial-"
 _STALE_PARTIAL_S = 24 * 3600
+#: How often one pull retries a broken-off resumable download before giving up.
+RESUME_ATTEMPTS = 3
+#: `gc()` leaves unreferenced blobs younger than this alone (a pull may be about to use them).
+GC_GRACE_S = 3600
 
 
 @dataclass(frozen=True)
@@ -81,6 +104,15 @@ class ModelEntry:
     modified: datetime  # when the manifest was last written (UTC)
     path: Path  # the blob
     source: dict[str, Any] | None = None
+    #: The Ollama-shaped manifest (registry names; catalogue names that carry layers).
+    manifest: Manifest | None = None
+
+    def layer_path(self, media_type: str) -> Path | None:
+        """The blob of the manifest's (last) layer of `media_type`, if there is one."""
+        if self.manifest is None:
+            return None
+        layer = self.manifest.layer(media_type)
+        return None if layer is None else self.path.parent / f"sha256-{layer.hex}"
 
 
 # --- layout ---------------------------------------------------------------------------
@@ -218,6 +250,8 @@ def _sweep_stale_partials(blobs: Path) -> None:
 
 def _parse_manifest(path: Path, ref: ModelRef, root: Path) -> ModelEntry:
     """Read and check a manifest; raises `LlamayError`/`OSError`/`ValueError` when malformed."""
+    if ref.host:
+        return _parse_oci_manifest(path, ref, root)
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     if not isinstance(data, dict):
@@ -228,6 +262,7 @@ def _parse_manifest(path: Path, ref: ModelRef, root: Path) -> ModelEntry:
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise ValueError(f"bad size {size!r}")
     source = data.get("source")
+    oci = data.get("manifest")
     return ModelEntry(
         name=str(ref),
         digest=digest,
@@ -235,6 +270,23 @@ def _parse_manifest(path: Path, ref: ModelRef, root: Path) -> ModelEntry:
         modified=datetime.fromtimestamp(path.stat().st_mtime, UTC),
         path=blob_path(digest, root),
         source=source if isinstance(source, dict) else None,
+        manifest=Manifest.loads(json.dumps(oci), f"{path}: manifest") if oci else None,
+    )
+
+
+def _parse_oci_manifest(path: Path, ref: ModelRef, root: Path) -> ModelEntry:
+    man = Manifest.loads(path.read_bytes(), str(path))
+    model = man.model()
+    for layer in man.blobs():
+        blob_path(layer.digest, root)  # every digest well-formed
+    return ModelEntry(
+        name=str(ref),
+        digest=model.digest,
+        size=model.size,
+        modified=datetime.fromtimestamp(path.stat().st_mtime, UTC),
+        path=blob_path(model.digest, root),
+        source={"kind": "registry", "host": ref.host, "repository": ref.remote_repository},
+        manifest=man,
     )
 
 
@@ -251,8 +303,12 @@ def _read_entry(root: Path, ref: ModelRef) -> ModelEntry | None:
 
 
 def _blob_ok(entry: ModelEntry) -> bool:
+    """The model blob (and, for a registry manifest, every layer) is there at its size."""
+    blobs = [(entry.path, entry.size)]
+    if entry.manifest is not None and entry.source and entry.source.get("kind") == "registry":
+        blobs += [(entry.path.parent / f"sha256-{x.hex}", x.size) for x in entry.manifest.blobs()]
     try:
-        return entry.path.is_file() and entry.path.stat().st_size == entry.size
+        return all(p.is_file() and p.stat().st_size == n for p, n in blobs)
     except OSError:
         return False
 
@@ -265,7 +321,8 @@ def _fetch_blob(
 ) -> tuple[Path, int, bool]:
     """Make sure `blobs/sha256-<sha256>` exists; returns (path, size, created_now).
 
-    Caller holds the digest lock.
+    Caller holds the digest lock. A resumable source writes into `.partial-<sha256>`, which
+    survives an interruption and is continued from where it stopped.
     """
     blobs = _blobs(root)
     blobs.mkdir(parents=True, exist_ok=True)
@@ -280,22 +337,47 @@ def _fetch_blob(
         )
         _unlink(blob)
     _sweep_stale_partials(blobs)
+    resumable = bool(getattr(source, "resumable", False))
+    if resumable:
+        tmp = blobs / f"{_PARTIAL_PREFIX}{sha256}"
+        have = tmp.stat().st_size if tmp.is_file() else 0
+        if size is not None and have > size:
+            _unlink(tmp)
+            have = 0
+    else:
+        tmp = blobs / f"{_PARTIAL_PREFIX}{sha256[:12]}-{secrets.token_hex(6)}"
+        have = 0
     if size is not None:
         free = shutil.disk_usage(blobs).free
-        if free < size:
+        if free < size - have:
             raise FetchError(
-                f"not enough disk space for {ref} in {blobs}: need {size} bytes, {free} free"
+                f"not enough disk space for {ref} in {blobs}: need {size - have} bytes, {free} free"
             )
-    status(f"pulling {ref} from {source.describe()}", progress=progress)
-    tmp = blobs / f"{_PARTIAL_PREFIX}{sha256[:12]}-{secrets.token_hex(6)}"
+    verb = f"resuming at byte {have}" if have else "pulling"
+    status(f"{verb} {ref} from {source.describe()}", progress=progress)
+    keep = False
     try:
         try:
-            with open(tmp, "xb") as f:
+            with open(tmp, "ab" if resumable else "xb") as f:
                 writer = _HashingWriter(f, size, f"{source.describe()}")
-                source.fetch(writer, progress=progress)
+                if have:
+                    _rehash(tmp, have, writer)
+                if resumable:
+                    _fetch_resuming(source, writer, f, progress)
+                else:
+                    source.fetch(writer, progress=progress)
                 f.flush()
                 os.fsync(f.fileno())
+        except TransientFetchError as e:
+            keep = resumable
+            raise FetchError(
+                f"pulling {ref}: {e}; gave up after {RESUME_ATTEMPTS} attempts"
+                + ("; run the pull again to resume" if keep else "")
+            ) from e
         except FetchError:
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            keep = resumable
             raise
         except Exception as e:
             raise FetchError(
@@ -321,7 +403,35 @@ def _fetch_blob(
         _fsync_dir(blobs)
         return blob, writer.size, True
     finally:
-        _unlink(tmp)
+        if not keep:
+            _unlink(tmp)
+
+
+def _rehash(path: Path, n: int, writer: _HashingWriter) -> None:
+    """Account for the first `n` bytes already in a partial file (hash them, count them)."""
+    with open(path, "rb") as f:
+        left = n
+        while left:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                raise FetchError(f"{path} shrank while being resumed")
+            writer.sha256.update(chunk)
+            writer.size += len(chunk)
+            left -= len(chunk)
+
+
+def _fetch_resuming(source: Source, writer: _HashingWriter, f: Any, progress: bool) -> None:
+    """`source.fetch` from `writer.size`, retrying a broken-off download from where it stopped."""
+    for attempt in range(RESUME_ATTEMPTS):
+        try:
+            source.fetch(writer, progress=progress, offset=writer.size)  # type: ignore[call-arg]
+            return
+        except TransientFetchError as e:
+            f.flush()
+            if attempt + 1 == RESUME_ATTEMPTS:
+                raise
+            status(f"{e}; resuming at byte {writer.size}", progress=progress)
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _pull(
@@ -352,19 +462,23 @@ def _pull(
     return blob
 
 
-def pull(name: str, progress: bool = True) -> Path:
-    """Fetch `name` into the store if it is not there; returns the blob's path.
+def pull(name: str, progress: bool = True, *, insecure: bool = False) -> Path:
+    """Fetch `name` into the store if it is not there; returns the model blob's path.
 
     A no-op when the manifest and a blob of the recorded size are present. Otherwise the
     model comes from its catalogue entry (or, for a damaged model outside the catalogue,
-    from the source its manifest recorded). Progress goes to stderr when `progress`.
-    Raises `InvalidModelNameError`, `ModelNotFoundError` (unknown name) or `FetchError`.
+    from the source its manifest recorded); a registry name `host/ns/name:tag` comes from
+    that registry (plain HTTP for loopback hosts or with `insecure`). Progress goes to
+    stderr when `progress`. Raises `InvalidModelNameError`, `ModelNotFoundError` (unknown
+    name) or `FetchError`.
     """
     ref = parse_name(name)
     root = store_dir()
     entry = _read_entry(root, ref)
     if entry is not None and _blob_ok(entry):
         return entry.path
+    if ref.host:
+        return _pull_registry(root, ref, progress, default_scheme(ref.host, insecure))
     cat = lookup(ref)
     if cat is not None:
         return _pull(root, ref, cat.sha256, cat.size, cat.source, progress)
@@ -372,6 +486,44 @@ def pull(name: str, progress: bool = True) -> Path:
         source = source_from_json(entry.source)
         return _pull(root, ref, entry.digest.removeprefix("sha256:"), entry.size, source, progress)
     raise ModelNotFoundError(_unknown_message(ref, root))
+
+
+def _pull_registry(root: Path, ref: ModelRef, progress: bool, scheme: str) -> Path:
+    """Pull `host/ns/name:tag`: the manifest, every blob (verified, resumable), then the
+    manifest into `manifests/<host>/<ns>/<name>/<tag>`, Ollama's shape and place."""
+    assert ref.host is not None
+    registry = Registry(ref.host, scheme)
+    status(f"pulling manifest of {ref} from {registry.base}", progress=progress)
+    man, _ = registry.manifest(ref.remote_repository, ref.tag)
+    model = man.model()
+    for layer in man.blobs():
+        hexdigest = blob_path(layer.digest, root).name.removeprefix("sha256-")
+        source = OciBlobSource(ref.host, ref.remote_repository, layer.digest, layer.size, scheme)
+        with _lock(root, f"sha256-{hexdigest}", f"pulling {layer.digest}", progress=progress):
+            _fetch_blob(root, ref, hexdigest, layer.size, source, progress and layer.size > 1 << 20)
+    mpath = manifest_path(_manifests(root), ref)
+    try:
+        _atomic_write_bytes(mpath, man.dumps())
+    except Exception as e:
+        raise FetchError(f"could not write the manifest {mpath} for {ref}: {e}") from e
+    blob = blob_path(model.digest, root)
+    status(f"{ref}: {blob}", progress=progress)
+    return blob
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
 
 
 def _unknown_message(ref: ModelRef, root: Path) -> str:
@@ -426,6 +578,23 @@ def resolve(name_or_path: str | os.PathLike[str], progress: bool = True) -> Path
 # --- listing and removing ------------------------------------------------------------------
 
 
+def _manifest_files(manifests: Path) -> Iterator[tuple[Path, str]]:
+    """(path, name text) of every manifest: `[ns/]name/tag.json` and `host/ns/name/tag`."""
+    for dirpath, dirnames, filenames in os.walk(manifests):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for fn in sorted(filenames):
+            if fn.startswith("."):
+                continue
+            path = Path(dirpath) / fn
+            rel = path.relative_to(manifests).parts
+            if len(rel) == 4:
+                yield path, f"{rel[0]}/{rel[1]}/{rel[2]}:{rel[3]}"
+            elif fn.endswith(".json") and len(rel) <= 3:
+                yield path, "/".join(rel[:-1]) + ":" + fn.removesuffix(".json")
+            else:
+                warnings.warn(f"ignoring {path}: not a manifest path", stacklevel=3)
+
+
 def list_models(root: Path | None = None) -> list[ModelEntry]:
     """Every model in the store, sorted by name. Malformed manifests are skipped with a warning."""
     root = store_dir() if root is None else root
@@ -433,21 +602,27 @@ def list_models(root: Path | None = None) -> list[ModelEntry]:
     if not manifests.is_dir():
         return []
     out = []
-    for path in sorted(manifests.rglob("*.json")):
-        rel = path.relative_to(manifests).parts
-        if any(part.startswith(".") for part in rel):
-            continue
-        text = "/".join(rel[:-1]) + ":" + rel[-1].removesuffix(".json")
+    for path, text in _manifest_files(manifests):
         try:
             ref = parse_name(text)
+            if ref.host and len(path.relative_to(manifests).parts) != 4:
+                raise ValueError(f"{text} is a registry name in a non-registry place")
             out.append(_parse_manifest(path, ref, root))
         except (OSError, ValueError, LlamayError) as e:
             warnings.warn(f"ignoring malformed manifest {path}: {e}", stacklevel=2)
     return sorted(out, key=lambda m: m.name)
 
 
+def _referenced(entry: ModelEntry) -> set[str]:
+    """Every digest (`sha256:<hex>`) a model's manifest references."""
+    refs = {entry.digest}
+    if entry.manifest is not None:
+        refs |= {x.digest for x in entry.manifest.blobs()}
+    return refs
+
+
 def remove(name: str) -> None:
-    """Delete a model's manifest, and its blob when no other manifest uses it."""
+    """Delete a model's manifest, and each of its blobs that no other manifest uses."""
     ref = parse_name(name)
     root = store_dir()
     manifests = _manifests(root)
@@ -455,18 +630,118 @@ def remove(name: str) -> None:
     if not mpath.is_file():
         raise ModelNotFoundError(f"model {ref} is not in the store {root}")
     entry = _read_entry(root, ref)
-    if entry is None:  # malformed: the manifest goes, blobs stay
+    if entry is None:  # malformed: the manifest goes, blobs stay (gc() collects them)
         _unlink(mpath)
     else:
-        key = f"sha256-{entry.digest.removeprefix('sha256:')}"
-        with _lock(root, key, f"using {entry.digest}", progress=False):
+        with contextlib.ExitStack() as stack:
+            digests = sorted(_referenced(entry))
+            for d in digests:
+                key = f"sha256-{d.removeprefix('sha256:')}"
+                stack.enter_context(_lock(root, key, f"using {d}", progress=False))
             _unlink(mpath)
-            if not any(m.digest == entry.digest for m in list_models(root)):
-                _unlink(entry.path)
-    parent = mpath.parent
+            in_use = set().union(*(_referenced(m) for m in list_models(root)))
+            for d in digests:
+                if d not in in_use:
+                    _unlink(blob_path(d, root))
+    _prune_dirs(mpath.parent, manifests)
+
+
+def _prune_dirs(parent: Path, manifests: Path) -> None:
     while parent != manifests:
         try:
             parent.rmdir()
         except OSError:
             break
         parent = parent.parent
+
+
+def copy(src: str, dst: str) -> ModelEntry:
+    """Give the model `src` a second name `dst` (no blob is copied), as `ollama cp` does.
+
+    Between names of one kind the manifest is copied as it is. A catalogue/local name
+    copied to a registry name gets an Ollama manifest (with a generated config blob); a
+    registry name copied to a local name keeps its layers inside the local manifest.
+    Raises `ModelNotFoundError` when `src` is not in the store.
+    """
+    sref, dref = parse_name(src), parse_name(dst)
+    root = store_dir()
+    entry = _read_entry(root, sref)
+    if entry is None or not _blob_ok(entry):
+        raise ModelNotFoundError(f"model {sref} is not (completely) in the store {root}")
+    dpath = manifest_path(_manifests(root), dref)
+    if dref.host:
+        man = entry.manifest
+        if man is None:
+            config = json.dumps(
+                {"model_format": "gguf", "os": "linux", "architecture": "amd64"},
+                separators=(",", ":"),
+            ).encode()
+            man = Manifest(
+                config=_put_blob(root, config, media.CONFIG),
+                layers=(Layer(media.MODEL, entry.digest, entry.size),),
+            )
+        _atomic_write_bytes(dpath, man.dumps())
+    else:
+        data: dict[str, Any] = {
+            "schema_version": MANIFEST_SCHEMA,
+            "name": dref.repository,
+            "tag": dref.tag,
+            "digest": entry.digest,
+            "size": entry.size,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "copied_from": str(sref),
+        }
+        if entry.source is not None and entry.source.get("kind") in SOURCE_KINDS:
+            data["source"] = entry.source
+        if entry.manifest is not None:
+            data["manifest"] = entry.manifest.to_json()
+        _atomic_write_json(dpath, data)
+    result = _read_entry(root, dref)
+    assert result is not None
+    return result
+
+
+def _put_blob(root: Path, data: bytes, media_type: str) -> Layer:
+    """Store a small blob (from memory) under its digest; returns its layer."""
+    hexdigest = hashlib.sha256(data).hexdigest()
+    blob = blob_path(hexdigest, root)
+    with _lock(root, f"sha256-{hexdigest}", "writing a blob", progress=False):
+        if not blob.is_file():
+            _atomic_write_bytes(blob, data)
+            os.chmod(blob, 0o444)
+    return Layer(media_type, f"sha256:{hexdigest}", len(data))
+
+
+def gc(root: Path | None = None, grace_s: float = GC_GRACE_S) -> list[Path]:
+    """Remove blobs no manifest references (and stale partial downloads); returns them.
+
+    Blobs modified less than `grace_s` seconds ago are kept: a pull in progress writes its
+    blobs before its manifest. Malformed manifests protect nothing (they are warned about).
+    """
+    root = store_dir() if root is None else root
+    blobs = _blobs(root)
+    if not blobs.is_dir():
+        return []
+    in_use = set().union(*(_referenced(m) for m in list_models(root)))
+    now = time.time()
+    removed = []
+    for p in sorted(blobs.iterdir()):
+        if p.name.startswith(_PARTIAL_PREFIX):
+            with contextlib.suppress(OSError):
+                if now - p.stat().st_mtime > max(grace_s, _STALE_PARTIAL_S):
+                    _unlink(p)
+                    removed.append(p)
+            continue
+        if not p.name.startswith("sha256-"):
+            continue
+        digest = "sha256:" + p.name.removeprefix("sha256-")
+        if digest in in_use:
+            continue
+        with _lock(root, p.name, f"using {digest}", progress=False):
+            if digest in set().union(*(_referenced(m) for m in list_models(root))):
+                continue
+            with contextlib.suppress(OSError):
+                if now - p.stat().st_mtime >= grace_s:
+                    _unlink(p)
+                    removed.append(p)
+    return removed

@@ -1,12 +1,17 @@
-"""Model names: `[namespace/]name[:tag]`, validated so that a name can never leave the store.
+"""Model names: `[host/namespace/]` or `[namespace/]` `name[:tag]`, validated so that a name
+can never leave the store.
 
 A name becomes path components under `manifests/` (`manifests/<ns>/<name>/<tag>.json`), so
 the grammar is deliberately narrow: each component is lowercase ASCII letters and digits
 plus `.`, `-`, `_`, starts with a letter or digit, does not end with `.`, and is not a
 Windows device name (`con`, `nul`, `com1`, ...). That rules out `..`, absolute paths,
 separators of either kind, NUL and every other control or non-ASCII character by
-construction; `manifest_path` additionally checks the resolved path against the store root
-so a symlink planted inside the store cannot redirect a write either.
+construction. A registry name `host/ns/name:tag` (Docker's rule: the first of three
+components is a host, and a host contains a `.` or a `:port`, or is `localhost`) lives in
+Ollama's layout, `manifests/<host>/<ns>/<name>/<tag>` with no extension; a host is lowercase
+letters, digits, `.` and `-` with an optional `:port`. `manifest_path` additionally checks
+the resolved path against the store root so a symlink planted inside the store cannot
+redirect a write either.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ MAX_NAME_LEN = 255
 MAX_NAMESPACE_DEPTH = 1
 
 _COMPONENT = re.compile(r"[a-z0-9](?:[a-z0-9._-]*[a-z0-9_-])?")
+_HOST = re.compile(r"[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?")
 _WINDOWS_DEVICES = frozenset(
     ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)]
 )
@@ -31,22 +37,37 @@ _WINDOWS_DEVICES = frozenset(
 
 @dataclass(frozen=True, order=True)
 class ModelRef:
-    """A parsed, valid model name. `str(ref)` is the canonical `ns/name:tag` form."""
+    """A parsed, valid model name. `str(ref)` is the canonical `[host/]ns/name:tag` form."""
 
     namespace: str | None
     name: str
     tag: str
+    #: The registry (`127.0.0.1:5000`, `example.org`) of a registry name; then `namespace`
+    #: is set too.
+    host: str | None = None
 
     @property
     def repository(self) -> str:
-        """`ns/name` (or `name`), without the tag."""
+        """`[host/]ns/name` (or `name`), without the tag."""
+        repo = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.host}/{repo}" if self.host else repo
+
+    @property
+    def remote_repository(self) -> str:
+        """`ns/name`: the repository path on the registry."""
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
     def __str__(self) -> str:
         return f"{self.repository}:{self.tag}"
 
     def parts(self) -> tuple[str, ...]:
-        """Path components of the manifest, relative to `manifests/`."""
+        """Path components of the manifest, relative to `manifests/`.
+
+        Registry names use Ollama's layout (`host/ns/name/tag`), the others llamay's own
+        (`[ns/]name/tag.json`).
+        """
+        if self.host:
+            return (self.host, self.namespace or "", self.name, self.tag)
         head = (self.namespace,) if self.namespace else ()
         return (*head, self.name, f"{self.tag}.json")
 
@@ -73,8 +94,25 @@ def _check_component(component: str, what: str, full: str) -> None:
         )
 
 
+def is_host(component: str) -> bool:
+    """Whether the first of three name components names a registry host (Docker's rule)."""
+    return "." in component or ":" in component or component == "localhost"
+
+
+def _check_host(host: str, full: str) -> None:
+    if len(host) > MAX_COMPONENT_LEN or not _HOST.fullmatch(host):
+        raise InvalidModelNameError(
+            f"invalid model name {full!r}: registry host {host!r} must be lowercase letters, "
+            "digits, '.' and '-', optionally with ':<port>'"
+        )
+    if host.split(":", 1)[0].split(".", 1)[0] in _WINDOWS_DEVICES:
+        raise InvalidModelNameError(
+            f"invalid model name {full!r}: host {host!r} is a reserved device name"
+        )
+
+
 def parse_name(text: str) -> ModelRef:
-    """Parse and validate `[ns/]name[:tag]`; the tag defaults to `latest`.
+    """Parse and validate `[host/ns/]` or `[ns/]` `name[:tag]`; the tag defaults to `latest`.
 
     Raises `InvalidModelNameError` saying which part is wrong.
     """
@@ -86,13 +124,20 @@ def parse_name(text: str) -> ModelRef:
         )
     if not text:
         raise InvalidModelNameError("invalid model name '': empty")
-    repo, sep, tag = text.partition(":")
+    host = None
+    first, slash, rest = text.partition("/")
+    if slash and rest.count("/") == 1 and is_host(first):
+        _check_host(first, text)
+        host, text_rest = first, rest
+    else:
+        text_rest = text
+    repo, sep, tag = text_rest.partition(":")
     if not sep:
         tag = DEFAULT_TAG
     elif ":" in tag:
         raise InvalidModelNameError(f"invalid model name {text!r}: more than one ':'")
     components = repo.split("/")
-    if len(components) > MAX_NAMESPACE_DEPTH + 1:
+    if host is None and len(components) > MAX_NAMESPACE_DEPTH + 1:
         raise InvalidModelNameError(
             f"invalid model name {text!r}: at most {MAX_NAMESPACE_DEPTH} namespace level(s) "
             "(`ns/name:tag`)"
@@ -102,7 +147,7 @@ def parse_name(text: str) -> ModelRef:
         _check_component(ns, "namespace", text)
     _check_component(name, "name", text)
     _check_component(tag, "tag", text)
-    return ModelRef(namespace=namespace[0] if namespace else None, name=name, tag=tag)
+    return ModelRef(namespace=namespace[0] if namespace else None, name=name, tag=tag, host=host)
 
 
 def contained_path(root: Path, *parts: str) -> Path:

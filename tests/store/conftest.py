@@ -120,3 +120,21 @@ def fake_model(env: Env, monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeM
 def wheel_builder() -> Callable[[Path, str, str, dict[str, bytes]], Path]:
     """`build_wheel(directory, dist, version, members) -> path`."""
     return build_wheel
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    """A CNCF distribution registry (`docker-registry`) on 127.0.0.1, for the whole session."""
+    from oci_registry import start_registry
+
+    try:
+        server = start_registry(tmp_path_factory.mktemp("registry"))
+    except FileNotFoundError:
+        pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
+    yield server
+    server.process.terminate()
+    try:
+        server.process.wait(10)
+    except Exception:
+        server.process.kill()
+        server.process.wait()

@@ -1,0 +1,110 @@
+"""Store commands of the `llamay` CLI: `list` (ours and, marked, Ollama's), `rm`, `cp`, `gc`.
+
+`register(app)` adds them to the Typer app; its `list` replaces the plain one in `main.py`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from llamay.errors import LlamayError
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _fail(exc: LlamayError) -> typer.Exit:
+    _err(f"error: {exc}")
+    return typer.Exit(code=1)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _ago(when) -> str:  # noqa: ANN001
+    from datetime import UTC, datetime
+
+    s = (datetime.now(UTC) - when).total_seconds()
+    for unit, sec in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if s >= sec:
+            n = int(s // sec)
+            return f"{n} {unit}{'s' if n > 1 else ''} ago"
+    return "just now"
+
+
+def list_cmd(
+    ollama: Annotated[
+        bool, typer.Option("--ollama/--no-ollama", help="Also list the local Ollama store.")
+    ] = True,
+) -> None:
+    """List the models in the local store and, marked `(ollama)`, in a local Ollama store."""
+    from llamay.store import list_models
+
+    rows = [(e.name, e.digest[7:19], _size(e.size), _ago(e.modified)) for e in list_models()]
+    if ollama:
+        from llamay.ollama import find_store
+        from llamay.ollama import list_models as ollama_list
+
+        root = find_store()
+        if root is not None:
+            for m in ollama_list(root):
+                rows.append((f"{m.name} (ollama)", m.digest[7:19], _size(m.size), _ago(m.modified)))
+    if not rows:
+        _err("no models in the store yet (try: llamay pull smollm2:135m)")
+        return
+    width = max(28, *(len(r[0]) + 2 for r in rows))
+    print(f"{'NAME':<{width}}{'ID':<14}{'SIZE':<10}MODIFIED")
+    for name, ident, size, mod in rows:
+        print(f"{name:<{width}}{ident:<14}{size:<10}{mod}")
+
+
+def rm(
+    names: Annotated[list[str], typer.Argument(help="Model names to remove from the store.")],
+) -> None:
+    """Remove models from the store (blobs still used by another name stay)."""
+    from llamay.store import remove
+
+    for name in names:
+        try:
+            remove(name)
+        except LlamayError as exc:
+            raise _fail(exc) from None
+        print(f"deleted '{name}'")
+
+
+def cp(
+    source: Annotated[str, typer.Argument(help="A model in the store.")],
+    destination: Annotated[str, typer.Argument(help="The new name.")],
+) -> None:
+    """Give a stored model a second name (no data is copied)."""
+    from llamay.store import copy
+
+    try:
+        copy(source, destination)
+    except LlamayError as exc:
+        raise _fail(exc) from None
+    print(f"copied '{source}' to '{destination}'")
+
+
+def gc() -> None:
+    """Remove blobs that no model in the store references."""
+    from llamay.store import gc as store_gc
+
+    removed = store_gc()
+    for p in removed:
+        print(f"removed {p.name}")
+    _err(f"{len(removed)} unreferenced blob(s) removed")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the store commands to `app` (replacing a `list` registered before)."""
+    app.registered_commands[:] = [c for c in app.registered_commands if c.name != "list"]
+    app.command("list")(list_cmd)
+    app.command("rm")(rm)
+    app.command("cp")(cp)
+    app.command("gc")(gc)
