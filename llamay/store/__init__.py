@@ -492,7 +492,7 @@ def _pull_registry(root: Path, ref: ModelRef, progress: bool, scheme: str) -> Pa
     """Pull `host/ns/name:tag`: the manifest, every blob (verified, resumable), then the
     manifest into `manifests/<host>/<ns>/<name>/<tag>`, Ollama's shape and place."""
     assert ref.host is not None
-    registry = Registry(ref.host, scheme)
+    registry = Registry.shared(ref.host, scheme)
     status(f"pulling manifest of {ref} from {registry.base}", progress=progress)
     man, _ = registry.manifest(ref.remote_repository, ref.tag)
     model = man.model()

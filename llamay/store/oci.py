@@ -77,6 +77,15 @@ class Registry:
     token: str | None = None
     timeout: float = TIMEOUT_S
 
+    @classmethod
+    def shared(cls, host: str, scheme: str) -> Registry:
+        """One client per registry per process, so a token serves every blob of a pull."""
+        key = (scheme, host)
+        reg = _SHARED.get(key)
+        if reg is None:
+            reg = _SHARED.setdefault(key, cls(host, scheme))
+        return reg
+
     @property
     def base(self) -> str:
         return f"{self.scheme}://{self.host}"
@@ -180,6 +189,9 @@ class Registry:
         return r, start
 
 
+_SHARED: dict[tuple[str, str], Registry] = {}
+
+
 @register_source
 @dataclass(frozen=True)
 class OciBlobSource(Source):
@@ -221,7 +233,7 @@ class OciBlobSource(Source):
             raise FetchError(f"malformed oci source {data!r}: {e}") from e
 
     def fetch(self, sink: Sink, *, progress: bool = True, offset: int = 0) -> None:
-        registry = Registry(self.host, self.scheme)
+        registry = Registry.shared(self.host, self.scheme)
         response, start = registry.open_blob(self.repository, self.digest, offset)
         if response is None:
             return
