@@ -555,8 +555,10 @@ def resolve(name_or_path: str | os.PathLike[str], progress: bool = True) -> Path
 
     An existing file → that path. A path-like string (ends in `.gguf`, starts with `/`,
     `./`, `~`, ...) that is not a file → `ModelNotFoundError`. Otherwise a store name:
-    the stored blob, pulled first if it is in the catalogue and missing; an unknown name →
-    `ModelNotFoundError` listing the known names.
+    the stored blob, pulled first if it is in the catalogue and missing; a name that is
+    neither in the store nor in the catalogue is looked up in a local Ollama store
+    (`llamay.ollama`: its blob is used in place, read-only) before a registry name is pulled;
+    an unknown name → `ModelNotFoundError` listing the known names.
     """
     is_pathlike = isinstance(name_or_path, os.PathLike)
     text = os.fspath(name_or_path)
@@ -572,7 +574,26 @@ def resolve(name_or_path: str | os.PathLike[str], progress: bool = True) -> Path
                 raise ModelNotFoundError(f"model file {text} {what}")
         except OSError:  # a name too long for the OS, etc.: try it as a name below
             pass
+    ref = parse_name(text)
+    entry = _read_entry(store_dir(), ref)
+    if (entry is None or not _blob_ok(entry)) and lookup(ref) is None:
+        found = _in_ollama_store(text)
+        if found is not None:
+            status(f"{text}: using the Ollama store's blob {found}", progress=progress)
+            return found
     return pull(text, progress=progress)
+
+
+def _in_ollama_store(name: str) -> Path | None:
+    """The model blob of `name` in a local Ollama store, if there is one and it has it."""
+    from llamay import ollama
+
+    if ollama.find_store() is None:
+        return None
+    try:
+        return ollama.resolve(name).model_path
+    except LlamayError:
+        return None
 
 
 # --- listing and removing ------------------------------------------------------------------

@@ -273,3 +273,15 @@ def test_generate_from_ollama_store(layout: OllamaLayout, smollm2_path: Path) ->
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ollama.generate(model, om, "Hi", raw=True, max_tokens=2)
+
+
+def test_store_resolve_falls_back_to_ollama(layout, tiny, tmp_path, monkeypatch) -> None:
+    import llamay.store as store
+
+    monkeypatch.setenv("LLAMAY_HOME", str(tmp_path / "llamay-home"))
+    layout.model((HOST, "someone", "tiny", "q8"), tiny)
+    path = store.resolve("someone/tiny:q8", progress=False)
+    assert path.samefile(tiny) and path.parent == layout.root / "blobs"
+    assert not (tmp_path / "llamay-home").exists()  # nothing copied, nothing written
+    with pytest.raises(ModelNotFoundError, match="unknown model 'someone/other:latest'"):
+        store.resolve("someone/other", progress=False)
