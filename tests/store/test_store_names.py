@@ -153,3 +153,42 @@ def test_no_string_escapes_the_store(tmp_path: Path, text: str) -> None:
     assert all(p and p.isascii() and p.isprintable() and "\\" not in p for p in rel.parts)
     # the canonical form parses to the same reference
     assert parse_name(str(ref)) == ref
+
+
+REGISTRY_GOOD = [
+    ("127.0.0.1:5000/library/tiny:latest", ("127.0.0.1:5000", "library", "tiny", "latest")),
+    ("example.org/ns/model", ("example.org", "ns", "model", "latest")),
+    ("localhost/a/b:c", ("localhost", "a", "b", "c")),
+    ("hf.co/org/repo-gguf:q4_k_m", ("hf.co", "org", "repo-gguf", "q4_k_m")),
+]
+REGISTRY_EVIL = [
+    "a/b/c",  # no host-looking first component
+    "Example.org/a/b",
+    "example.org/a/b/c",
+    "example.org//b",
+    "example.org/../b",
+    "example.org/a/..",
+    "..:5000/a/b",
+    ".example.org/a/b",
+    "example.org:/a/b",
+    "example.org:99999999/a/b",
+    "exa mple.org/a/b",
+    "example.org/a/b:../x",
+    "con.example/a/b",
+]
+
+
+@pytest.mark.parametrize(("text", "parts"), REGISTRY_GOOD)
+def test_registry_names(text: str, parts: tuple[str, ...], tmp_path: Path) -> None:
+    ref = parse_name(text)
+    assert (ref.host, ref.namespace, ref.name, ref.tag) == parts
+    assert str(ref) == (text if text.rsplit("/", 1)[1].count(":") else f"{text}:latest")
+    assert ref.remote_repository == f"{parts[1]}/{parts[2]}"
+    assert ref.parts() == parts  # Ollama's layout: no extension
+    assert manifest_path(tmp_path, ref) == tmp_path.joinpath(*parts)
+
+
+@pytest.mark.parametrize("text", REGISTRY_EVIL)
+def test_registry_evil_names(text: str) -> None:
+    with pytest.raises(InvalidModelNameError, match="invalid model name"):
+        parse_name(text)
