@@ -1,0 +1,87 @@
+"""The PP-OCRv4 recognizer as a llamay architecture: GGUF conversion, the JAX forward
+against onnxruntime (test-only oracle), width buckets without recompiles, and end to end
+on Pillow-rendered lines (greedy, and a lexicon beating greedy on noisy lines)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamay.ocr.ctc import WordScorer
+from llamay.ocr.synth import WORDS, error_rates, make_lines, render_line
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def rec(ppocr_gguf):
+    from llamay.ocr.ppocr import Recognizer
+
+    return Recognizer.load(ppocr_gguf)
+
+
+@pytest.fixture(scope="module")
+def ort_session(ppocr_onnx):
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime (test oracle) is not installed")
+    return ort.InferenceSession(str(ppocr_onnx), providers=["CPUExecutionProvider"])
+
+
+def test_gguf_metadata(ppocr_gguf):
+    from llamay.gguf.reader import GGUFFile
+
+    with GGUFFile(ppocr_gguf) as f:
+        assert f.architecture == "ppocr_rec"
+        labels = f.metadata["ppocr.labels"]
+        assert len(labels) == 6625 and labels[0] == "" and labels[-1] == " "
+        assert f.metadata["ppocr.neck.head_count"] == 8
+        assert f.tensors["head.weight"].shape == (120, 6625)
+
+
+def test_forward_matches_onnxruntime(rec, ort_session):
+    from llamay.ocr.ppocr import preprocess
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (2, 48, 160, 3)).astype(np.float32)
+    line = preprocess(render_line("Hello, world 42", size=30))
+    x[1] = 0.0
+    x[1, :, : min(160, line.shape[1])] = line[:, :160]
+    ours = rec.probs_batch(x)
+    ref = ort_session.run(None, {"x": x.transpose(0, 3, 1, 2)})[0]
+    assert ours.shape == ref.shape == (2, 20, 6625)
+    assert np.abs(ours - ref).max() < 1e-3
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_no_recompile_inside_a_bucket(rec):
+    # at height 48 the widths stay 200 and 300: both pad to the 320-pixel bucket
+    a = np.full((48, 200, 3), 255, np.uint8)
+    b = np.full((48, 300, 3), 255, np.uint8)
+    rec.probs([a])
+    n = rec.compiled_count()
+    out = rec.probs([b])
+    assert rec.compiled_count() == n
+    assert out[0].shape == (40, 6625)
+
+
+def test_reads_clean_lines(rec):
+    lines = make_lines(6, seed=3)
+    out = rec.recognize([im for _, im in lines])
+    cer, wer = error_rates([t for t, _ in lines], [o.text for o in out])
+    assert cer < 0.05, [(t, o.text) for (t, _), o in zip(lines, out, strict=True)]
+    assert all(0.5 < o.confidence <= 1.0 for o in out)
+
+
+def test_lexicon_beats_greedy_on_noisy_lines(rec):
+    lines = make_lines(16, seed=1, noise=(20, 60), blur=(0.5, 1.5))
+    refs = [t for t, _ in lines]
+    imgs = [im for _, im in lines]
+    greedy = [o.text for o in rec.recognize(imgs)]
+    lex = WordScorer(lexicon=WORDS, alpha=0.0, beta=0.0)
+    beam = [o.text for o in rec.recognize(imgs, lex, beam_width=16, token_min_logp=-8.0)]
+    g_cer, g_wer = error_rates(refs, greedy)
+    l_cer, l_wer = error_rates(refs, beam)
+    assert g_wer > 0, "the noisy set should trouble greedy decoding"
+    assert l_wer < g_wer and l_cer <= g_cer
+    hard = WordScorer(lexicon=WORDS, hard=True, alpha=0.0, beta=0.0)
+    for o in rec.recognize(imgs[:4], hard, beam_width=16, token_min_logp=-8.0):
+        assert set(o.text.split()) <= set(WORDS)
