@@ -271,3 +271,20 @@ def test_gc_removes_unreferenced_blobs(env, registry, tiny_gguf) -> None:
     assert store.gc(grace_s=3600) == []  # too young
     assert store.gc(grace_s=0) == [orphan]
     assert path.is_file()
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_real_smollm2_through_the_registry(env, registry, smollm2_path) -> None:
+    """The real 98 MB SmolLM2 blob pushed, pulled, verified and run (greedy, a few tokens)."""
+    import llamay
+
+    repo = "library/smollm2"
+    pushed = registry.push_model(
+        repo, "135m", smollm2_path, params={"temperature": 0.0, "stop": ["<|im_end|>"]}
+    )
+    assert pushed.model().hex == smollm2_path.name.removeprefix("sha256-")
+    path = store.pull(f"{registry.host}/{repo}:135m", progress=False)
+    assert _sha(path) == pushed.model().digest
+    out = llamay.load(path).generate("The capital of France is", max_tokens=4, temperature=0.0)
+    assert "Paris" in out
