@@ -33,6 +33,7 @@ manifest by tag, then every blob by digest, each verified, then the manifest.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ import secrets
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -215,13 +216,40 @@ def _lock(root: Path, key: str, what: str, *, progress: bool) -> Iterator[None]:
         os.close(fd)
 
 
-class _HashingWriter:
-    """Writes to a file, hashing as it goes; refuses to grow past `limit` bytes."""
+#: Where `pull(..., events=...)` sends its progress events (see `pull`).
+_events: contextvars.ContextVar[Callable[[dict[str, Any]], None] | None] = contextvars.ContextVar(
+    "llamay_store_events", default=None
+)
+_EVENT_INTERVAL_S = 0.1
 
-    def __init__(self, f: Any, limit: int | None, what: str):
+
+def _emit(**event: Any) -> None:
+    callback = _events.get()
+    if callback is not None:
+        callback(event)
+
+
+def _blob_event(digest: str, total: int | None, completed: int) -> None:
+    hexdigest = digest.removeprefix("sha256:")
+    _emit(
+        status=f"pulling {hexdigest[:12]}",
+        digest=f"sha256:{hexdigest}",
+        total=total,
+        completed=completed,
+    )
+
+
+class _HashingWriter:
+    """Writes to a file, hashing as it goes; refuses to grow past `limit` bytes. Reports
+    progress events (at most every 0.1 s) when a pull asked for them."""
+
+    def __init__(self, f: Any, limit: int | None, what: str, digest: str = ""):
         self._f = f
         self._limit = limit
         self._what = what
+        self._digest = digest
+        self._report = bool(digest) and _events.get() is not None
+        self._last = 0.0
         self.sha256 = hashlib.sha256()
         self.size = 0
 
@@ -232,6 +260,11 @@ class _HashingWriter:
         self._f.write(data)
         self.sha256.update(data)
         self.size += n
+        if self._report:
+            now = time.monotonic()
+            if now - self._last >= _EVENT_INTERVAL_S or self.size == self._limit:
+                self._last = now
+                _blob_event(self._digest, self._limit, self.size)
         return n
 
 
@@ -330,6 +363,7 @@ def _fetch_blob(
     if blob.is_file():
         actual = blob.stat().st_size
         if size is None or actual == size:
+            _blob_event(sha256, actual, actual)
             return blob, actual, False
         status(
             f"{blob} has the wrong size ({actual}, expected {size}); fetching again",
@@ -359,9 +393,10 @@ def _fetch_blob(
     try:
         try:
             with open(tmp, "ab" if resumable else "xb") as f:
-                writer = _HashingWriter(f, size, f"{source.describe()}")
+                writer = _HashingWriter(f, size, f"{source.describe()}", sha256)
                 if have:
                     _rehash(tmp, have, writer)
+                _blob_event(sha256, size, writer.size)
                 if resumable:
                     _fetch_resuming(source, writer, f, progress)
                 else:
@@ -387,6 +422,7 @@ def _fetch_blob(
             raise FetchError(
                 f"{ref} from {source.describe()}: got {writer.size} bytes, expected {size}"
             )
+        _blob_event(sha256, size, writer.size)
         got = writer.sha256.hexdigest()
         if got != sha256:
             dropped = source.invalidate_cache()
@@ -443,6 +479,7 @@ def _pull(
         if entry is not None and entry.digest == f"sha256:{sha256}" and _blob_ok(entry):
             return entry.path  # another process finished it while we waited
         blob, actual, created = _fetch_blob(root, ref, sha256, size, source, progress)
+        _emit(status="writing manifest")
         manifest = {
             "schema_version": MANIFEST_SCHEMA,
             "name": ref.repository,
@@ -462,7 +499,13 @@ def _pull(
     return blob
 
 
-def pull(name: str, progress: bool = True, *, insecure: bool = False) -> Path:
+def pull(
+    name: str,
+    progress: bool = True,
+    *,
+    insecure: bool = False,
+    events: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
     """Fetch `name` into the store if it is not there; returns the model blob's path.
 
     A no-op when the manifest and a blob of the recorded size are present. Otherwise the
@@ -471,7 +514,23 @@ def pull(name: str, progress: bool = True, *, insecure: bool = False) -> Path:
     that registry (plain HTTP for loopback hosts or with `insecure`). Progress goes to
     stderr when `progress`. Raises `InvalidModelNameError`, `ModelNotFoundError` (unknown
     name) or `FetchError`.
+
+    `events`, if given, receives progress events shaped like Ollama's `/api/pull` stream:
+    `{"status": "pulling manifest"}`, `{"status": "pulling <12 hex>", "digest", "total",
+    "completed"}` (repeatedly, per blob), `{"status": "verifying sha256 digest"}`,
+    `{"status": "writing manifest"}`, and finally `{"status": "success"}`.
     """
+    token = _events.set(events)
+    try:
+        path = _pull_name(name, progress, insecure)
+    finally:
+        _events.reset(token)
+    if events is not None:
+        events({"status": "success"})
+    return path
+
+
+def _pull_name(name: str, progress: bool, insecure: bool) -> Path:
     ref = parse_name(name)
     root = store_dir()
     entry = _read_entry(root, ref)
@@ -494,6 +553,7 @@ def _pull_registry(root: Path, ref: ModelRef, progress: bool, scheme: str) -> Pa
     assert ref.host is not None
     registry = Registry.shared(ref.host, scheme)
     status(f"pulling manifest of {ref} from {registry.base}", progress=progress)
+    _emit(status="pulling manifest")
     man, _ = registry.manifest(ref.remote_repository, ref.tag)
     model = man.model()
     for layer in man.blobs():
@@ -501,6 +561,12 @@ def _pull_registry(root: Path, ref: ModelRef, progress: bool, scheme: str) -> Pa
         source = OciBlobSource(ref.host, ref.remote_repository, layer.digest, layer.size, scheme)
         with _lock(root, f"sha256-{hexdigest}", f"pulling {layer.digest}", progress=progress):
             _fetch_blob(root, ref, hexdigest, layer.size, source, progress and layer.size > 1 << 20)
+    _emit(status="verifying sha256 digest")
+    for layer in man.blobs():  # still all there (a concurrent gc() or rm of another name?)
+        got = blob_path(layer.digest, root)
+        if not got.is_file() or got.stat().st_size != layer.size:
+            raise FetchError(f"{got} disappeared or changed while {ref} was pulled; pull again")
+    _emit(status="writing manifest")
     mpath = manifest_path(_manifests(root), ref)
     try:
         _atomic_write_bytes(mpath, man.dumps())

@@ -288,3 +288,32 @@ def test_real_smollm2_through_the_registry(env, registry, smollm2_path) -> None:
     assert _sha(path) == pushed.model().digest
     out = llamay.load(path).generate("The capital of France is", max_tokens=4, temperature=0.0)
     assert "Paris" in out
+
+
+def test_progress_events_like_ollamas_pull_stream(env, registry, tiny_gguf) -> None:
+    repo = _repo()
+    pushed = registry.push_model(repo, "latest", tiny_gguf, params={"temperature": 0.3})
+    events: list[dict] = []
+    store.pull(f"{registry.host}/{repo}:latest", progress=False, events=events.append)
+    statuses = [e["status"] for e in events]
+    assert statuses[0] == "pulling manifest"
+    assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
+    for layer in pushed.blobs():
+        mine = [e for e in events if e.get("digest") == layer.digest]
+        assert mine[0]["status"] == f"pulling {layer.hex[:12]}" and mine[0]["completed"] == 0
+        assert mine[-1]["completed"] == mine[-1]["total"] == layer.size
+        done = [e["completed"] for e in mine]
+        assert done == sorted(done)
+    # a second pull is a no-op that still says success
+    again: list[dict] = []
+    store.pull(f"{registry.host}/{repo}:latest", progress=False, events=again.append)
+    assert again == [{"status": "success"}]
+
+
+def test_progress_events_for_a_catalogue_pull(env, fake_model) -> None:
+    m = fake_model()
+    events: list[dict] = []
+    store.pull(m.name, progress=False, events=events.append)
+    assert events[-2:] == [{"status": "writing manifest"}, {"status": "success"}]
+    assert events[0]["digest"] == f"sha256:{m.sha256}" and events[0]["completed"] == 0
+    assert events[-3]["completed"] == len(m.payload)
