@@ -111,3 +111,19 @@ class ContextOverflowError(RequestError):
 
 class OCRError(LlamayError):
     """An OCR input, lexicon, language model or recognizer file is unusable."""
+
+
+# --- constraints ----------------------------------------------------------------
+
+
+class ConstraintError(RequestError):
+    """A constraint (JSON schema, grammar, regex, choices) cannot be built or was broken."""
+
+
+class GrammarSyntaxError(ConstraintError):
+    """A grammar, regex or schema does not parse; the message says where."""
+
+
+class UnsupportedConstraintError(ConstraintError):
+    """A schema keyword or grammar feature that cannot be enforced; the message names it
+    (pass lenient=True to drop it, and the result says what was dropped)."""

@@ -1,0 +1,209 @@
+"""Constraints on llguidance: JSON, JSON Schema, GBNF (via `llamay.constrain.gbnf`),
+Lark and regex, behind llamay's constraint protocol (`llamay.sample.constraint`).
+
+Fail closed: a schema keyword llguidance cannot enforce, an unknown string format, a
+grammar that does not parse, or any warning llguidance raises while compiling, is an
+`UnsupportedConstraintError` / `GrammarSyntaxError` naming it — unless `lenient=True`,
+in which case llguidance drops what it cannot enforce and `constraint.dropped` lists it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+
+from llamay.errors import ConstraintError, GrammarSyntaxError, UnsupportedConstraintError
+from llamay.sample.constraint import mask_words
+
+try:
+    import llguidance
+except ImportError:  # pragma: no cover - a declared dependency
+    llguidance = None
+
+
+def _need():
+    if llguidance is None:
+        raise ConstraintError(
+            "structured output needs the llguidance package (pip install llguidance)"
+        )
+    return llguidance
+
+
+class VocabAdapter:
+    """What llguidance's TokenizerWrapper reads: every token's bytes (control tokens
+    marked with a 0xFF prefix, as llguidance expects), EOS, and an encoder."""
+
+    def __init__(
+        self,
+        pieces: Sequence[bytes],
+        special: Sequence[int],
+        eos: int | None,
+        encode,
+        bos: int | None = None,
+    ):
+        special = set(special)
+        self.tokens = [b"\xff" + p if i in special else p for i, p in enumerate(pieces)]
+        self.special_token_ids = sorted(special)
+        self.eos_token_id = eos
+        self.bos_token_id = bos
+        self._encode = encode
+
+    def __call__(self, s):
+        if isinstance(s, bytes):
+            s = s.decode("utf-8", "replace")
+        return list(self._encode(s))
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def lltokenizer_for(tokenizer, n_vocab: int | None = None):
+    """llguidance's tokenizer view of a `llamay.tok.Tokenizer` (cached per tokenizer)."""
+    llg = _need()
+    key = (n_vocab,)
+    per = _CACHE.setdefault(tokenizer, {})
+    if key not in per:
+        from llamay.tok.vocab import ATTR_CONTROL, ATTR_UNKNOWN, ATTR_UNUSED
+
+        v = tokenizer.vocab
+        attrs = np.asarray(v.attrs)
+        special = np.flatnonzero(attrs & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_UNUSED)).tolist()
+        pieces = [tokenizer.token_to_piece(i, special=True) for i in range(tokenizer.vocab_size)]
+        eos = sorted(tokenizer.stop_ids) or (
+            [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+        )
+        adapter = VocabAdapter(
+            pieces,
+            special,
+            eos[0] if eos else None,
+            lambda s: tokenizer.encode(s, add_special=False, parse_special=False),
+            tokenizer.bos_id,
+        )
+        per[key] = llg.LLTokenizer(
+            llg.TokenizerWrapper(adapter),
+            n_vocab=n_vocab or len(pieces),
+            eos_token=eos or None,
+        )
+    return per[key]
+
+
+_UNIMPL = re.compile(r"Unimplemented keys: \[(.*?)\]")
+
+
+def _classify(msg: str, what: str) -> ConstraintError:
+    m = _UNIMPL.search(msg)
+    if m:
+        keys = ", ".join(k.strip().strip('"') for k in m.group(1).split(","))
+        return UnsupportedConstraintError(
+            f"{what}: keyword(s) {keys} cannot be enforced during generation "
+            "(remove them, or pass lenient=True to drop them)"
+        )
+    for pat in ("Unknown format", "not supported", "unsupported", "Unsupported", "Unimplemented"):
+        if pat in msg:
+            return UnsupportedConstraintError(
+                f"{what}: {msg.strip().splitlines()[0]} (pass lenient=True to drop it)"
+            )
+    return GrammarSyntaxError(f"{what}: {msg.strip().splitlines()[0]}")
+
+
+class GuidanceConstraint:
+    """One llguidance matcher as a `Constraint`."""
+
+    def __init__(self, lltok, grammar: str, what: str, lenient: bool = False):
+        llg = _need()
+        self.what = what
+        self.vocab_size = lltok.vocab_size
+        is_err, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar, lltok)
+        if is_err:
+            raise _classify(msgs[0] if msgs else "invalid grammar", what)
+        self.dropped: list[str] = list(msgs)
+        if msgs and not lenient:
+            raise _classify("; ".join(msgs), what)
+        self._m = llg.LLMatcher(lltok, grammar, log_level=0)
+        if self._m.is_error():
+            raise _classify(self._m.get_error(), what)
+        self._buf = np.zeros(mask_words(self.vocab_size), np.uint32)
+
+    def mask(self) -> np.ndarray:
+        self._m.unsafe_compute_mask_ptr(self._buf.ctypes.data, self._buf.nbytes)
+        if self._m.is_error():
+            raise ConstraintError(f"{self.what}: {self._m.get_error()}")
+        return self._buf
+
+    def advance(self, token: int) -> None:
+        if not self._m.consume_token(int(token)):
+            raise ConstraintError(
+                f"{self.what}: token {token} is not allowed here ({self._m.get_error()})"
+            )
+
+    def consume_bytes(self, data: bytes, tokenize) -> bool:
+        """Feed text through the tokenizer (tests); False if it is rejected."""
+        return self._m.consume_tokens(list(tokenize(data)))
+
+    @property
+    def done(self) -> bool:
+        return self._m.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        return self._m.is_accepting()
+
+    def reset(self) -> None:
+        self._m.reset()
+
+
+# -- builders ------------------------------------------------------------------------------
+
+
+def json_schema_grammar(schema, lenient: bool = False, whitespace_flexible: bool = True) -> str:
+    llg = _need()
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarSyntaxError(f"JSON schema: not valid JSON ({e})") from None
+    if isinstance(schema, bool):
+        if not schema:
+            raise UnsupportedConstraintError(
+                "JSON schema: `false` admits no instance, so nothing can be generated"
+            )
+        schema = {}
+    if not isinstance(schema, dict):
+        raise GrammarSyntaxError("JSON schema: a schema must be an object or a boolean")
+    opts = {"lenient": lenient, "whitespace_flexible": whitespace_flexible}
+    try:
+        return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=opts)
+    except ValueError as e:
+        raise GrammarSyntaxError(f"JSON schema: {e}") from None
+
+
+def json_schema(lltok, schema, lenient: bool = False) -> GuidanceConstraint:
+    """JSON conforming to `schema` (a dict, JSON text, or True for any JSON)."""
+    return GuidanceConstraint(lltok, json_schema_grammar(schema, lenient), "JSON schema", lenient)
+
+
+def any_json(lltok) -> GuidanceConstraint:
+    """Any JSON value (llama.cpp's --json: an object, array, string, number...)."""
+    return GuidanceConstraint(lltok, json_schema_grammar({}), "JSON")
+
+
+def gbnf(lltok, text: str, token_id=None) -> GuidanceConstraint:
+    """A grammar in llama.cpp's GBNF."""
+    from llamay.constrain.gbnf import gbnf_to_lark
+
+    lark = gbnf_to_lark(text, token_id)
+    return GuidanceConstraint(lltok, _need().LLMatcher.grammar_from_lark(lark), "GBNF grammar")
+
+
+def lark(lltok, text: str) -> GuidanceConstraint:
+    """A grammar in llguidance's Lark dialect."""
+    return GuidanceConstraint(lltok, _need().LLMatcher.grammar_from_lark(text), "Lark grammar")
+
+
+def regex(lltok, pattern: str) -> GuidanceConstraint:
+    """Text matching `pattern` whole (Rust regex syntax)."""
+    return GuidanceConstraint(lltok, _need().LLMatcher.grammar_from_regex(pattern), "regex")
