@@ -163,13 +163,14 @@ def _unlink(path: Path) -> None:
             path.unlink()
 
 
-def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `path` so that readers see the old file or the whole new one (temp, fsync,
+    rename, fsync of the directory)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
     try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with open(tmp, "xb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -177,6 +178,10 @@ def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
         _unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    _atomic_write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
 @contextlib.contextmanager
@@ -575,21 +580,6 @@ def _pull_registry(root: Path, ref: ModelRef, progress: bool, scheme: str) -> Pa
     blob = blob_path(model.digest, root)
     status(f"{ref}: {blob}", progress=progress)
     return blob
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 def _unknown_message(ref: ModelRef, root: Path) -> str:
