@@ -3,7 +3,7 @@
     find_store() -> Path | None           $OLLAMA_MODELS, ~/.ollama/models, /usr/share/ollama/...
     list_models(root=None) -> [OllamaModel]
     resolve(name, root=None) -> OllamaModel   .model_path is the GGUF blob (run it read-only)
-    load(name, root=None, ...) -> (llamay Model, OllamaModel)
+    load(name, root=None, ...) -> (llamay Model, OllamaModel)   also llamay's registry pulls
     generate(model, om, prompt, ...)      with the template, system and params layers applied
 
 The `params` layer becomes default sampler settings (`SamplerDefaults`), the `template`
@@ -47,23 +47,40 @@ __all__ = [
     "list_models",
     "load",
     "resolve",
+    "resolve_anywhere",
 ]
 
 
 def load(
     name: str, root: str | os.PathLike[str] | None = None, **load_kwargs: Any
 ) -> tuple[Model, OllamaModel]:
-    """Resolve `name` in the Ollama store and load its GGUF blob in place (read-only).
+    """Resolve `name` and load its GGUF blob in place (read-only), with its layers.
 
-    The params layer's `num_ctx` sets the context size unless `n_ctx` is given.
+    Without `root`, a registry-pulled model in llamay's own store (same layout) is found
+    first, then a model of the local Ollama store. The params layer's `num_ctx` sets the
+    context size unless `n_ctx` is given.
     """
     import llamay
 
-    om = resolve(name, root)
+    om = resolve(name, root) if root is not None else resolve_anywhere(name)
     defaults = om.sampler_defaults()
     if load_kwargs.get("n_ctx") is None and defaults.n_ctx is not None:
         load_kwargs["n_ctx"] = defaults.n_ctx
     return llamay.load(om.model_path, **load_kwargs), om
+
+
+def resolve_anywhere(name: str) -> OllamaModel:
+    """`name` in llamay's store (its registry-layout part), else in the local Ollama store."""
+    from llamay.errors import ModelNotFoundError
+    from llamay.store import store_dir
+
+    ours = store_dir()
+    if (ours / "manifests").is_dir():
+        try:
+            return resolve(name, ours)
+        except ModelNotFoundError:
+            pass
+    return resolve(name)
 
 
 def format_prompt(om: OllamaModel, prompt: str, system: str | None = None) -> str:

@@ -317,3 +317,28 @@ def test_progress_events_for_a_catalogue_pull(env, fake_model) -> None:
     assert events[-2:] == [{"status": "writing manifest"}, {"status": "success"}]
     assert events[0]["digest"] == f"sha256:{m.sha256}" and events[0]["completed"] == 0
     assert events[-3]["completed"] == len(m.payload)
+
+
+def test_registry_layers_take_effect(env, registry, tiny_gguf, monkeypatch) -> None:
+    """A pulled model's template/system/params layers, through `llamay.ollama`."""
+    import llamay.ollama as ollama
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(env.home.parent / "no-ollama-here"))
+    repo = _repo()
+    registry.push_model(
+        repo,
+        "latest",
+        tiny_gguf,
+        template="{{ if .System }}[{{ .System }}] {{ end }}Q: {{ .Prompt }} A:",
+        system="terse",
+        params={"temperature": 0.0, "num_predict": 5, "stop": ["\n"]},
+    )
+    name = f"{registry.host}/{repo}:latest"
+    store.pull(name, progress=False)
+    model, om = ollama.load(name)
+    assert om.model_path == store.resolve(name, progress=False)
+    assert ollama.format_prompt(om, "hi") == "[terse] Q: hi A:"
+    assert om.sampler_defaults().generate_kwargs() == {"temperature": 0.0, "max_tokens": 5}
+    out = ollama.generate(model, om, "hi")
+    ref = model.generate("[terse] Q: hi A:", max_tokens=5, temperature=0.0)
+    assert out == ref.split("\n")[0]
