@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,8 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from llamay.arch import get_architecture
+from llamay.arch import Architecture, get_architecture
+from llamay.arch.layers import pool
 from llamay.engine import Generation, Runtime, check_prompt, padded_batch
 from llamay.errors import RequestError
 from llamay.gguf import GGUFFile
@@ -67,6 +70,28 @@ class Model:
     def hidden_states(self, ids) -> np.ndarray:
         """Each block's output at every position: numpy [n_layers, len(ids), d_model]."""
         return self._run(ids, hidden=True)[1]
+
+    def embed(self, ids, pooling: str | None = None) -> np.ndarray:
+        """An encoder's (bert's) embedding of `ids`, unnormalised: numpy [d_model] pooled as
+        the model's metadata says, or as `pooling` ("mean", "cls", "last"; "none": the
+        per-token states [len(ids), d_model])."""
+        if self.config.causal:
+            raise RequestError(
+                f"{self.config.arch} is a decoder (a language model), not an embedding "
+                "encoder; use hidden_states() for its per-layer states"
+            )
+        states = self._run(ids, hidden=False)[0]
+        kind = pooling or self.config.pooling
+        return states if kind == "none" else np.asarray(pool(jnp.asarray(states), kind))
+
+    def with_architecture(self, arch: Architecture) -> Model:
+        """This model (same weights and tokenizer) run by another Architecture, e.g.
+        `dataclasses.replace(m.arch, block=...)`: research variants of a family."""
+        new = copy.copy(self)
+        new.arch = arch
+        new.config = dataclasses.replace(self.config, impl=arch)
+        new.runtime = dataclasses.replace(self.runtime, cfg=new.config)
+        return new
 
     def _run(self, ids, hidden: bool):
         ids = [int(i) for i in ids]

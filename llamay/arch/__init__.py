@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
-from llamay.arch.base import Architecture, TensorSpec, hparam
+from llamay.arch.base import Architecture, Config, Rope, TensorSpec, architecture_of, hparam
+from llamay.arch.bert import ARCH as BERT
+from llamay.arch.gemma import GEMMA2, GEMMA3
 from llamay.arch.llama import ARCH as LLAMA
+from llamay.arch.olmo2 import ARCH as OLMO2
+from llamay.arch.phi3 import ARCH as PHI3
+from llamay.arch.qwen2 import ARCH as QWEN2
+from llamay.arch.qwen3 import ARCH as QWEN3
+from llamay.arch.qwen3 import ARCH_MOE as QWEN3MOE
+from llamay.arch.starcoder2 import ARCH as STARCODER2
 from llamay.errors import UnknownArchitectureError
 
-_FAMILIES: tuple[Architecture, ...] = (LLAMA,)
+_FAMILIES: tuple[Architecture, ...] = (
+    LLAMA,
+    QWEN2,
+    QWEN3,
+    QWEN3MOE,
+    PHI3,
+    GEMMA2,
+    GEMMA3,
+    OLMO2,
+    STARCODER2,
+    BERT,
+)
 REGISTRY: dict[str, Architecture] = {
     name: fam for fam in _FAMILIES for name in (fam.name, *fam.aliases)
 }
@@ -21,4 +40,13 @@ def get_architecture(name: str | None) -> Architecture:
     return REGISTRY[name]
 
 
-__all__ = ["Architecture", "TensorSpec", "hparam", "get_architecture", "REGISTRY"]
+__all__ = [
+    "Architecture",
+    "Config",
+    "REGISTRY",
+    "Rope",
+    "TensorSpec",
+    "architecture_of",
+    "get_architecture",
+    "hparam",
+]

@@ -1,30 +1,102 @@
-"""Layers shared by the architecture families: norms, rope, attention, MLPs.
+"""Layers shared by the architecture families: norms, rope, attention, MLPs, MoE routing.
 
 All functions are pure jnp over arrays (and `QTensor`s through `qmatmul`);
-shapes use B batch, T query tokens, S cache slots, H heads, K kv heads, D head dim.
+shapes use B batch, T query tokens, S cache slots, H heads, K kv heads, D head dim,
+E experts.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from llamay.quant import qmatmul
+from llamay.arch.base import Rope
+from llamay.quant import MixedQTensor, QTensor, qmatmul
 
 F32 = jnp.float32
 
+# -- norms and activations ------------------------------------------------------------
+
 
 def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
+    """x / sqrt(mean(x²) + eps) · w (weights used as stored: GGUF gemma norms already
+    carry the +1)."""
     x = x.astype(F32)
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
     return y if w is None else y * w
 
 
-def rope_angles(positions: jax.Array, n_rot: int, base: float, freq_scale: float = 1.0):
-    """cos/sin of pos·base^(−2i/n_rot) for i < n_rot/2: each [*positions.shape, n_rot/2]."""
-    inv = base ** (-jnp.arange(0, n_rot, 2, dtype=F32) / n_rot)
-    ang = positions.astype(F32)[..., None] * (inv * freq_scale)
-    return jnp.cos(ang), jnp.sin(ang)
+def layer_norm(x: jax.Array, w: jax.Array | None, b: jax.Array | None, eps: float) -> jax.Array:
+    x = x.astype(F32)
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    xc = x - mu
+    y = xc * jax.lax.rsqrt(jnp.mean(xc * xc, axis=-1, keepdims=True) + eps)
+    y = y if w is None else y * w
+    return y if b is None else y + b
+
+
+def norm(kind: str, x: jax.Array, w, b, eps: float) -> jax.Array:
+    """RMSNorm ("rms", no bias) or LayerNorm ("layer", optional bias)."""
+    if kind == "rms":
+        return rms_norm(x, w, eps)
+    if kind == "layer":
+        return layer_norm(x, w, b, eps)
+    raise ValueError(f"unknown norm kind {kind!r}")
+
+
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    """GELU, tanh approximation (ggml_gelu; HF "gelu_pytorch_tanh")."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu": gelu_tanh}
+
+
+def softcap(x: jax.Array, cap: float) -> jax.Array:
+    """cap · tanh(x / cap); cap 0 (or None) is the identity."""
+    return cap * jnp.tanh(x / cap) if cap else x
+
+
+def linear(x: jax.Array, w, b: jax.Array | None = None) -> jax.Array:
+    """x @ W.T (+ b)."""
+    y = qmatmul(x, w)
+    return y if b is None else y + b
+
+
+# -- rope ---------------------------------------------------------------------------
+
+
+def _yarn_corr_dim(n_rot: int, orig_ctx: int, n_rotations: float, base):
+    return n_rot * math.log(orig_ctx / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def rope_angles(positions: jax.Array, rope: Rope, freq_factors: jax.Array | None = None):
+    """cos/sin for positions [...]: each [..., n_rot/2], as llama.cpp's ggml_rope_ext.
+
+    θ_i = pos · base^(−2i/n_rot) / freq_factors[i], then linear or YaRN scaling;
+    YaRN also scales cos and sin by its magnitude correction.
+    """
+    n_rot, base = rope.n_rot, rope.base
+    i = np.arange(0, n_rot, 2, dtype=np.float64)
+    inv = jnp.asarray(base ** (-i / n_rot), F32)
+    if freq_factors is not None:
+        inv = inv / freq_factors.astype(F32)
+    extrap = positions.astype(F32)[..., None] * inv
+    theta = extrap * rope.freq_scale
+    mscale = rope.attn_factor
+    if rope.scaling == "yarn" and rope.freq_scale != 1.0:
+        low = max(0.0, math.floor(_yarn_corr_dim(n_rot, rope.orig_ctx, rope.beta_fast, base)))
+        high = min(
+            n_rot - 1.0, math.ceil(_yarn_corr_dim(n_rot, rope.orig_ctx, rope.beta_slow, base))
+        )
+        ramp = 1.0 - jnp.clip((i / 2 - low) / max(0.001, high - low), 0.0, 1.0)
+        theta = theta * (1 - ramp) + extrap * ramp
+        mscale *= 1.0 + 0.1 * math.log(1.0 / rope.freq_scale)
+    return jnp.cos(theta) * mscale, jnp.sin(theta) * mscale
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, kind: str) -> jax.Array:
@@ -49,6 +121,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, kind: str) -> jax.A
     return jnp.concatenate([out, rest.astype(F32)], axis=-1) if rest.shape[-1] else out
 
 
+# -- attention ------------------------------------------------------------------------
+
+
 def write_kv(cache: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
     """Scatter new [B, T, K, D] into cache [B, S, K, D] at slots `positions` [B, T].
 
@@ -71,7 +146,9 @@ def attention(
 ) -> jax.Array:
     """Grouped-query attention of q [B, T, H, D] over a cache [B, S, K, D] whose slot j
     holds position j. Key j is visible from a query at position i iff j <= i (causal)
-    and i - j < window (sliding window; window <= 0 or None means global).
+    and i - j < window (sliding window; window <= 0 or None means global). Non-causal
+    (encoder) attention sees every slot up to the row's last real query position
+    (queries at positions >= S are padding). Scores are scaled, softcapped, then masked.
     Returns [B, T, H, D] in f32.
     """
     B, T, H, D = q.shape
@@ -80,11 +157,15 @@ def attention(
     qg = q.astype(F32).reshape(B, T, K, G, D)
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache.astype(F32), precision="highest")
     scores = scores * scale
-    if softcap is not None:
+    if softcap:
         scores = softcap * jnp.tanh(scores / softcap)
     j = jnp.arange(S)[None, None, :]
     i = q_pos[:, :, None]
-    visible = j <= i if causal else jnp.ones_like(j <= i)
+    if causal:
+        visible = j <= i
+    else:
+        last = jnp.max(jnp.where(q_pos < S, q_pos, -1), axis=1)  # [B]
+        visible = jnp.broadcast_to(j <= last[:, None, None], (B, T, S))
     if window is not None:
         w = jnp.asarray(window)
         visible = visible & ((w <= 0) | (i - j < w))
@@ -94,5 +175,123 @@ def attention(
     return out.reshape(B, T, H, D)
 
 
+# -- MLPs ------------------------------------------------------------------------------
+
+
+def glu(x: jax.Array, w_gate, w_up, w_down, act: str = "silu") -> jax.Array:
+    """down(act(gate·x) ⊙ up·x); with `w_gate` None, `w_up` is fused [gate | up]
+    (phi3's ffn_up: the first half of its outputs is the gate)."""
+    if w_gate is None:
+        gu = qmatmul(x, w_up)
+        g, u = jnp.split(gu, 2, axis=-1)
+    else:
+        g, u = qmatmul(x, w_gate), qmatmul(x, w_up)
+    return qmatmul(ACTIVATIONS[act](g) * u, w_down)
+
+
 def swiglu(x: jax.Array, w_gate, w_up, w_down) -> jax.Array:
-    return qmatmul(jax.nn.silu(qmatmul(x, w_gate)) * qmatmul(x, w_up), w_down)
+    return glu(x, w_gate, w_up, w_down, "silu")
+
+
+def geglu(x: jax.Array, w_gate, w_up, w_down) -> jax.Array:
+    return glu(x, w_gate, w_up, w_down, "gelu")
+
+
+def gelu_mlp(x: jax.Array, w_up, b_up, w_down, b_down) -> jax.Array:
+    """down(gelu(up·x + b_up)) + b_down (ungated: starcoder2, bert)."""
+    return linear(gelu_tanh(linear(x, w_up, b_up)), w_down, b_down)
+
+
+# -- mixture of experts ----------------------------------------------------------------
+
+
+def route(x: jax.Array, w_router, n_used: int, renormalize: bool = True):
+    """Top-k routing: softmax over the router logits, keep the `n_used` largest
+    probabilities (renormalised to sum to 1). Returns (weights [..., k], experts [..., k])."""
+    probs = jax.nn.softmax(qmatmul(x, w_router), axis=-1)
+    top_w, top_i = jax.lax.top_k(probs, n_used)
+    if renormalize:
+        top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
+    return top_w, top_i
+
+
+def _per_layer(w, fn):
+    """fn(QTensor) for a QTensor, or for this layer's entry of a MixedQTensor."""
+    if isinstance(w, MixedQTensor):
+        branches = [lambda s=s: fn(s.layer(w.index)) for s in w.stacks]
+        return jax.lax.switch(w.which, branches)
+    return fn(w)
+
+
+def expert_matmul(x: jax.Array, w, experts: jax.Array | None = None, per_expert: bool = False):
+    """Per-expert x @ W_e.T with W [E, n, k] (a QTensor, or one layer of a MixedQTensor),
+    through `qmatmul` (so each numerics applies) mapped over the experts.
+
+    experts None: every expert, -> [..., E, n]; experts [..., k'] (ids): only those,
+    gathered while still packed, -> [..., k', n]. x is [..., k], or with `per_expert`
+    one input per expert [..., E or k', k].
+    """
+
+    def apply(data, xe, qt: QTensor):
+        return qmatmul(xe, dataclasses.replace(qt, data=data))
+
+    def one(qt: QTensor):
+        if experts is None:
+            f = jax.vmap(apply, in_axes=(0, -2 if per_expert else None, None), out_axes=-2)
+            return f(qt.data, x, qt)
+        data = jnp.take(qt.data, experts, axis=0)  # [..., k', n, row bytes]
+        xs = x if per_expert else jnp.broadcast_to(x[..., None, :], (*experts.shape, x.shape[-1]))
+        flat = jax.vmap(apply, in_axes=(0, 0, None))(
+            data.reshape(-1, *data.shape[-2:]), xs.reshape(-1, xs.shape[-1]), qt
+        )
+        return flat.reshape(*experts.shape, flat.shape[-1])
+
+    return _per_layer(w, one)
+
+
+def moe(
+    x: jax.Array,
+    w_router,
+    w_gate,
+    w_up,
+    w_down,
+    n_used: int,
+    act: str = "silu",
+    gather_limit: int | None = None,
+) -> jax.Array:
+    """Σ_e w_e · down_e(act(gate_e x) ⊙ up_e x) over each token's top-k experts.
+
+    Two exact ways, chosen statically from the token count N: when N·k is at most the
+    expert count E (or `gather_limit`), each token's k experts are gathered while still
+    packed and only they are dequantised and applied (decode); otherwise every expert
+    runs densely on every token and the unchosen ones get weight 0 (prefill: E
+    dequantisations instead of N·k, at E/k times the FLOPs). Both give the same numbers.
+    """
+    top_w, top_i = route(x, w_router, n_used)
+    lead = x.shape[:-1]
+    n_tokens = math.prod(lead)
+    n_experts = (w_up.stacks[0] if isinstance(w_up, MixedQTensor) else w_up).shape[-3]
+    limit = n_experts if gather_limit is None else gather_limit
+    f = ACTIVATIONS[act]
+    if n_tokens * n_used <= limit:
+        h = f(expert_matmul(x, w_gate, top_i)) * expert_matmul(x, w_up, top_i)  # [..., k, F]
+        y = expert_matmul(h, w_down, top_i, per_expert=True)  # [..., k, E_model]
+        return jnp.sum(top_w[..., None] * y, axis=-2)
+    dense_w = jnp.sum(jax.nn.one_hot(top_i, n_experts, dtype=F32) * top_w[..., None], axis=-2)
+    h = f(expert_matmul(x, w_gate)) * expert_matmul(x, w_up)  # [..., E, F]
+    y = expert_matmul(h, w_down, per_expert=True)  # [..., E, E_model]
+    return jnp.einsum("...e,...ed->...d", dense_w, y, precision="highest")
+
+
+# -- pooling ------------------------------------------------------------------------------
+
+
+def pool(x: jax.Array, kind: str) -> jax.Array:
+    """Pool per-token states x [T, E] of one sequence: "mean", "cls" (first), "last"."""
+    if kind == "mean":
+        return jnp.mean(x, axis=0)
+    if kind == "cls":
+        return x[0]
+    if kind == "last":
+        return x[-1]
+    raise ValueError(f"unknown pooling {kind!r} (mean, cls, last)")

@@ -9,7 +9,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from llamay.arch import get_architecture
+from llamay.arch import architecture_of
 from llamay.model import forward
 from llamay.sample import SamplingParams, sample
 
@@ -20,7 +20,7 @@ def prefill_step(cfg, weights, kv, tokens, positions, last, params: SamplingPara
 
     last [B]: index in T of each row's last real token. Returns (tokens [B], keys, kv).
     """
-    arch = get_architecture(cfg.arch)
+    arch = architecture_of(cfg)
     x, kv, _ = forward(cfg, weights, kv, tokens, positions)
     x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
     logits = arch.head(cfg, weights, x_last)[:, 0]
@@ -31,7 +31,7 @@ def prefill_step(cfg, weights, kv, tokens, positions, last, params: SamplingPara
 @partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
 def decode_step(cfg, weights, kv, tokens, positions, params: SamplingParams, keys):
     """One token per row: tokens [B] at positions [B]. Returns (next tokens [B], keys, kv)."""
-    arch = get_architecture(cfg.arch)
+    arch = architecture_of(cfg)
     x, kv, _ = forward(cfg, weights, kv, tokens[:, None], positions[:, None])
     logits = arch.head(cfg, weights, x)[:, 0]
     next_tokens, keys = sample(logits, params, keys)

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from llamay.arch import get_architecture
+from llamay.arch import architecture_of
 from llamay.kv import DenseKV
 from llamay.quant import MixedQTensor
 
@@ -33,8 +33,8 @@ def forward(cfg, weights, kv: DenseKV, tokens, positions, *, hidden: bool = Fals
 
     Returns (final hidden state [B, T, E], new kv, per-layer outputs [L, B, T, E] or None).
     """
-    arch = get_architecture(cfg.arch)
-    x = arch.embed(cfg, weights, tokens)
+    arch = architecture_of(cfg)
+    x = arch.embed(cfg, weights, tokens, positions)
     scanned, fixed = _split_layers(weights["layers"])
 
     def body(x, xs):
@@ -54,6 +54,6 @@ def forward(cfg, weights, kv: DenseKV, tokens, positions, *, hidden: bool = Fals
 @partial(jax.jit, static_argnames=("cfg", "hidden"), donate_argnames=("kv",))
 def logits_step(cfg, weights, kv, tokens, positions, hidden: bool = False):
     """Logits at every position [B, T, V] (and per-layer hidden states if asked)."""
-    arch = get_architecture(cfg.arch)
+    arch = architecture_of(cfg)
     x, kv, hs = forward(cfg, weights, kv, tokens, positions, hidden=hidden)
     return arch.head(cfg, weights, x), hs, kv

@@ -1,0 +1,46 @@
+"""The tiny random bert encoder: per-token states and pooled embeddings against its
+float64 reference and llama.cpp (../shared/fixtures/tiny/README.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import llamay
+from llamay.errors import RequestError
+
+EXACT_TOL = 1e-3
+LLAMACPP_TOL = 0.06  # the README measures 0.023 between llama.cpp and exact
+
+
+@pytest.fixture(scope="module")
+def bert(tiny_dir):
+    m = llamay.load(tiny_dir / "bert.gguf")
+    return m, np.load(tiny_dir / "bert.exact.npz"), np.load(tiny_dir / "bert.llamacpp.npz")
+
+
+@pytest.mark.parametrize("seq", ["a", "b"])
+@pytest.mark.parametrize("ref_name, tol", [("exact", EXACT_TOL), ("llamacpp", LLAMACPP_TOL)])
+def test_embeddings(bert, seq, ref_name, tol):
+    m, exact, llamacpp = bert
+    ref = exact if ref_name == "exact" else llamacpp
+    ids = ref[f"tokens_{seq}"].tolist()
+    assert m.config.pooling == "mean"
+    np.testing.assert_allclose(m.embed(ids, pooling="none"), ref[f"embd_tok_{seq}"], atol=tol)
+    np.testing.assert_allclose(m.embed(ids), ref[f"embd_mean_{seq}"], atol=tol)
+    np.testing.assert_allclose(m.embed(ids, pooling="cls"), ref[f"embd_cls_{seq}"], atol=tol)
+
+
+def test_attention_is_not_causal(bert):
+    """The first token's state depends on later tokens. (Padding does not leak in: the
+    24-token sequences above run in a 32-slot bucket.)"""
+    m, exact, _ = bert
+    ids = exact["tokens_a"].tolist()
+    full = m.embed(ids, pooling="none")
+    changed = m.embed(ids[:-1] + [ids[-1] + 1], pooling="none")
+    assert np.abs(full[0] - changed[0]).max() > 1e-4
+
+
+def test_decoders_have_no_embed(tiny_dir):
+    with pytest.raises(RequestError, match="not an embedding"):
+        llamay.load(tiny_dir / "qwen2.gguf").embed([1, 2, 3])
