@@ -107,15 +107,69 @@ class Model:
 
     # -- generation ---------------------------------------------------------------------
 
-    def generation(self, prompt_ids, max_tokens: int = 128, sampler: Sampler | None = None):
-        """The token-level generator (an iterator of ids with a `finish_reason`)."""
+    def generation(self, prompt_ids, max_tokens: int = 128, sampler: Sampler | None = None,
+                   constraint=None):
+        """The token-level generator (an iterator of ids with a `finish_reason`);
+        `constraint` (see `constraint()`) masks every step."""
+        sampler = sampler or Sampler()
         return Generation(
             self.runtime,
             list(prompt_ids),
             max_tokens,
-            sampler or Sampler(),
+            sampler,
             frozenset(self.tokenizer.stop_ids),
+            constraint=constraint,
+            pieces=self.token_pieces() if sampler.uses_dry else None,
         )
+
+    def token_pieces(self) -> list[bytes]:
+        """Every token's bytes (cached): DRY's sequence breakers and lexicon constraints."""
+        if getattr(self, "_pieces", None) is None:
+            tok = self.tokenizer
+            self._pieces = [tok.token_to_piece(i) for i in range(tok.vocab_size)]
+            self._pieces += [b""] * max(0, getattr(self.config, "vocab", 0) - len(self._pieces))
+        return self._pieces
+
+    def constraint(self, json_schema=None, grammar: str | None = None, regex: str | None = None,
+                   choices=None, json: bool = False, lenient: bool = False,
+                   after: str | None = None):
+        """A structured-output constraint for `generation()`, or None: a JSON schema (dict
+        or text), a GBNF `grammar`, a `regex`, a list of `choices`, or `json` (any JSON);
+        `after` starts it once that text has been generated (e.g. "</think>").
+        Fails closed: what cannot be enforced raises ConstraintError naming it."""
+        from llamay import constrain
+        from llamay.errors import ConstraintError
+
+        given = [k for k, v in (("json_schema", json_schema), ("grammar", grammar),
+                                ("regex", regex), ("choices", choices), ("json", json or None))
+                 if v is not None]
+        if not given:
+            return None
+        if len(given) > 1:
+            raise ConstraintError(f"give one constraint, not {' and '.join(given)}")
+        n_vocab = max(getattr(self.config, "vocab", 0), self.tokenizer.vocab_size)
+        if choices is not None:
+            from llamay.constrain.choice import choices as make_choices
+            from llamay.tok.vocab import ATTR_CONTROL
+
+            special = np.flatnonzero(self.tokenizer.vocab.attrs & ATTR_CONTROL).tolist()
+            c = make_choices(self.token_pieces()[:n_vocab], self.tokenizer.stop_ids,
+                             [str(x) for x in choices], special_ids=special)
+        else:
+            lltok = constrain.lltokenizer_for(self.tokenizer, n_vocab)
+            if json_schema is not None:
+                c = constrain.json_schema(lltok, json_schema, lenient=lenient)
+            elif grammar is not None:
+                c = constrain.gbnf(lltok, grammar, token_id=self.tokenizer.token_to_id)
+            elif regex is not None:
+                c = constrain.regex(lltok, regex)
+            else:
+                c = constrain.any_json(lltok)
+        if after is not None:
+            from llamay.constrain.trigger import Triggered
+
+            c = Triggered(c, self.token_pieces(), trigger=after)
+        return c
 
     def generate(
         self,
@@ -127,12 +181,28 @@ class Model:
         min_p: float = 0.05,
         seed: int | None = None,
         stream: bool = False,
+        json_schema=None,
+        grammar: str | None = None,
+        regex: str | None = None,
+        choices=None,
+        json: bool = False,
+        lenient: bool = False,
+        after: str | None = None,
+        **sampling,
     ) -> str | Iterator[str]:
         """Continue `prompt` (special-token text parsed, BOS per the model, as llama.cpp's
-        CLI does). Returns the text, or an iterator of text pieces when `stream`."""
-        sampler = Sampler(temperature, top_k, top_p, min_p, seed)
+        CLI does). Returns the text, or an iterator of text pieces when `stream`.
+
+        Structured output: one of `json_schema`, `grammar` (GBNF), `regex`, `choices`,
+        `json`. Other llama.cpp sampler parameters (`repeat_penalty`, `dry_multiplier`,
+        `mirostat`, `typical_p`, `samplers`...) pass through `sampling` to `Sampler`."""
+        try:
+            sampler = Sampler(temperature, top_k, top_p, min_p, seed, **sampling)
+        except TypeError as e:
+            raise RequestError(f"unknown sampling parameter: {e}") from None
+        con = self.constraint(json_schema, grammar, regex, choices, json, lenient, after)
         ids = self.tokenize(prompt, add_special=True, parse_special=True)
-        gen = self.generation(ids, max_tokens, sampler)
+        gen = self.generation(ids, max_tokens, sampler, con)
         pieces = self._stream_text(gen)
         return pieces if stream else "".join(pieces)
 

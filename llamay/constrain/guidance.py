@@ -1,4 +1,4 @@
-"""Constraints on llguidance: JSON, JSON Schema, GBNF (via `llamay.constrain.gbnf`),
+"""Constraints on llguidance: JSON, JSON Schema, GBNF (via `llamay.constrain.grammar`),
 Lark and regex, behind llamay's constraint protocol (`llamay.sample.constraint`).
 
 Fail closed: a schema keyword llguidance cannot enforce, an unknown string format, a
@@ -174,7 +174,11 @@ def json_schema_grammar(schema, lenient: bool = False, whitespace_flexible: bool
         schema = {}
     if not isinstance(schema, dict):
         raise GrammarSyntaxError("JSON schema: a schema must be an object or a boolean")
+    # Whitespace between JSON tokens is bounded (as llama.cpp's schema grammars bound it),
+    # so a model cannot stall inside a constraint by emitting blanks forever.
     opts = {"lenient": lenient, "whitespace_flexible": whitespace_flexible}
+    if whitespace_flexible:
+        opts["whitespace_pattern"] = r"[\x20\x0A\x0D\x09]{0,16}"
     try:
         return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=opts)
     except ValueError as e:
@@ -193,7 +197,7 @@ def any_json(lltok) -> GuidanceConstraint:
 
 def gbnf(lltok, text: str, token_id=None) -> GuidanceConstraint:
     """A grammar in llama.cpp's GBNF."""
-    from llamay.constrain.gbnf import gbnf_to_lark
+    from llamay.constrain.grammar import gbnf_to_lark
 
     lark = gbnf_to_lark(text, token_id)
     return GuidanceConstraint(lltok, _need().LLMatcher.grammar_from_lark(lark), "GBNF grammar")

@@ -7,16 +7,25 @@ token id per row, the only device→host transfer per step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from llamay.engine.steps import decode_step, prefill_step
+from llamay.engine.steps import (
+    decode_logits,
+    decode_step,
+    prefill_logits,
+    prefill_step,
+    sample_masked,
+)
 from llamay.errors import ContextOverflowError, RequestError
 from llamay.kv import bucket, cache_slots, new_dense_kv
 from llamay.sample import Sampler, SamplerState, SamplingParams
+from llamay.sample.constraint import Constraint
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,10 @@ def check_prompt(n_prompt: int, n_ctx: int) -> None:
 class Generation:
     """Iterator over generated token ids; `finish_reason` is "stop" or "length" at the end.
 
+    With a `constraint` (`llamay.sample.constraint.Constraint`), each step's logits are
+    masked on device by the constraint's packed bitmask; the host computes the next
+    mask while the device runs the next forward pass, and generation stops when the
+    constraint is done. `mask_seconds` totals the host time spent in the constraint.
     With `sampler.n_probs`, `logprobs` collects per token (logprob, [(id, logprob)...]).
     """
 
@@ -62,9 +75,11 @@ class Generation:
     max_tokens: int
     sampler: Sampler
     stop_ids: frozenset[int]
+    constraint: Constraint | None = None
     pieces: Sequence[bytes] | None = None  # token bytes, for DRY's sequence breakers
     finish_reason: str | None = None
     n_generated: int = field(default=0)
+    mask_seconds: float = 0.0
     logprobs: list = field(default_factory=list)
 
     def _setup(self):
@@ -93,6 +108,9 @@ class Generation:
             self.logprobs.append((float(state.token_logprob[0]), top))
 
     def __iter__(self) -> Iterator[int]:
+        if self.constraint is not None:
+            yield from self._constrained()
+            return
         rt, cfg = self.rt, self.rt.cfg
         budget, kv, params, keys, tokens, positions, last = self._setup()
         if budget <= 0:
@@ -118,4 +136,45 @@ class Generation:
                 self.finish_reason = "length"
                 return
             nxt, keys, kv = ahead
+            pos += 1
+
+    def _mask(self) -> jax.Array:
+        t0 = time.perf_counter()
+        m = self.constraint.mask()
+        self.mask_seconds += time.perf_counter() - t0
+        return jnp.asarray(m[None])
+
+    def _constrained(self) -> Iterator[int]:
+        rt, cfg, con = self.rt, self.rt.cfg, self.constraint
+        budget, kv, params, state, tokens, positions, last = self._setup()
+        if budget <= 0:
+            self.finish_reason = "length"
+            return
+        logits, kv = prefill_logits(cfg, rt.weights, kv, tokens, positions, last)
+        mask = self._mask()  # computed while the device prefills
+        nxt, state = sample_masked(logits, params, state, mask)
+        pos = len(self.prompt_ids)
+        while True:
+            ahead = None
+            if self.n_generated + 1 < budget:
+                ahead = decode_logits(cfg, rt.weights, kv, nxt, jnp.asarray([pos], jnp.int32))
+            tok = int(nxt[0])
+            if tok in self.stop_ids and con.accepting:
+                self.finish_reason = "stop"
+                return
+            t0 = time.perf_counter()
+            con.advance(tok)
+            self.mask_seconds += time.perf_counter() - t0
+            self._record(state)
+            self.n_generated += 1
+            yield tok
+            if con.done:
+                self.finish_reason = "stop"
+                return
+            if ahead is None:
+                self.finish_reason = "length"
+                return
+            logits, kv = ahead
+            mask = self._mask()  # computed while the device runs the forward pass
+            nxt, state = sample_masked(logits, params, state, mask)
             pos += 1

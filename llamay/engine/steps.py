@@ -36,3 +36,24 @@ def decode_step(cfg, weights, kv, tokens, positions, params: SamplingParams, key
     logits = arch.head(cfg, weights, x)[:, 0]
     next_tokens, keys = sample(logits, params, keys)
     return next_tokens, keys, kv
+
+
+@partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
+def prefill_logits(cfg, weights, kv, tokens, positions, last):
+    """Prefill without sampling (constrained generation samples after the host's mask):
+    returns (logits [B, V] at each row's last real token, kv)."""
+    arch = architecture_of(cfg)
+    x, kv, _ = forward(cfg, weights, kv, tokens, positions)
+    x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
+    return arch.head(cfg, weights, x_last)[:, 0], kv
+
+
+@partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
+def decode_logits(cfg, weights, kv, tokens, positions):
+    """One token per row without sampling: returns (logits [B, V], kv)."""
+    arch = architecture_of(cfg)
+    x, kv, _ = forward(cfg, weights, kv, tokens[:, None], positions[:, None])
+    return arch.head(cfg, weights, x)[:, 0], kv
+
+
+sample_masked = jax.jit(sample)

@@ -82,3 +82,26 @@ def test_fail_closed():
         LexiconConstraint(PIECES, [EOS], ["no", "no,"], separator=",", max_words=2)
     with pytest.raises(ConstraintError):
         choices(PIECES, [EOS], [])
+
+
+def test_triggered_constraint_is_free_until_the_trigger():
+    from llamay.constrain.trigger import Triggered
+
+    pieces = PIECES + [b"</think>", b"</th", b"ink>"]
+    inner = choices(pieces, [EOS], ["yes", "no"])
+    c = Triggered(inner, pieces, trigger="</think>")
+    assert unpack_mask_np(c.mask(), len(pieces)).all()
+    for t in (b"x", b"n", b"</th", b"ink>"):
+        c.advance(pieces.index(t))
+    assert c.triggered and not c.accepting
+    assert run_on(c, pieces, [b"no"])
+    c2 = Triggered(choices(pieces, [EOS], ["yes"]), pieces, trigger_token=len(pieces) - 3)
+    c2.advance(len(pieces) - 3)
+    with pytest.raises(ConstraintError):
+        c2.advance(ID[b"n"])
+
+
+def run_on(c, pieces, toks) -> bool:
+    for p in toks:
+        c.advance(pieces.index(p))
+    return c.accepting
