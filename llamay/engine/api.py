@@ -1,0 +1,187 @@
+"""The engine interface the edges (HTTP server, CLI chat, Python API) drive.
+
+    engine = SerialEngine(model)                 # or the continuous-batching scheduler
+    h = engine.submit(Request(prompt_ids, max_tokens=64, sampler=Sampler(temperature=0)))
+    for ev in h: ...                             # TokenEvent(token_id, ...), blocking
+    async for ev in h: ...                       # the same from asyncio
+    engine.cancel(h)                             # frees its state at once
+    h.finish_reason, h.usage
+
+`SerialEngine` runs one request at a time on a worker thread over `Model.generation`;
+the scheduler of the state-engine issue implements the same interface with continuous
+batching, paging, prefix sharing, fork and snapshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from llamay.errors import LlamayError
+from llamay.sample import Sampler
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_tokens: int = 128
+    sampler: Sampler = field(default_factory=Sampler)
+    stop_ids: frozenset[int] | None = None  # None: the tokenizer's end-of-generation ids
+    constraint: Any = None  # a llamay.sample constraint, or None
+    id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    index: int  # 0-based position in the completion
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+_DONE = object()
+
+
+class Handle:
+    """One submitted request: iterate it (sync or async) for its tokens.
+
+    After iteration ends, `finish_reason` is "stop", "length", "cancelled" or "error"
+    (then `error` holds the exception, re-raised by the iterator).
+    """
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.id = request.id
+        self.finish_reason: str | None = None
+        self.error: BaseException | None = None
+        self.usage = Usage(prompt_tokens=len(request.prompt_ids))
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._cancelled = threading.Event()
+
+    # -- producer side (the engine) -------------------------------------------------
+
+    def _emit(self, token_id: int) -> None:
+        self._events.put(TokenEvent(token_id, self.usage.completion_tokens))
+        self.usage.completion_tokens += 1
+
+    def _finish(self, reason: str, error: BaseException | None = None) -> None:
+        self.finish_reason, self.error = reason, error
+        self._events.put(_DONE)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    # -- consumer side ------------------------------------------------------------------
+
+    def _next(self, ev) -> TokenEvent:
+        if ev is _DONE:
+            self._events.put(_DONE)  # later iterations end at once too
+            if self.error is not None:
+                raise self.error
+            raise StopIteration
+        return ev
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        while True:
+            try:
+                yield self._next(self._events.get())
+            except StopIteration:
+                return
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        loop = asyncio.get_running_loop()
+        while True:
+            ev = await loop.run_in_executor(None, self._events.get)
+            try:
+                yield self._next(ev)
+            except StopIteration:
+                return
+
+
+class Engine(Protocol):
+    def submit(self, request: Request) -> Handle: ...
+    def cancel(self, handle: Handle) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+class SerialEngine:
+    """One request at a time, in submission order, on a worker thread."""
+
+    def __init__(self, model):
+        self.model = model
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._active: Handle | None = None
+        self._served = 0
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="llamay-engine", daemon=True)
+        self._worker.start()
+
+    def submit(self, request: Request) -> Handle:
+        if self._closed:
+            raise LlamayError("the engine is closed")
+        handle = Handle(request)
+        self._queue.put(handle)
+        return handle
+
+    def cancel(self, handle: Handle) -> None:
+        handle._cancelled.set()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "queued": self._queue.qsize(),
+            "active": 0 if self._active is None else 1,
+            "served": self._served,
+        }
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+    def _run(self) -> None:
+        while (handle := self._queue.get()) is not None:
+            self._active = handle
+            try:
+                self._serve(handle)
+            except LlamayError as exc:
+                handle._finish("error", exc)
+            except Exception as exc:  # never let one request kill the worker
+                handle._finish("error", exc)
+            finally:
+                self._active = None
+                self._served += 1
+
+    def _serve(self, handle: Handle) -> None:
+        if handle.cancelled:
+            handle._finish("cancelled")
+            return
+        r = handle.request
+        gen = self.model.generation(r.prompt_ids, r.max_tokens, r.sampler)
+        if r.stop_ids is not None:
+            gen.stop_ids = frozenset(r.stop_ids)
+        if r.constraint is not None:
+            gen.constraint = r.constraint
+        for tok in gen:
+            if handle.cancelled:
+                handle._finish("cancelled")
+                return
+            handle._emit(tok)
+        handle._finish(gen.finish_reason or "length")

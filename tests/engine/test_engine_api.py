@@ -1,0 +1,68 @@
+"""The engine interface over the tiny llama: tokens equal direct generation, async
+iteration, cancellation, and request errors that reach the consumer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import llamay
+from llamay.engine.api import Request, SerialEngine
+from llamay.errors import RequestError
+from llamay.sample import GREEDY
+
+
+@pytest.fixture(scope="module")
+def engine(fixtures_dir):
+    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+    e = SerialEngine(m)
+    yield m, e
+    e.close()
+
+
+def test_tokens_equal_direct_generation(engine):
+    m, e = engine
+    prompt = list(range(500, 520))
+    direct = list(m.generation(prompt, max_tokens=10, sampler=GREEDY))
+    h = e.submit(Request(prompt, max_tokens=10, sampler=GREEDY))
+    assert [ev.token_id for ev in h] == direct
+    assert h.finish_reason == "length"
+    assert (h.usage.prompt_tokens, h.usage.completion_tokens) == (20, 10)
+
+
+def test_async_iteration_and_concurrent_submits(engine):
+    m, e = engine
+
+    async def collect(prompt):
+        h = e.submit(Request(prompt, max_tokens=6, sampler=GREEDY))
+        return [ev.token_id async for ev in h]
+
+    async def main():
+        return await asyncio.gather(collect([1000, 1001, 1002]), collect([2000, 2001]))
+
+    a, b = asyncio.run(main())
+    assert a == list(m.generation([1000, 1001, 1002], 6, GREEDY))
+    assert b == list(m.generation([2000, 2001], 6, GREEDY))
+
+
+def test_cancel_stops_the_request(engine):
+    _, e = engine
+    h = e.submit(Request(list(range(300, 310)), max_tokens=500, sampler=GREEDY))
+    got = []
+    for ev in h:
+        got.append(ev.token_id)
+        if len(got) == 3:
+            e.cancel(h)
+    assert h.finish_reason == "cancelled"
+    assert len(got) < 500
+
+
+def test_bad_request_raises_in_the_consumer_and_the_engine_survives(engine):
+    _, e = engine
+    h = e.submit(Request([], max_tokens=4, sampler=GREEDY))
+    with pytest.raises(RequestError, match="empty"):
+        list(h)
+    assert h.finish_reason == "error"
+    ok = e.submit(Request([5, 6, 7], max_tokens=2, sampler=GREEDY))
+    assert len(list(ok)) == 2
