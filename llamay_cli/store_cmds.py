@@ -1,4 +1,5 @@
-"""Store commands of the `llamay` CLI: `list` (ours and, marked, Ollama's), `rm`, `cp`, `gc`.
+"""Store commands of the `llamay` CLI: `list` (ours and, marked, Ollama's), `rm`, `cp`, `gc`,
+`create` (from a Modelfile).
 
 `register(app)` adds them to the Typer app; its `list` replaces the plain one in `main.py`.
 """
@@ -6,6 +7,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -101,6 +103,28 @@ def gc() -> None:
     _err(f"{len(removed)} unreferenced blob(s) removed")
 
 
+def create(
+    name: Annotated[str, typer.Argument(help="The new model's name.")],
+    file: Annotated[
+        Path, typer.Option("--file", "-f", help="The Modelfile (FROM, TEMPLATE, SYSTEM, ...).")
+    ] = Path("Modelfile"),
+) -> None:
+    """Create a model from a Modelfile: FROM a GGUF path or a model, plus TEMPLATE, SYSTEM,
+    PARAMETER and LICENSE."""
+    from llamay.store import create as store_create
+
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as e:
+        _err(f"error: cannot read the Modelfile {file}: {e}")
+        raise typer.Exit(code=1) from None
+    try:
+        entry = store_create(name, text, directory=file.parent, progress=True)
+    except LlamayError as exc:
+        raise _fail(exc) from None
+    print(f"created '{entry.name}'")
+
+
 def register(app: typer.Typer) -> None:
     """Add the store commands to `app` (replacing a `list` registered before)."""
     app.registered_commands[:] = [c for c in app.registered_commands if c.name != "list"]
@@ -108,3 +132,4 @@ def register(app: typer.Typer) -> None:
     app.command("rm")(rm)
     app.command("cp")(cp)
     app.command("gc")(gc)
+    app.command("create")(create)

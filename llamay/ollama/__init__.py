@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamay.ollama.errors import OllamaStoreError, UnsupportedTemplateError
@@ -25,6 +26,7 @@ from llamay.ollama.store import (
     OllamaModel,
     candidate_dirs,
     find_store,
+    from_manifest,
     list_models,
     resolve,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "cut_at_stops",
     "find_store",
     "format_prompt",
+    "from_manifest",
     "generate",
     "list_models",
     "load",
@@ -70,11 +73,23 @@ def load(
 
 
 def resolve_anywhere(name: str) -> OllamaModel:
-    """`name` in llamay's store (its registry-layout part), else in the local Ollama store."""
-    from llamay.errors import ModelNotFoundError
-    from llamay.store import store_dir
+    """`name` in llamay's store (a registry pull, or a model made by `create`/`cp` that
+    carries layers), else in the local Ollama store."""
+    from llamay.errors import InvalidModelNameError, ModelNotFoundError
+    from llamay.store import list_models as store_models
+    from llamay.store import parse_name, store_dir
 
     ours = store_dir()
+    try:
+        ref = parse_name(name)
+    except InvalidModelNameError:
+        ref = None
+    if ref is not None:
+        for entry in store_models(ours):
+            if entry.name == str(ref) and entry.manifest is not None:
+                full = FullName(ref.host or "", ref.namespace or "library", ref.name, ref.tag)
+                mpath = ours / "manifests" / Path(*ref.parts())
+                return from_manifest(ours, full, entry.name, entry.manifest, mpath)
     if (ours / "manifests").is_dir():
         try:
             return resolve(name, ours)

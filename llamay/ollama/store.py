@@ -69,7 +69,8 @@ class FullName:
     tag: str
 
     def __str__(self) -> str:
-        return f"{self.host}/{self.namespace}/{self.model}:{self.tag}"
+        host = f"{self.host}/" if self.host else ""  # no host: a local llamay name
+        return f"{host}{self.namespace}/{self.model}:{self.tag}"
 
     def key(self) -> tuple[str, str, str, str]:
         return (self.host.lower(), self.namespace.lower(), self.model.lower(), self.tag.lower())
@@ -167,6 +168,12 @@ def _load(root: Path, name: FullName, short: str, path: Path) -> OllamaModel:
         man = Manifest.loads(path.read_bytes(), str(path))
     except (OSError, ValueError) as e:
         raise OllamaStoreError(f"cannot read the Ollama manifest {path}: {e}") from e
+    return from_manifest(root, name, short, man, path)
+
+
+def from_manifest(root: Path, name: FullName, short: str, man: Manifest, path: Path) -> OllamaModel:
+    """An `OllamaModel` from a manifest whose blobs are in `root/blobs` (also llamay's store:
+    the same layout)."""
     try:
         model_layer = man.model()
     except LlamayError as e:

@@ -26,6 +26,7 @@ manifest by tag, then every blob by digest, each verified, then the manifest.
     list_models() -> list[ModelEntry]
     remove(name)
     copy(src, dst)                          another name for the same blobs
+    create(name, modelfile, directory)      a model from a Modelfile (FROM + TEMPLATE/...)
     gc() -> list[Path]                      remove blobs no manifest references
     store_dir() -> Path
 """
@@ -46,7 +47,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from llamay.errors import FetchError, InvalidModelNameError, LlamayError, ModelNotFoundError
 from llamay.store import manifest as media
@@ -72,6 +73,7 @@ __all__ = [
     "WheelSource",
     "blob_path",
     "copy",
+    "create",
     "gc",
     "known_names",
     "list_models",
@@ -822,3 +824,176 @@ def gc(root: Path | None = None, grace_s: float = GC_GRACE_S) -> list[Path]:
                     _unlink(p)
                     removed.append(p)
     return removed
+
+
+# --- create ------------------------------------------------------------------------------------
+
+
+@register_source
+@dataclass(frozen=True)
+class FileSource(Source):
+    """A local file (what `create` imports from `FROM ./model.gguf`)."""
+
+    kind: ClassVar[str] = "file"
+    path: str
+
+    def describe(self) -> str:
+        return f"file {self.path}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FileSource:
+        if not isinstance(data.get("path"), str):
+            raise FetchError(f"malformed file source {data!r}")
+        return cls(data["path"])
+
+    def fetch(self, sink: Any, *, progress: bool = True) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    sink.write(chunk)
+        except OSError as e:
+            raise FetchError(f"cannot read {self.path}: {e}") from e
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _import_file(root: Path, ref: ModelRef, path: Path, progress: bool) -> Layer:
+    """Copy a file into the store's blobs (verified); returns its model layer."""
+    try:
+        hexdigest, size = _sha256_file(path), path.stat().st_size
+    except OSError as e:
+        raise ModelNotFoundError(f"cannot read the model file {path}: {e}") from e
+    with _lock(root, f"sha256-{hexdigest}", f"importing {path}", progress=progress):
+        _fetch_blob(root, ref, hexdigest, size, FileSource(str(path)), progress)
+    return Layer(media.MODEL, f"sha256:{hexdigest}", size)
+
+
+def _base_layers(
+    root: Path, ref: ModelRef, base: str, directory: Path, progress: bool
+) -> tuple[Layer, tuple[Layer, ...]]:
+    """The model layer and inherited layers for `FROM base`: a GGUF path, a model of this
+    store (or the catalogue), or a model of the local Ollama store."""
+    candidate = Path(base).expanduser()
+    if not candidate.is_absolute():
+        candidate = directory / candidate
+    if candidate.is_file() or _looks_like_path(base):
+        if not candidate.is_file():
+            raise ModelNotFoundError(f"FROM {base}: {candidate} is not a file")
+        return _import_file(root, ref, candidate, progress), ()
+    try:
+        base_ref: ModelRef | None = parse_name(base)
+    except InvalidModelNameError:
+        base_ref = None  # perhaps an Ollama name (they allow upper case)
+    if base_ref is not None:
+        entry = _read_entry(root, base_ref)
+        if (entry is None or not _blob_ok(entry)) and lookup(base_ref) is not None:
+            pull(base, progress=progress)
+            entry = _read_entry(root, base_ref)
+        if entry is not None and _blob_ok(entry):
+            model = Layer(media.MODEL, entry.digest, entry.size)
+            layers = entry.manifest.layers if entry.manifest is not None else ()
+            return model, tuple(x for x in layers if x.media_type != media.MODEL)
+    from llamay import ollama
+
+    if ollama.find_store() is None:
+        if base_ref is None:
+            parse_name(base)  # raises the name error
+        raise ModelNotFoundError(_unknown_message(base_ref, root))  # type: ignore[arg-type]
+    om = ollama.resolve(base)
+    inherited = [
+        _put_blob(root, text.encode(), mt)
+        for text, mt in ((om.template, media.TEMPLATE), (om.system, media.SYSTEM))
+        if text is not None
+    ]
+    if om.params:
+        params = json.dumps(om.params, separators=(",", ":"), sort_keys=True) + "\n"
+        inherited.append(_put_blob(root, params.encode(), media.PARAMS))
+    inherited += [_put_blob(root, text.encode(), media.LICENSE) for text in om.license]
+    return _import_file(root, ref, om.model_path, progress), tuple(inherited)
+
+
+def create(
+    name: str,
+    modelfile: str,
+    directory: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+) -> ModelEntry:
+    """Create `name` from a Modelfile's text (`llamay.store.modelfile`), like `ollama create`.
+
+    `FROM` is a GGUF path (relative to `directory`, default the current directory; the file
+    is copied into the store), a model of this store or the catalogue, or a model of the
+    local Ollama store; its template/system/params/license layers are inherited, and the
+    Modelfile's own replace them (parameters merge, the Modelfile's winning). A registry
+    name gets an Ollama manifest; another name a llamay manifest carrying the layers.
+    Raises `ModelfileError`, `ModelNotFoundError`, `InvalidModelNameError` or `FetchError`.
+    """
+    from llamay.store.modelfile import parse as parse_modelfile
+
+    mf = parse_modelfile(modelfile)
+    ref = parse_name(name)
+    root = store_dir()
+    base_dir = Path(directory) if directory is not None else Path.cwd()
+    model, inherited = _base_layers(root, ref, mf.base, base_dir, progress)
+    by_type = {x.media_type: x for x in inherited if x.media_type != media.LICENSE}
+    licenses = [x for x in inherited if x.media_type == media.LICENSE]
+    if mf.template is not None:
+        by_type[media.TEMPLATE] = _put_blob(root, mf.template.encode(), media.TEMPLATE)
+    if mf.system is not None:
+        by_type[media.SYSTEM] = _put_blob(root, mf.system.encode(), media.SYSTEM)
+    if mf.params:
+        params = {}
+        old = by_type.get(media.PARAMS)
+        if old is not None:
+            with contextlib.suppress(OSError, ValueError):
+                params = json.loads(blob_path(old.digest, root).read_bytes())
+        params.update(mf.params)
+        mf.params = params
+        by_type[media.PARAMS] = _put_blob(root, mf.params_json(), media.PARAMS)
+    licenses += [_put_blob(root, text.encode(), media.LICENSE) for text in mf.licenses]
+    order = (media.TEMPLATE, media.SYSTEM, media.PARAMS)
+    layers = (model, *(by_type[t] for t in order if t in by_type), *licenses)
+    arch = None
+    with contextlib.suppress(Exception):
+        from llamay.gguf import GGUFFile
+
+        arch = GGUFFile(blob_path(model.digest, root)).metadata.get("general.architecture")
+    config = {
+        "model_format": "gguf",
+        "model_family": arch or "",
+        "model_families": [arch] if arch else None,
+        "model_type": "",
+        "file_type": "",
+        "architecture": "amd64",
+        "os": "linux",
+    }
+    cfg = _put_blob(root, json.dumps(config, separators=(",", ":")).encode() + b"\n", media.CONFIG)
+    man = Manifest(config=cfg, layers=layers)
+    dpath = manifest_path(_manifests(root), ref)
+    if ref.host:
+        _atomic_write_bytes(dpath, man.dumps())
+    else:
+        _atomic_write_json(
+            dpath,
+            {
+                "schema_version": MANIFEST_SCHEMA,
+                "name": ref.repository,
+                "tag": ref.tag,
+                "digest": model.digest,
+                "size": model.size,
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                "manifest": man.to_json(),
+            },
+        )
+    status(f"created {ref}", progress=progress)
+    entry = _read_entry(root, ref)
+    assert entry is not None
+    return entry

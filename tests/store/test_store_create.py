@@ -1,0 +1,173 @@
+"""Modelfiles and `create`: parsing (a table of good and bad files), building a model's
+layers from a GGUF path, from a stored model, and from an Ollama store; the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import llamay.store as store
+from llamay.errors import ModelNotFoundError
+from llamay.store import manifest as media
+from llamay.store.manifest import Manifest
+from llamay.store.modelfile import ModelfileError, parse
+
+GOOD = '''
+# a comment
+FROM ./tiny.gguf
+TEMPLATE """{{ if .System }}[{{ .System }}] {{ end }}Q: {{ .Prompt }}
+A:"""
+system "Be terse."
+PARAMETER temperature 0.25
+PARAMETER stop "<|im_end|>"
+PARAMETER stop END
+parameter num_ctx 512
+LICENSE """MIT
+(c) nobody"""
+'''
+
+
+def test_parse_good() -> None:
+    mf = parse(GOOD)
+    assert mf.base == "./tiny.gguf"
+    assert mf.template == "{{ if .System }}[{{ .System }}] {{ end }}Q: {{ .Prompt }}\nA:"
+    assert mf.system == "Be terse."
+    assert mf.params == {"temperature": 0.25, "stop": ["<|im_end|>", "END"], "num_ctx": 512}
+    assert mf.licenses == ["MIT\n(c) nobody"]
+    assert mf.params_json() == b'{"num_ctx":512,"stop":["<|im_end|>","END"],"temperature":0.25}\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("SYSTEM hi", "no FROM"),
+        ("FROM a\nFROM b", "line 2: more than one FROM"),
+        ("FROM a\nBOGUS x", "line 2: unknown instruction BOGUS"),
+        ("FROM a\nADAPTER x.gguf", "ADAPTER is not supported"),
+        ("FROM a\nMESSAGE user hi", "MESSAGE is not supported"),
+        ("FROM a\nPARAMETER temperature hot", "line 2: PARAMETER temperature 'hot'"),
+        ("FROM a\nPARAMETER top_k 1.5", "not a valid value"),
+        ("FROM a\nPARAMETER wat 1", "unknown parameter 'wat'"),
+        ("FROM a\nPARAMETER temperature", "needs a name and a value"),
+        ('FROM a\nTEMPLATE """never closed', 'line 2: unterminated """'),
+        ('FROM a\nTEMPLATE """x""" y', "text after the closing"),
+        ("FROM a\n???", "line 2: cannot read"),
+    ],
+)
+def test_parse_bad(text: str, message: str) -> None:
+    with pytest.raises(ModelfileError, match=message):
+        parse(text)
+
+
+def _ollama_layout():
+    """`OllamaLayout` from tests/ollama/ollama_layout.py (another test directory)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "ollama" / "ollama_layout.py"
+    spec = importlib.util.spec_from_file_location("_ollama_layout_helper", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.OllamaLayout
+
+
+@pytest.fixture
+def tiny(fixtures_dir: Path, tmp_path: Path) -> Path:
+    """The tiny llama GGUF next to a Modelfile directory."""
+    src = fixtures_dir / "tiny" / "llama.gguf"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny.gguf").symlink_to(src)
+    return work / "tiny.gguf"
+
+
+def test_create_from_a_path(env, tiny, tmp_path, monkeypatch) -> None:
+    import llamay.ollama as ollama
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    entry = store.create("mine:v1", GOOD, directory=tiny.parent, progress=False)
+    assert entry.path.read_bytes() == tiny.read_bytes()
+    assert not entry.path.samefile(tiny)  # copied into the store
+    assert [x.media_type for x in entry.manifest.layers] == [
+        media.MODEL,
+        media.TEMPLATE,
+        media.SYSTEM,
+        media.PARAMS,
+        media.LICENSE,
+    ]
+    assert entry.layer_path(media.SYSTEM).read_text() == "Be terse."
+    config = json.loads(
+        entry.path.parent.joinpath(f"sha256-{entry.manifest.config.hex}").read_text()
+    )
+    assert config["model_format"] == "gguf" and config["model_family"] == "llama"
+    # its layers take effect through llamay.ollama
+    om = ollama.resolve_anywhere("mine:v1")
+    assert ollama.format_prompt(om, "hi") == "[Be terse.] Q: hi\nA:"
+    assert om.sampler_defaults().n_ctx == 512 and om.sampler_defaults().stop == (
+        "<|im_end|>",
+        "END",
+    )
+    # a registry-style name gets an Ollama manifest; FROM a stored model inherits its layers
+    child = store.create(
+        "example.org/me/child:1", "FROM mine:v1\nPARAMETER top_k 5\nSYSTEM other", progress=False
+    )
+    raw = (env.home / "manifests/example.org/me/child/1").read_bytes()
+    assert Manifest.loads(raw).dumps() == raw
+    params = json.loads(child.layer_path(media.PARAMS).read_text())
+    assert params == {
+        "num_ctx": 512,
+        "stop": ["<|im_end|>", "END"],
+        "temperature": 0.25,
+        "top_k": 5,
+    }
+    assert child.layer_path(media.SYSTEM).read_text() == "other"
+    assert child.layer_path(media.TEMPLATE) == entry.layer_path(media.TEMPLATE)
+    # removing the parent keeps every blob the child uses
+    store.remove("mine:v1")
+    assert all(p.is_file() for p in [child.path, child.layer_path(media.TEMPLATE)])
+    store.remove("example.org/me/child:1")
+    assert env.files() == []
+
+
+def test_create_from_an_ollama_model(env, tiny, tmp_path, monkeypatch) -> None:
+    OllamaLayout = _ollama_layout()
+    root = tmp_path / "ollama-models"
+    monkeypatch.setenv("OLLAMA_MODELS", str(root))
+    OllamaLayout(root).model(
+        ("registry.example", "library", "tiny", "latest"),
+        tiny.resolve(),
+        template="{{ .Prompt }}",
+        params={"temperature": 0.5},
+        license="L",
+    )
+    entry = store.create("fromollama:1", "FROM tiny\nPARAMETER seed 3", progress=False)
+    assert entry.path.read_bytes() == tiny.read_bytes()
+    assert json.loads(entry.layer_path(media.PARAMS).read_text()) == {"seed": 3, "temperature": 0.5}
+    assert entry.layer_path(media.TEMPLATE).read_text() == "{{ .Prompt }}"
+    assert entry.layer_path(media.LICENSE).read_text() == "L"
+
+
+def test_create_errors(env, tiny, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    with pytest.raises(ModelNotFoundError, match="is not a file"):
+        store.create("x:1", "FROM ./missing.gguf", directory=tmp_path, progress=False)
+    with pytest.raises(ModelNotFoundError, match="unknown model 'nothere:latest'"):
+        store.create("x:1", "FROM nothere", directory=tmp_path, progress=False)
+    with pytest.raises(ModelfileError):
+        store.create("x:1", "TEMPLATE x", directory=tmp_path, progress=False)
+    assert store.list_models() == []
+
+
+def test_cli_create(env, tiny, tmp_path, monkeypatch) -> None:
+    from llamay_cli.main import app
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    (tiny.parent / "Modelfile").write_text(GOOD)
+    r = CliRunner().invoke(app, ["create", "cli:1", "-f", str(tiny.parent / "Modelfile")])
+    assert r.exit_code == 0, r.output
+    assert "created 'cli:1'" in r.stdout
+    assert [m.name for m in store.list_models()] == ["cli:1"]
+    r = CliRunner().invoke(app, ["create", "cli:2", "-f", str(tmp_path / "nope")])
+    assert r.exit_code == 1 and "cannot read the Modelfile" in r.stderr
