@@ -266,6 +266,14 @@ def _top(scores: np.ndarray, beam_width: int, beam_prune_logp: float) -> np.ndar
     return keep[order[:beam_width]]
 
 
+def _per_row(fn, logp, lengths, *args, **kw):
+    x = np.asarray(logp)
+    lengths = [x.shape[1]] * x.shape[0] if lengths is None else list(lengths)
+    if len(lengths) != x.shape[0]:
+        raise OCRError(f"{len(lengths)} lengths for a batch of {x.shape[0]}")
+    return [fn(x[b, : lengths[b]], *args, **kw) for b in range(x.shape[0])]
+
+
 # --- prefix beam search -------------------------------------------------------------------
 
 
@@ -276,10 +284,16 @@ def prefix_beam_search(
     beam_width: int = 16,
     beam_prune_logp: float = -30.0,
     token_min_logp: float = -12.0,
+    lengths: Sequence[int] | None = None,
 ) -> list[Hypothesis]:
     """CTC prefix beam search: hypotheses are label sequences, each scored by the total
     probability of all its alignments (kept as blank-ending and non-blank-ending parts).
-    Returns hypotheses best first."""
+    Returns hypotheses best first (one list per row for `[B, T, C]` input)."""
+    if np.ndim(logp) == 3:
+        kw = dict(beam_width=beam_width, beam_prune_logp=beam_prune_logp)
+        return _per_row(
+            prefix_beam_search, logp, lengths, alphabet, **kw, token_min_logp=token_min_logp
+        )
     logp = _check(logp, alphabet)
     C = len(alphabet)
     blank = alphabet.blank
@@ -358,10 +372,12 @@ class WordScorer:
 
     lexicon: words the decoder knows (a `LexiconTrie` over the alphabet's indices, or a
       list of strings). Soft mode (default): a word outside it costs `unk_score_offset`
-      (in the LM's log10 units, scaled by alpha like the LM), a partial word that is no
-      lexicon prefix costs `unk_score_offset` (scaled by length beyond 6 characters).
+      (with an LM: added to the LM's log10 score and scaled with it by alpha, as in
+      pyctcdecode; without: as it is), a partial word that is no lexicon prefix costs
+      `unk_score_offset` (scaled by length beyond 6 characters).
       `hard=True`: hypotheses leaving the lexicon are dropped.
-    lm: an `ArpaLM` (or a path); alpha weighs it, beta is the per-word bonus.
+    lm: an `ArpaLM` (or a path); alpha weighs it, beta is the per-word bonus (it applies
+      with a lexicon alone too).
     hotwords: words (or phrases, split on spaces) that earn `hotword_weight` each, and
       a proportional share of it while partially spelled.
     Without lm and lexicon only hotwords score (and alpha, beta are unused), as in
@@ -388,9 +404,15 @@ def beam_search(
     beam_prune_logp: float = -10.0,
     token_min_logp: float = -5.0,
     prune_history: bool = False,
+    lengths: Sequence[int] | None = None,
 ) -> list[Hypothesis]:
     """Word-level CTC beam search (pyctcdecode's algorithm, vectorised). Returns the
-    final beams, best first; each has its words with frame spans."""
+    final beams, best first; each has its words with frame spans. For `[B, T, C]`
+    input (with optional valid `lengths`) returns one such list per row."""
+    kw = dict(beam_width=beam_width, beam_prune_logp=beam_prune_logp)
+    kw.update(token_min_logp=token_min_logp, prune_history=prune_history)
+    if np.ndim(logp) == 3:
+        return _per_row(beam_search, logp, lengths, alphabet, scorer, **kw)
     logp = _check(logp, alphabet)
     return _WordBeam(alphabet, scorer or WordScorer()).run(
         logp, beam_width, beam_prune_logp, token_min_logp, prune_history
@@ -470,11 +492,11 @@ class _WordBeam:
             return -np.inf, state
         if not self.word_scoring:
             return 0.0, state
-        raw, nxt = (0.0, state)
         oov = self.lex is not None and len(self.lex) > 0 and not in_lex
-        if self.lm is not None:
-            raw, nxt = self.lm.score(state, word)
-            oov = oov or word not in self.lm
+        if self.lm is None:  # lexicon only: the penalty and bonus apply as they are
+            return self.unk * oov + self.beta, state
+        raw, nxt = self.lm.score(state, word)
+        oov = oov or word not in self.lm
         return self.alpha * (raw + self.unk * oov) * LN10 + self.beta, nxt
 
     def _children(self, nodes: np.ndarray, syms: np.ndarray) -> np.ndarray:

@@ -138,6 +138,9 @@ class Recognizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None) -> Recognizer:
+        from llamay.runtime import enable_compilation_cache
+
+        enable_compilation_cache()
         path = default_gguf() if path is None else Path(path)
         with GGUFFile(path) as f:
             if f.architecture != arch_name():

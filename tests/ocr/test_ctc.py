@@ -284,3 +284,14 @@ def test_prefix_beam_exact_on_small_inputs(seed):
     best = max(exact, key=exact.get)
     assert tuple(hyps[0].ids) == best
     assert math.isclose(np.logaddexp.reduce(list(exact.values())), 0.0, abs_tol=1e-9)
+
+
+def test_batched_decoders_equal_per_row(libri_logits):
+    x = log_probs(np.stack([libri_logits, libri_logits[::-1]]))
+    rows = beam_search(x, LIBRI, lengths=[371, 200], beam_width=8)
+    assert rows[0][0].text == LIBRI_TEXT
+    assert [h.text for h in rows[1]] == [
+        h.text for h in beam_search(x[1, :200], LIBRI, beam_width=8)
+    ]
+    pref = prefix_beam_search(x, LIBRI, beam_width=4)
+    assert len(pref) == 2 and pref[0][0].text == LIBRI_TEXT

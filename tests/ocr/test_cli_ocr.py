@@ -1,0 +1,42 @@
+"""`llamay ocr` end to end on rendered line images."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from llamay.ocr.synth import render_line
+from llamay_cli.main import app
+
+pytestmark = pytest.mark.model
+
+
+def test_ocr_command(tmp_path, ppocr_gguf):
+    from PIL import Image
+
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    Image.fromarray(render_line("the quick brown fox", size=32)).save(a)
+    Image.fromarray(render_line("over the lazy dog", size=28, noise=10.0)).save(b)
+    words = tmp_path / "words.txt"
+    words.write_text("the\nquick\nbrown\nfox\nover\nlazy\ndog\n")
+    runner = CliRunner()
+    res = runner.invoke(app, ["ocr", str(a), "--model", str(ppocr_gguf)])
+    assert res.exit_code == 0, res.output
+    text, conf = res.stdout.strip().split("\t")
+    assert text == "the quick brown fox" and 0.5 < float(conf) <= 1.0
+    res = runner.invoke(
+        app, ["ocr", str(a), str(b), "--model", str(ppocr_gguf), "--lexicon", str(words), "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r["text"] for r in rows] == ["the quick brown fox", "over the lazy dog"]
+    assert [w["text"] for w in rows[1]["words"]] == ["over", "the", "lazy", "dog"]
+    assert all(0 <= w["start"] < w["end"] for w in rows[1]["words"])
+
+
+def test_ocr_command_errors(tmp_path, ppocr_gguf):
+    runner = CliRunner()
+    res = runner.invoke(app, ["ocr", str(tmp_path / "missing.png"), "--model", str(ppocr_gguf)])
+    assert res.exit_code == 1 and "cannot read image" in res.output
