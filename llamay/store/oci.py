@@ -35,6 +35,8 @@ from llamay.store.source import Sink, Source, register_source
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60.0
+#: A manifest or token answer larger than this is refused (they are a few KB).
+MAX_DOCUMENT = 4 << 20
 _LOOPBACK = ("localhost", "127.0.0.1", "[::1]", "::1")
 
 
@@ -61,11 +63,26 @@ class _NoRedirectAuth(urllib.request.HTTPRedirectHandler):
     """Follow redirects, but never carry the registry's token to another host."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+        _check_http_url(newurl, "a redirect")
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None:
             new.headers.pop("Authorization", None)
             new.unredirected_hdrs.pop("Authorization", None)
         return new
+
+
+def _check_http_url(url: str, what: str) -> None:
+    """Refuse anything but http(s) (a registry must not make us read `file:` URLs)."""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in ("http", "https"):
+        raise FetchError(f"{what} points to {url!r}, which is not an http(s) URL; refusing it")
+
+
+def _read_document(r: Any, what: str) -> bytes:
+    data = r.read(MAX_DOCUMENT + 1)
+    if len(data) > MAX_DOCUMENT:
+        raise FetchError(f"{what} is larger than {MAX_DOCUMENT} bytes; refusing it")
+    return data
 
 
 @dataclass
@@ -117,10 +134,12 @@ class Registry:
             )
         query = {k: v for k, v in params.items() if k in ("service", "scope")}
         realm = params["realm"]
+        _check_http_url(realm, f"the token realm of {self.host}")
         url = realm + ("&" if "?" in realm else "?") + urllib.parse.urlencode(query)
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as r:
-                doc = json.loads(r.read())
+            opener = urllib.request.build_opener(_NoRedirectAuth())
+            with opener.open(url, timeout=self.timeout) as r:
+                doc = json.loads(_read_document(r, f"the token answer of {realm}"))
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise FetchError(f"could not get a token for {self.host} from {realm}: {e}") from e
         token = doc.get("token") or doc.get("access_token") if isinstance(doc, dict) else None
@@ -148,7 +167,7 @@ class Registry:
         path = f"/v2/{repository}/manifests/{reference}"
         try:
             with self._open("GET", path, {"Accept": f"{MANIFEST_V2}, {OCI_MANIFEST}"}) as r:
-                raw = r.read()
+                raw = _read_document(r, what)
                 stated = r.headers.get("Docker-Content-Digest")
         except urllib.error.HTTPError as e:
             if e.code == 404:

@@ -23,6 +23,8 @@ class _Front(http.server.BaseHTTPRequestHandler):
     registry_host: str
     log: list
     issue_token = True
+    realm: str | None = None
+    huge_manifest = False
 
     def log_message(self, *args) -> None:  # quiet
         pass
@@ -64,11 +66,13 @@ class _Front(http.server.BaseHTTPRequestHandler):
         elif self.headers.get("Authorization") != f"Bearer {TOKEN}":
             repo = url.path.split("/")[2:4]
             host = f"127.0.0.1:{self.server.server_address[1]}"
+            realm = self.realm or f"http://{host}/token"
             challenge = (
-                f'Bearer realm="http://{host}/token",service="front",'
-                f'scope="repository:{"/".join(repo)}:pull"'
+                f'Bearer realm="{realm}",service="front",scope="repository:{"/".join(repo)}:pull"'
             )
             self._send(401, b'{"errors":[]}', {"WWW-Authenticate": challenge})
+        elif self.huge_manifest:
+            self._send(200, b" " * (5 << 20), {"Content-Type": "application/json"})
         elif "/blobs/" in url.path:
             self._send(307, b"", {"Location": "/storage" + url.path})
         else:
@@ -109,4 +113,22 @@ def test_token_service_without_token(env, registry, front, tiny_gguf) -> None:
     registry.push_model("library/guarded2", "latest", tiny_gguf)
     with pytest.raises(FetchError, match="answered without a token"):
         store.pull(f"{host}/library/guarded2:latest", progress=False)
+    assert env.files() == []
+
+
+def test_token_realm_must_be_http(env, registry, front, tmp_path) -> None:
+    handler, host = front
+    secret = tmp_path / "secret"
+    secret.write_text('{"token": "local-secret"}')
+    handler.realm = secret.as_uri()
+    with pytest.raises(FetchError, match="not an http\\(s\\) URL"):
+        store.pull(f"{host}/library/x:latest", progress=False)
+    assert all(a != "Bearer local-secret" for _, a in handler.log)
+
+
+def test_oversized_manifest_is_refused(env, registry, front) -> None:
+    handler, host = front
+    handler.huge_manifest = True
+    with pytest.raises(FetchError, match="larger than"):
+        store.pull(f"{host}/library/x:latest", progress=False)
     assert env.files() == []
