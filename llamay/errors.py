@@ -106,6 +106,14 @@ class ContextOverflowError(RequestError):
     """The prompt plus requested tokens do not fit the model's context."""
 
 
+class KVCacheFullError(RequestError):
+    """The KV page pool cannot hold a request (now, or ever: then make the pool larger)."""
+
+
+class SnapshotError(RequestError):
+    """A KV snapshot is unreadable or belongs to another model, KV dtype or page layout."""
+
+
 # --- OCR ------------------------------------------------------------------------
 
 

@@ -1,0 +1,121 @@
+"""The prefix tree: token-id prefixes whose KV is already in the page pool.
+
+A radix tree at page granularity: each edge is one page's worth of token ids
+(`page_size` of them) and the node below it owns the page holding their K/V, so a
+path from the root spells a prefix and lists its pages in order. Only full pages
+enter the tree, so a shared page is never written again (a sequence writes only past
+its last full page; a partial page is copied on fork).
+
+The tree holds one reference (in the `PageAllocator`) on each page it owns. A node
+whose page has no other holder and that has no children is evictable; `evict` drops
+such leaves least recently used first, which may expose their parents in turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llamay.kv.pages import PageAllocator
+
+_clock = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Node:
+    key: tuple[int, ...]  # the page's token ids (empty at the root)
+    page: int
+    parent: Node | None
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
+    last_used: int = 0
+
+
+class PrefixTree:
+    def __init__(self, allocator: PageAllocator, page_size: int):
+        self.alloc = allocator
+        self.page_size = page_size
+        self.root = Node((), 0, None)
+        self.n_nodes = 0
+
+    def _chunks(self, tokens: Sequence[int], limit: int | None = None):
+        ps = self.page_size
+        n = len(tokens) // ps if limit is None else min(limit, len(tokens) // ps)
+        return [tuple(tokens[i * ps : (i + 1) * ps]) for i in range(n)]
+
+    def match(self, tokens: Sequence[int]) -> list[int]:
+        """Pages of the longest cached page-aligned prefix of `tokens` (marked used).
+        The caller takes its own references (`alloc.incref`) if it keeps them."""
+        node, pages, now = self.root, [], next(_clock)
+        for key in self._chunks(tokens):
+            child = node.children.get(key)
+            if child is None:
+                break
+            child.last_used = now
+            pages.append(child.page)
+            node = child
+        return pages
+
+    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> int:
+        """Cache the full pages of a sequence: `pages[i]` holds tokens[i·ps : (i+1)·ps].
+        Prefixes already cached keep their page. Returns how many pages were added."""
+        node, added, now = self.root, 0, next(_clock)
+        for key, page in zip(self._chunks(tokens, len(pages)), pages, strict=False):
+            child = node.children.get(key)
+            if child is None:
+                self.alloc.incref([page])
+                child = node.children[key] = Node(key, page, node)
+                self.n_nodes += 1
+                added += 1
+            child.last_used = now
+            node = child
+        return added
+
+    def nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
+
+    def _evictable(self, n: Node) -> bool:
+        return not n.children and self.alloc.refcount[n.page] == 1
+
+    def n_evictable(self) -> int:
+        """Pages `evict` could free now (leaves, and parents they would expose)."""
+
+        def count(n: Node) -> tuple[int, bool]:
+            total, all_free = 0, True
+            for c in n.children.values():
+                t, f = count(c)
+                total += t
+                all_free &= f
+            free = all_free and (n is self.root or self.alloc.refcount[n.page] == 1)
+            return total + (free and n is not self.root), free
+
+        return count(self.root)[0]
+
+    def evict(self, n: int) -> int:
+        """Free up to n pages by dropping unreferenced leaves, least recently used first.
+        Returns the number of pages freed."""
+        freed = 0
+        while freed < n:
+            leaves = [x for x in self.nodes() if self._evictable(x)]
+            if not leaves:
+                break
+            leaves.sort(key=lambda x: x.last_used)
+            for leaf in leaves[: n - freed]:
+                del leaf.parent.children[leaf.key]
+                self.n_nodes -= 1
+                freed += len(self.alloc.decref([leaf.page]))
+        return freed
+
+    def clear(self) -> None:
+        """Drop every node (pages still held by sequences stay allocated)."""
+        for n in list(self.nodes()):
+            self.alloc.decref([n.page])
+        self.root.children.clear()
+        self.n_nodes = 0
+
+    def owned_pages(self) -> list[int]:
+        return [n.page for n in self.nodes()]
