@@ -372,8 +372,15 @@ def _fetch_blob(
         if size is None or actual == size:
             _blob_event(sha256, actual, actual)
             return blob, actual, False
+        if _sha256_file(blob) == sha256:
+            # the blob is intact (its bytes hash to its name): the size claim is wrong, and
+            # deleting the blob would break every model that uses it
+            raise FetchError(
+                f"{source.describe()} says {ref}'s blob sha256:{sha256} has {size} bytes, but "
+                f"the verified blob {blob} has {actual}; refusing the inconsistent description"
+            )
         status(
-            f"{blob} has the wrong size ({actual}, expected {size}); fetching again",
+            f"{blob} is damaged ({actual} bytes, expected {size}); fetching again",
             progress=progress,
         )
         _unlink(blob)

@@ -342,3 +342,21 @@ def test_registry_layers_take_effect(env, registry, tiny_gguf, monkeypatch) -> N
     out = ollama.generate(model, om, "hi")
     ref = model.generate("[terse] Q: hi A:", max_tokens=5, temperature=0.0)
     assert out == ref.split("\n")[0]
+
+
+def test_lying_size_cannot_delete_a_good_blob(env, registry, tiny_gguf) -> None:
+    """A manifest naming a stored blob's digest with another size is refused; the blob and
+    the models using it stay intact."""
+    repo = _repo()
+    pushed = registry.push_model(repo, "latest", tiny_gguf)
+    good = store.pull(f"{registry.host}/{repo}:latest", progress=False)
+    model = pushed.model()
+    liar = Manifest(
+        config=pushed.config,
+        layers=(media.Layer(media.MODEL, model.digest, model.size - 1),),
+    )
+    registry.push_manifest(repo, "liar", liar)
+    with pytest.raises(FetchError, match="refusing the inconsistent description"):
+        store.pull(f"{registry.host}/{repo}:liar", progress=False)
+    assert _sha(good) == model.digest
+    assert [m.name for m in store.list_models()] == [f"{registry.host}/{repo}:latest"]
