@@ -19,6 +19,7 @@ language model), never per (beam, character) pair.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -393,6 +394,28 @@ class WordScorer:
     hotwords: Iterable[str] | None = None
     hotword_weight: float = 10.0
     score_boundary: bool = True
+    _prepared: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def prepare(self, alphabet: Alphabet):
+        """(lm, lexicon trie, hotword trie) for an alphabet, built once and cached."""
+        key = alphabet.labels
+        got = self._prepared.get(key)
+        if got is not None:
+            return got
+        if isinstance(self.lm, str | os.PathLike):
+            self.lm = ArpaLM(self.lm)
+        lm, lex = self.lm, self.lexicon
+        if lex is not None and not isinstance(lex, LexiconTrie):
+            words = list(lex)
+            self.lexicon = words  # an iterator is read once
+            if lm is not None:  # pyctcdecode keeps only unigrams the LM knows
+                words = [w for w in words if w in lm]
+            lex = LexiconTrie.from_strings(words, alphabet.labels)
+        hw = [u for h in (self.hotwords or []) for u in h.split()]
+        self.hotwords = hw
+        hw_trie = LexiconTrie.from_strings(sorted(hw, key=len), alphabet.labels) if hw else None
+        self._prepared[key] = (lm, lex, hw_trie)
+        return lm, lex, hw_trie
 
 
 def beam_search(
@@ -424,21 +447,12 @@ class _WordBeam:
         self.ab = alphabet
         self.C = len(alphabet)
         self.space = alphabet.space
-        lm = ArpaLM(sc.lm) if isinstance(sc.lm, str) else sc.lm
+        lm, self.lex, self.hw = sc.prepare(alphabet)
         self.lm = lm
         self.alpha, self.beta, self.unk = sc.alpha, sc.beta, sc.unk_score_offset
         self.hard = sc.hard
         self.word_scoring = lm is not None or sc.lexicon is not None
-        lex = sc.lexicon
-        if lex is not None and not isinstance(lex, LexiconTrie):
-            words = list(lex)
-            if lm is not None:  # pyctcdecode keeps only unigrams the LM knows
-                words = [w for w in words if w in lm]
-            lex = LexiconTrie.from_strings(words, alphabet.labels)
-        self.lex = lex
-        hw = [u for h in (sc.hotwords or []) for u in h.split()]
         self.hw_weight = sc.hotword_weight
-        self.hw = LexiconTrie.from_strings(sorted(hw, key=len), alphabet.labels) if hw else None
         self.n_hist = max(1, lm.order - 1) if lm is not None else 1
         self.score_boundary = sc.score_boundary
         # node table: node 0 is the empty text
