@@ -1,5 +1,7 @@
 """Fixtures for the OCR tests: pyctcdecode's sample data (its wheel ships
-`tests/sample_data/libri_logits.json` and `bugs_bunny_kenlm.arpa`) and the PP-OCRv4
+`tests/sample_data/libri_logits.json` and `bugs_bunny_kenlm.arpa`; the oracle itself,
+pinned to numpy<2, is installed apart: `pip install --no-deps pyctcdecode==0.5.0 pygtrie
+kenlm`) and the PP-OCRv4
 recognizer (ONNX from the `rapidocr-onnxruntime` wheel, converted to GGUF), both
 cached in ~/.cache/llamay; tests skip with the reason when they are unavailable."""
 
@@ -12,15 +14,45 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+PYCTCDECODE = "pyctcdecode==0.5.0"
+SAMPLE_FILES = ("libri_logits.json", "bugs_bunny_kenlm.arpa")
+
 
 @pytest.fixture(scope="session")
 def ctc_sample_dir() -> Path:
-    pyctcdecode = pytest.importorskip("pyctcdecode", reason="pyctcdecode (test oracle) missing")
+    """pyctcdecode's sample data: from the installed package, else taken out of its
+    wheel (downloaded once into llamay's wheel cache, never installed)."""
     logging.getLogger("pyctcdecode").setLevel(logging.ERROR)
-    path = Path(pyctcdecode.__file__).parent / "tests" / "sample_data"
-    if not (path / "libri_logits.json").is_file():
-        pytest.skip(f"pyctcdecode's sample data is absent from {path}")
-    return path
+    try:
+        import pyctcdecode
+
+        path = Path(pyctcdecode.__file__).parent / "tests" / "sample_data"
+        if all((path / f).is_file() for f in SAMPLE_FILES):
+            return path
+    except ImportError:
+        pass
+    import zipfile
+
+    from llamay.errors import FetchError
+    from llamay.store.wheel import cache_dir, find_cached_wheel, pip_download, wheel_cache_dir
+
+    out = cache_dir() / "ocr" / "pyctcdecode-sample-data"
+    if all((out / f).is_file() for f in SAMPLE_FILES):
+        return out
+    try:
+        wheel = find_cached_wheel(PYCTCDECODE)
+        if wheel is None:
+            pip_download([PYCTCDECODE], wheel_cache_dir(), progress=False)
+            wheel = find_cached_wheel(PYCTCDECODE)
+    except FetchError as e:
+        pytest.skip(f"pyctcdecode's sample data is not available and cannot be fetched: {e}")
+    if wheel is None:
+        pytest.skip(f"{PYCTCDECODE} could not be found in {wheel_cache_dir()}")
+    out.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as z:
+        for f in SAMPLE_FILES:
+            (out / f).write_bytes(z.read(f"pyctcdecode/tests/sample_data/{f}"))
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -35,9 +67,8 @@ def bugs_bunny_arpa(ctc_sample_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def ppocr_onnx() -> Path:
-    from llamay.ocr.ppocr import fetch_onnx
-
     from llamay.errors import FetchError
+    from llamay.ocr.ppocr import fetch_onnx
 
     try:
         return fetch_onnx()
