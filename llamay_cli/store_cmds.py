@@ -97,7 +97,10 @@ def gc() -> None:
     """Remove blobs that no model in the store references."""
     from llamay.store import gc as store_gc
 
-    removed = store_gc()
+    try:
+        removed = store_gc()
+    except LlamayError as exc:
+        raise _fail(exc) from None
     for p in removed:
         print(f"removed {p.name}")
     _err(f"{len(removed)} unreferenced blob(s) removed")

@@ -683,11 +683,18 @@ def _manifest_files(manifests: Path) -> Iterator[tuple[Path, str]]:
 
 def list_models(root: Path | None = None) -> list[ModelEntry]:
     """Every model in the store, sorted by name. Malformed manifests are skipped with a warning."""
-    root = store_dir() if root is None else root
+    entries, bad = _scan(store_dir() if root is None else root)
+    for path, e in bad:
+        warnings.warn(f"ignoring malformed manifest {path}: {e}", stacklevel=2)
+    return entries
+
+
+def _scan(root: Path) -> tuple[list[ModelEntry], list[tuple[Path, Exception]]]:
+    """(the readable models sorted by name, the malformed manifests with their errors)."""
     manifests = _manifests(root)
     if not manifests.is_dir():
-        return []
-    out = []
+        return [], []
+    out, bad = [], []
     for path, text in _manifest_files(manifests):
         try:
             ref = parse_name(text)
@@ -695,8 +702,8 @@ def list_models(root: Path | None = None) -> list[ModelEntry]:
                 raise ValueError(f"{text} is a registry name in a non-registry place")
             out.append(_parse_manifest(path, ref, root))
         except (OSError, ValueError, LlamayError) as e:
-            warnings.warn(f"ignoring malformed manifest {path}: {e}", stacklevel=2)
-    return sorted(out, key=lambda m: m.name)
+            bad.append((path, e))
+    return sorted(out, key=lambda m: m.name), bad
 
 
 def _referenced(entry: ModelEntry) -> set[str]:
@@ -802,13 +809,20 @@ def gc(root: Path | None = None, grace_s: float = GC_GRACE_S) -> list[Path]:
     """Remove blobs no manifest references (and stale partial downloads); returns them.
 
     Blobs modified less than `grace_s` seconds ago are kept: a pull in progress writes its
-    blobs before its manifest. Malformed manifests protect nothing (they are warned about).
+    blobs before its manifest. While any manifest is malformed nothing is removed (what it
+    references is unknown): `FetchError` names it, to be fixed or removed first.
     """
     root = store_dir() if root is None else root
     blobs = _blobs(root)
     if not blobs.is_dir():
         return []
-    in_use = set().union(*(_referenced(m) for m in list_models(root)))
+    entries, bad = _scan(root)
+    if bad:
+        raise FetchError(
+            "not collecting garbage while manifests are malformed (the blobs they name are "
+            "unknown): " + "; ".join(f"{p}: {e}" for p, e in bad)
+        )
+    in_use = set().union(*(_referenced(m) for m in entries))
     now = time.time()
     removed = []
     for p in sorted(blobs.iterdir()):
@@ -824,7 +838,7 @@ def gc(root: Path | None = None, grace_s: float = GC_GRACE_S) -> list[Path]:
         if digest in in_use:
             continue
         with _lock(root, p.name, f"using {digest}", progress=False):
-            if digest in set().union(*(_referenced(m) for m in list_models(root))):
+            if digest in set().union(*(_referenced(m) for m in _scan(root)[0])):
                 continue
             with contextlib.suppress(OSError):
                 if now - p.stat().st_mtime >= grace_s:

@@ -360,3 +360,14 @@ def test_lying_size_cannot_delete_a_good_blob(env, registry, tiny_gguf) -> None:
         store.pull(f"{registry.host}/{repo}:liar", progress=False)
     assert _sha(good) == model.digest
     assert [m.name for m in store.list_models()] == [f"{registry.host}/{repo}:latest"]
+
+
+def test_gc_refuses_while_a_manifest_is_malformed(env, fake_model) -> None:
+    m = fake_model()
+    path = store.pull(m.name, progress=False)
+    bad = env.home / "manifests" / "broken" / "x.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("{")
+    with pytest.raises(FetchError, match="not collecting garbage.*broken"):
+        store.gc(grace_s=0)
+    assert path.is_file()
