@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -48,10 +49,62 @@ def generate(
     min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
     seed: Annotated[int | None, typer.Option("--seed", "-s")] = None,
     n_ctx: Annotated[int | None, typer.Option("--ctx-size", "-c", min=1)] = None,
+    grammar: Annotated[str | None, typer.Option("--grammar", help="A GBNF grammar.")] = None,
+    grammar_file: Annotated[
+        Path | None, typer.Option("--grammar-file", exists=True, dir_okay=False)
+    ] = None,
+    json_schema: Annotated[
+        str | None, typer.Option("--json-schema", "-j", help="A JSON schema (text).")
+    ] = None,
+    json_schema_file: Annotated[
+        Path | None, typer.Option("--json-schema-file", exists=True, dir_okay=False)
+    ] = None,
+    json_any: Annotated[bool, typer.Option("--json", help="Any JSON value.")] = False,
+    regex: Annotated[str | None, typer.Option("--regex")] = None,
+    lenient: Annotated[
+        bool, typer.Option("--lenient", help="Drop schema keywords that cannot be enforced.")
+    ] = False,
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty")] = 1.0,
+    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n")] = 64,
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty")] = 0.0,
+    typical_p: Annotated[float, typer.Option("--typical")] = 1.0,
+    top_n_sigma: Annotated[float, typer.Option("--top-n-sigma")] = -1.0,
+    xtc_probability: Annotated[float, typer.Option("--xtc-probability")] = 0.0,
+    xtc_threshold: Annotated[float, typer.Option("--xtc-threshold")] = 0.1,
+    dry_multiplier: Annotated[float, typer.Option("--dry-multiplier")] = 0.0,
+    dynatemp_range: Annotated[float, typer.Option("--dynatemp-range")] = 0.0,
+    mirostat: Annotated[int, typer.Option("--mirostat")] = 0,
+    mirostat_tau: Annotated[float, typer.Option("--mirostat-ent")] = 5.0,
+    mirostat_eta: Annotated[float, typer.Option("--mirostat-lr")] = 0.1,
+    samplers: Annotated[
+        str | None, typer.Option("--samplers", help="Sampler order, e.g. top_k;top_p;temperature")
+    ] = None,
 ) -> None:
     """Continue PROMPT with MODEL, streaming the generated text to stdout."""
     import llamay
 
+    if grammar_file is not None:
+        grammar = grammar_file.read_text()
+    if json_schema_file is not None:
+        json_schema = json_schema_file.read_text()
+    sampling = dict(
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        typical_p=typical_p,
+        top_n_sigma=top_n_sigma,
+        xtc_probability=xtc_probability,
+        xtc_threshold=xtc_threshold,
+        dry_multiplier=dry_multiplier,
+        dynatemp_range=dynatemp_range,
+        mirostat=mirostat,
+        mirostat_tau=mirostat_tau,
+        mirostat_eta=mirostat_eta,
+    )
+    if samplers:
+        sampling["samplers"] = samplers
     try:
         t0 = time.perf_counter()
         m = llamay.load(model, n_ctx=n_ctx)
@@ -65,6 +118,12 @@ def generate(
             min_p=min_p,
             seed=seed,
             stream=True,
+            json_schema=json_schema,
+            grammar=grammar,
+            regex=regex,
+            json=json_any,
+            lenient=lenient,
+            **sampling,
         )
         t1 = time.perf_counter()
         first = None

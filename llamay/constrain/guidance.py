@@ -174,11 +174,12 @@ def json_schema_grammar(schema, lenient: bool = False, whitespace_flexible: bool
         schema = {}
     if not isinstance(schema, dict):
         raise GrammarSyntaxError("JSON schema: a schema must be an object or a boolean")
-    # Whitespace between JSON tokens is bounded (as llama.cpp's schema grammars bound it),
+    # Whitespace between JSON tokens is llama.cpp's `space` rule (one blank, or a newline
+    # and up to 20 of indentation),
     # so a model cannot stall inside a constraint by emitting blanks forever.
     opts = {"lenient": lenient, "whitespace_flexible": whitespace_flexible}
     if whitespace_flexible:
-        opts["whitespace_pattern"] = r"[\x20\x0A\x0D\x09]{0,16}"
+        opts["whitespace_pattern"] = r"(?:\x20|\x0A[\x20\x09]{0,20})?"
     try:
         return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=opts)
     except ValueError as e:

@@ -66,3 +66,21 @@ def test_constraint_errors_are_request_errors(tiny):
         tiny.generate("x", grammar="root ::= nope")
     with pytest.raises(ConstraintError, match="one constraint"):
         tiny.generate("x", regex="a", choices=["a"])
+
+
+def test_cli_constraint_flags(tiny, tmp_path):
+    from typer.testing import CliRunner
+
+    from llamay_cli.main import app
+
+    runner = CliRunner()
+    gf = tmp_path / "g.gbnf"
+    gf.write_text('root ::= "yes" | "no"\n')
+    base = ["generate", "Q:", "-m", str(tiny.path), "-n", "8", "-s", "0"]
+    r = runner.invoke(app, [*base, "--grammar-file", str(gf)])
+    assert r.exit_code == 0 and r.stdout.strip() in ("yes", "no"), r.output
+    schema = json.dumps({"type": "integer", "minimum": 0, "maximum": 9})
+    r = runner.invoke(app, [*base, "--json-schema", schema, "--repeat-penalty", "1.1"])
+    assert r.exit_code == 0 and 0 <= int(r.stdout.strip()) <= 9, r.output
+    r = runner.invoke(app, [*base, "--json-schema", '{"uniqueItems": true, "type": "array"}'])
+    assert r.exit_code == 1 and "uniqueItems" in r.output
