@@ -202,6 +202,48 @@ def show(
 
 
 @app.command()
+def bench(
+    model: ModelOpt = DEFAULT_MODEL,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p", min=0)] = 128,
+    gen_tokens: Annotated[int, typer.Option("--gen-tokens", "-n", min=0)] = 128,
+    batch: Annotated[str, typer.Option("--batch", "-b", help="Comma-separated sizes.")] = "1",
+    repetitions: Annotated[int, typer.Option("--repetitions", "-r", min=1)] = 3,
+    numerics: Annotated[str, typer.Option("--numerics")] = "exact",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """Measure prefill (ppN) and decode (tgN) tokens/s, llama-bench style."""
+    import llamay
+    from llamay.bench import run_bench
+
+    try:
+        batches = tuple(int(b) for b in batch.split(",") if b.strip())
+        if not batches or min(batches) < 1:
+            raise ValueError
+    except ValueError:
+        raise typer.BadParameter(f"--batch must be positive integers, got {batch!r}") from None
+    try:
+        m = llamay.load(model, numerics=numerics)
+        results = run_bench(m, model, prompt_tokens, gen_tokens, batches, repetitions)
+    except LlamayError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        for r in results:
+            print(json.dumps(r.as_dict()))
+        return
+    print(
+        f"| {'model':<16} | {'size':>8} | {'params':>7} | {'backend':<7} | {'test':>6} "
+        f"| {'batch':>5} | {'t/s':>16} | {'compile':>7} |"
+    )
+    print("|" + "|".join("-" * w for w in (18, 10, 9, 9, 8, 7, 18, 9)) + "|")
+    for r in results:
+        print(
+            f"| {r.model:<16} | {r.size_mb:>6.1f}MB | {r.params_m:>6.1f}M | {r.backend:<7} "
+            f"| {r.test:>6} | {r.batch:>5} | {r.tokens_per_s:>8.2f} ± {r.stdev:<5.2f} "
+            f"| {r.compile_s:>6.2f}s |"
+        )
+
+
+@app.command()
 def pull(name: Annotated[str, typer.Argument(help="A model name, e.g. smollm2:135m.")]) -> None:
     """Fetch a model into the local store."""
     from llamay.store import pull as store_pull

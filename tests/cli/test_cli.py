@@ -94,3 +94,18 @@ def test_show_describes_a_model_as_gguf_py_reads_it(fixtures_dir):
     assert info["tensor_types"] == counts
     text = run("show", str(path))
     assert text.exit_code == 0 and "qwen3" in text.stdout
+
+
+def test_bench_json_lines(fixtures_dir):
+    path = fixtures_dir / "tiny" / "llama.gguf"
+    r = run("bench", "-m", str(path), "-p", "16", "-n", "4", "-b", "1,2", "-r", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(x["test"], x["batch"]) for x in rows] == [
+        ("pp16", 1),
+        ("tg4", 1),
+        ("pp16", 2),
+        ("tg4", 2),
+    ]
+    assert all(x["tokens_per_s"] > 0 and x["backend"] == "cpu" for x in rows)
+    assert run("bench", "-m", str(path), "-b", "0").exit_code != 0

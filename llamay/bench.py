@@ -1,0 +1,137 @@
+"""`llamay bench`: llama-bench-like prefill (ppN) and decode (tgN) throughput.
+
+Each test runs once to compile (reported as `compile_s`, the warm-up's extra time),
+then `repetitions` timed runs; results are tokens/s mean ± stdev. Batch 1 decode goes
+through `Model.generation` (what users get); batch B > 1 decodes B rows in lockstep
+through the same jitted steps. Numbers only: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from llamay.engine.steps import decode_logits, prefill_logits
+from llamay.kv import bucket, new_dense_kv
+from llamay.sample import GREEDY
+
+
+@dataclass
+class BenchResult:
+    model: str
+    size_mb: float
+    params_m: float
+    backend: str
+    numerics: str
+    test: str
+    batch: int
+    tokens_per_s: float
+    stdev: float
+    compile_s: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _prompt(n: int, batch: int, vocab: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(100, min(vocab, 30000), (batch, n)).astype(np.int32)
+
+
+def _prefill(m, ids: np.ndarray, slots: int):
+    cfg = m.config
+    b, t = ids.shape
+    kv = new_dense_kv(cfg.n_layers, b, slots, cfg.n_kv_heads, cfg.head_dim, m.runtime.kv_dtype)
+    tb = bucket(t)
+    tokens = np.zeros((b, tb), np.int32)
+    tokens[:, :t] = ids
+    positions = np.full((b, tb), slots, np.int32)
+    positions[:, :t] = np.arange(t)
+    last = jnp.full((b,), t - 1, jnp.int32)
+    logits, kv = prefill_logits(
+        cfg, m.weights, kv, jnp.asarray(tokens), jnp.asarray(positions), last
+    )
+    return logits, kv
+
+
+def _time_pp(m, ids: np.ndarray) -> float:
+    t = time.perf_counter()
+    logits, _ = _prefill(m, ids, bucket(ids.shape[1]))
+    jax.block_until_ready(logits)
+    return time.perf_counter() - t
+
+
+def _time_tg(m, n: int, batch: int, vocab: int) -> float:
+    """Seconds for n decode steps (after the first token) of `batch` rows."""
+    ids = _prompt(8, batch, vocab)
+    if batch == 1:
+        gen = m.generation(ids[0].tolist(), max_tokens=n + 1, sampler=GREEDY)
+        it = iter(gen)
+        next(it)
+        t = time.perf_counter()
+        for _ in it:
+            pass
+        return time.perf_counter() - t
+    slots = bucket(8 + n + 1, 256)
+    logits, kv = _prefill(m, ids, slots)
+    tok = jnp.argmax(logits, -1).astype(jnp.int32)
+    jax.block_until_ready(tok)
+    t = time.perf_counter()
+    for i in range(n):
+        pos = jnp.full((batch,), 8 + i, jnp.int32)
+        logits, kv = decode_logits(m.config, m.weights, kv, tok, pos)
+        tok = jnp.argmax(logits, -1).astype(jnp.int32)
+    jax.block_until_ready(tok)
+    return time.perf_counter() - t
+
+
+def run_bench(
+    m,
+    name: str,
+    prompt_tokens: int = 128,
+    gen_tokens: int = 128,
+    batches: tuple[int, ...] = (1,),
+    repetitions: int = 3,
+) -> list[BenchResult]:
+    from llamay.gguf.inspect import summary
+
+    info = summary(m.gguf)
+    vocab = m.tokenizer.vocab_size
+    base = dict(
+        model=name,
+        size_mb=round(info["file_size"] / 1e6, 1),
+        params_m=round(info["parameter_count"] / 1e6, 1),
+        backend=jax.default_backend(),
+        numerics=m.numerics,
+    )
+    out = []
+    for b in batches:
+        tests = []
+        if prompt_tokens:
+            ids = _prompt(prompt_tokens, b, vocab)
+            tests.append(
+                (f"pp{prompt_tokens}", prompt_tokens * b, lambda ids=ids: _time_pp(m, ids))
+            )
+        if gen_tokens:
+            tests.append(
+                (f"tg{gen_tokens}", gen_tokens * b, lambda b=b: _time_tg(m, gen_tokens, b, vocab))
+            )
+        for test, n_tokens, run in tests:
+            first = run()
+            times = [run() for _ in range(repetitions)]
+            rates = [n_tokens / t for t in times]
+            out.append(
+                BenchResult(
+                    **base,
+                    test=test,
+                    batch=b,
+                    tokens_per_s=round(statistics.mean(rates), 2),
+                    stdev=round(statistics.pstdev(rates), 2),
+                    compile_s=round(max(0.0, first - statistics.mean(times)), 2),
+                )
+            )
+    return out
