@@ -9,9 +9,10 @@ separators of either kind, NUL and every other control or non-ASCII character by
 construction. A registry name `host/ns/name:tag` (Docker's rule: the first of three
 components is a host, and a host contains a `.` or a `:port`, or is `localhost`) lives in
 Ollama's layout, `manifests/<host>/<ns>/<name>/<tag>` with no extension; a host is lowercase
-letters, digits, `.` and `-` with an optional `:port`. `manifest_path` additionally checks
-the resolved path against the store root so a symlink planted inside the store cannot
-redirect a write either.
+letters, digits, `.` and `-` with an optional `:port`, and the other components of a
+registry name may use upper case too (as the registry spells them, e.g. on `hf.co`).
+`manifest_path` additionally checks the resolved path against the store root so a symlink
+planted inside the store cannot redirect a write either.
 """
 
 from __future__ import annotations
@@ -72,14 +73,16 @@ class ModelRef:
         return (*head, self.name, f"{self.tag}.json")
 
 
-def _check_component(component: str, what: str, full: str) -> None:
+def _check_component(component: str, what: str, full: str, *, upper: bool = False) -> None:
     if not component:
         raise InvalidModelNameError(f"invalid model name {full!r}: empty {what}")
     if len(component) > MAX_COMPONENT_LEN:
         raise InvalidModelNameError(
             f"invalid model name {full!r}: {what} longer than {MAX_COMPONENT_LEN} characters"
         )
-    if not _COMPONENT.fullmatch(component):
+    if upper and _COMPONENT.fullmatch(component.lower()):
+        pass  # registry names keep their case (`hf.co/Org/Repo-GGUF:Q4_K_M`)
+    elif not _COMPONENT.fullmatch(component):
         hint = ""
         if component.lower() != component and _COMPONENT.fullmatch(component.lower()):
             hint = " (names are lowercase)"
@@ -88,7 +91,7 @@ def _check_component(component: str, what: str, full: str) -> None:
             f"digits, '.', '-' or '_', starting with a letter or digit and not ending "
             f"with '.'{hint}"
         )
-    if component.split(".", 1)[0] in _WINDOWS_DEVICES:
+    if component.split(".", 1)[0].lower() in _WINDOWS_DEVICES:
         raise InvalidModelNameError(
             f"invalid model name {full!r}: {what} {component!r} is a reserved device name"
         )
@@ -144,9 +147,9 @@ def parse_name(text: str) -> ModelRef:
         )
     *namespace, name = components
     for ns in namespace:
-        _check_component(ns, "namespace", text)
-    _check_component(name, "name", text)
-    _check_component(tag, "tag", text)
+        _check_component(ns, "namespace", text, upper=host is not None)
+    _check_component(name, "name", text, upper=host is not None)
+    _check_component(tag, "tag", text, upper=host is not None)
     return ModelRef(namespace=namespace[0] if namespace else None, name=name, tag=tag, host=host)
 
 

@@ -160,6 +160,7 @@ REGISTRY_GOOD = [
     ("example.org/ns/model", ("example.org", "ns", "model", "latest")),
     ("localhost/a/b:c", ("localhost", "a", "b", "c")),
     ("hf.co/org/repo-gguf:q4_k_m", ("hf.co", "org", "repo-gguf", "q4_k_m")),
+    ("hf.co/Org/SmolLM2-GGUF:Q4_K_M", ("hf.co", "Org", "SmolLM2-GGUF", "Q4_K_M")),
 ]
 REGISTRY_EVIL = [
     "a/b/c",  # no host-looking first component
@@ -175,6 +176,10 @@ REGISTRY_EVIL = [
     "exa mple.org/a/b",
     "example.org/a/b:../x",
     "con.example/a/b",
+    "example.org/a/CON",
+    "example.org/a/b:Nul",
+    "example.org/a/b.",
+    "example.org/.A/b",
 ]
 
 

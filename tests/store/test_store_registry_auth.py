@@ -38,6 +38,8 @@ class _Front(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _proxy(self, path: str, keep: tuple[str, ...]) -> None:
+        parts = path.split("/")  # a case-insensitive front, as hf.co's is
+        path = "/".join(parts[:2] + [x.lower() for x in parts[2:4]] + parts[4:])
         h, p = self.registry_host.rsplit(":", 1)
         c = http.client.HTTPConnection(h, int(p), timeout=30)
         headers = {k: self.headers[k] for k in keep if self.headers.get(k)}
@@ -131,4 +133,17 @@ def test_oversized_manifest_is_refused(env, registry, front) -> None:
     handler.huge_manifest = True
     with pytest.raises(FetchError, match="larger than"):
         store.pull(f"{host}/library/x:latest", progress=False)
+    assert env.files() == []
+
+
+def test_mixed_case_registry_names(env, registry, front, tiny_gguf) -> None:
+    """`hf.co/Org/Repo-GGUF:Q4_K_M`-style names keep their case on disk and on the wire."""
+    _, host = front
+    registry.push_model("someorg/tiny-gguf", "Q4_K_M", tiny_gguf)
+    name = f"{host}/SomeOrg/Tiny-GGUF:Q4_K_M"
+    path = store.pull(name, progress=False)
+    assert path.read_bytes() == tiny_gguf.read_bytes()
+    assert (env.home / "manifests" / host / "SomeOrg" / "Tiny-GGUF" / "Q4_K_M").is_file()
+    assert [m.name for m in store.list_models()] == [name]
+    store.remove(name)
     assert env.files() == []
