@@ -64,7 +64,7 @@ def test_no_recompile_inside_a_bucket(rec):
 
 
 def test_reads_clean_lines(rec):
-    lines = make_lines(6, seed=3)
+    lines = make_lines(6, seed=3, sizes=(20, 28, 36))
     out = rec.recognize([im for _, im in lines])
     cer, wer = error_rates([t for t, _ in lines], [o.text for o in out])
     assert cer < 0.05, [(t, o.text) for (t, _), o in zip(lines, out, strict=True)]
@@ -86,3 +86,18 @@ def test_lexicon_beats_greedy_on_noisy_lines(rec):
     hard = WordScorer(lexicon=WORDS, hard=True)
     for lp in logps[:4]:
         assert set(beam_search(lp, rec.alphabet, hard, **kw)[0].text.split()) <= set(WORDS)
+
+
+def test_depthwise_implementations_agree(rec, monkeypatch):
+    """The CPU path (shifted multiply-adds) against the grouped convolution."""
+    import jax
+
+    from llamay.arch import ppocr as arch
+
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 48, 80, 3)).astype(np.float32)
+    outs = []
+    for mode in ("shift", "conv"):
+        monkeypatch.setenv("LLAMAY_OCR_DEPTHWISE", mode)
+        fwd = jax.jit(lambda w, x: arch.forward(rec.cfg, w, x))  # a fresh trace per mode
+        outs.append(np.asarray(fwd(rec.weights, x)))
+    assert np.abs(outs[0] - outs[1]).max() < 1e-4
