@@ -30,7 +30,6 @@ from llamay.arch.base import Architecture, Config, TensorSpec
 from llamay.arch.layers import (
     ACTIVATIONS,
     apply_rope,
-    attention,
     glu,
     linear,
     moe,
@@ -38,8 +37,8 @@ from llamay.arch.layers import (
     rms_norm,
     rope_angles,
     softcap,
-    write_kv,
 )
+from llamay.arch.paged import attention, write_kv
 
 
 def sub_norm(cfg: Config, w: dict, role: str, x: jax.Array) -> jax.Array:

@@ -35,6 +35,7 @@ class Request:
     sampler: Sampler = field(default_factory=Sampler)
     stop_ids: frozenset[int] | None = None  # None: the tokenizer's end-of-generation ids
     constraint: Any = None  # a llamay.sample constraint, or None
+    keep: bool = False  # BatchEngine: keep the KV after finishing (fork/snapshot/release)
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
 

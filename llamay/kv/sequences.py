@@ -101,12 +101,15 @@ class KVManager:
             full = seq.n_cached // self.page_size
             self.tree.insert(seq.tokens[: full * self.page_size], seq.pages[:full])
 
-    def fork(self, seq: SeqKV, budget: int) -> tuple[SeqKV, list[tuple[int, int]]] | None:
-        """A child sharing every full page of `seq`; its partial last page (if any) is a
-        copy. Returns (child, [(src, dst)] page copies for the device), or None if the
-        pool cannot reserve the child's pages now."""
-        full = seq.n_cached // self.page_size
-        partial = seq.n_cached % self.page_size != 0
+    def fork(
+        self, seq: SeqKV, budget: int, at: int | None = None
+    ) -> tuple[SeqKV, list[tuple[int, int]]] | None:
+        """A child sharing every full page of `seq`'s first `at` (default: all computed)
+        positions; its partial last page (if any) is a copy. Returns (child, [(src, dst)]
+        page copies for the device), or None if the pool cannot reserve its pages now."""
+        at = seq.n_cached if at is None else min(at, seq.n_cached)
+        full = at // self.page_size
+        partial = at % self.page_size != 0
         total = len(seq.tokens) + budget
         need = self.pages_for(total) - full
         if not self.fits_ever(total):
@@ -115,13 +118,28 @@ class KVManager:
             return None
         shared = seq.pages[:full]
         self.alloc.incref(shared)
-        child = SeqKV(list(seq.tokens), list(shared), seq.n_cached, need)
+        child = SeqKV(list(seq.tokens), list(shared), at, need)
         self.live[child.id] = child
         copies = []
         if partial:
-            self.ensure(child, seq.n_cached)
+            self.ensure(child, at)
             copies.append((seq.pages[full], child.pages[full]))
         return child, copies
+
+    def adopt(self, tokens: list[int], n_cached: int, budget: int) -> SeqKV | None:
+        """A sequence whose first n_cached positions' K/V the caller writes into its
+        (fresh) pages, e.g. a restored snapshot; None if the pool cannot reserve now."""
+        total = len(tokens) + budget
+        if not self.fits_ever(total):
+            raise KVCacheFullError(f"a sequence of {total} tokens can never fit the pool")
+        need = self.pages_for(total)
+        if need > self.available():
+            return None
+        seq = SeqKV(list(tokens), [], 0, need)
+        self.live[seq.id] = seq
+        self.ensure(seq, n_cached)
+        seq.n_cached = n_cached
+        return seq
 
     def release(self, seq: SeqKV, cache: bool = True) -> None:
         """The sequence ends: its full pages go to the prefix tree (if `cache`), then it

@@ -5,6 +5,7 @@ Steps are pure: `(weights, kv, batch) -> (outputs, kv)` with the KV state donate
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
@@ -12,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from llamay.arch import architecture_of
-from llamay.kv import DenseKV
+from llamay.arch.paged import PagedLayer
 from llamay.quant import MixedQTensor
 
 
@@ -28,9 +29,11 @@ def _split_layers(layers: dict[str, Any]):
     return scanned, fixed
 
 
-def forward(cfg, weights, kv: DenseKV, tokens, positions, *, hidden: bool = False):
+def forward(cfg, weights, kv, tokens, positions, *, hidden: bool = False, page_table=None):
     """Run all blocks over tokens [B, T] at positions [B, T].
 
+    `kv` is a `DenseKV`, or a `PagedKV` pool read and written through `page_table`
+    [B, M] (each block sees one layer of it as a `llamay.arch.paged.PagedLayer`).
     Returns (final hidden state [B, T, E], new kv, per-layer outputs [L, B, T, E] or None).
     """
     arch = architecture_of(cfg)
@@ -43,12 +46,16 @@ def forward(cfg, weights, kv: DenseKV, tokens, positions, *, hidden: bool = Fals
             role: MixedQTensor(fixed[role], *val) if role in fixed else val
             for role, val in lw_scanned.items()
         }
+        if page_table is not None:
+            k, v = PagedLayer(k, page_table), PagedLayer(v, page_table)
         x, k, v = arch.block(cfg, lw, x, positions, k, v, layer)
+        if page_table is not None:
+            k, v = k.pages, v.pages
         return x, (k, v, x if hidden else None)
 
     layer_ids = jnp.arange(kv.k.shape[0], dtype=jnp.int32)
     x, (k, v, hs) = jax.lax.scan(body, x, (scanned, kv.k, kv.v, layer_ids))
-    return x, DenseKV(k, v), hs
+    return x, dataclasses.replace(kv, k=k, v=v), hs
 
 
 @partial(jax.jit, static_argnames=("cfg", "hidden"), donate_argnames=("kv",))

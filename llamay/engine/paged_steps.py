@@ -1,0 +1,45 @@
+"""The jit-compiled step of the continuous-batching scheduler: every slot feeds its
+pending tokens (a prefill chunk, or one token when decoding) through the paged pool,
+and the slots that reach their end sample their next token, on device.
+
+Shapes are static per (slots, T bucket, page-table bucket): T is 1 for pure decode
+steps and a power of two up to the prefill chunk otherwise; padding rows and
+positions write nothing (their page is out of range and dropped).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from llamay.arch import architecture_of
+from llamay.model import forward
+from llamay.sample import SamplingParams, sample
+
+PAD_POSITION = 1 << 30  # past any page table: never written, never attended
+
+
+@partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
+def paged_step(cfg, weights, kv, tokens, positions, page_table, last, sampling, params, state):
+    """tokens/positions [B, T], page_table [B, M], last [B] (index in T of each row's
+    last fed token), sampling [B] bool (rows that sample now; the others keep their
+    sampler state). Returns (next tokens [B], sampler state, kv)."""
+    arch = architecture_of(cfg)
+    x, kv, _ = forward(cfg, weights, kv, tokens, positions, page_table=page_table)
+    x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
+    logits = arch.head(cfg, weights, x_last)[:, 0]
+    nxt, new = sample(logits, params, state)
+
+    def keep(n, o):
+        m = sampling.reshape(sampling.shape + (1,) * (n.ndim - 1))
+        return jnp.where(m, n, o)
+
+    return nxt, jax.tree_util.tree_map(keep, new, state), kv
+
+
+def set_rows(params: SamplingParams | object, rows, new):
+    """Rows `rows` of a per-slot pytree (sampler state) replaced by those of `new`."""
+    idx = jnp.asarray(rows, jnp.int32)
+    return jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), params, new)

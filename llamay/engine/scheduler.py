@@ -1,0 +1,474 @@
+"""Continuous batching over a paged KV pool: `BatchEngine`, a drop-in `Engine`.
+
+    engine = BatchEngine(model, slots=8, page_size=16)
+    h = engine.submit(Request(ids, max_tokens=64, sampler=GREEDY, keep=True))
+    for ev in h: ...
+    kids = engine.fork(h, [Request([], 16), Request(more_ids, 16)])   # share h's pages
+    snap = engine.snapshot(h); path = snap.save(directory)             # KV to disk
+    h2 = engine.restore(Snapshot.load(path), Request([], 16))          # any process
+    engine.release(h)                                                  # drop kept KV
+
+One worker thread owns the device state. Each step, every occupied slot feeds its
+pending tokens through the model (a prefill chunk of up to `chunk` tokens, or the one
+token it sampled last), so prompts are prefilled alongside other slots' decoding;
+slots that reach the end of their pending tokens sample. Requests wait in FIFO order
+until a slot is free and the pool can reserve their worst-case pages (prompt +
+max_tokens, less a cached prefix); one that could never fit fails at once with
+KVCacheFullError. Cancelling frees the request's pages before the next step. A
+request's full pages go to the prefix tree when its prompt is computed and when it
+ends, so a later request with the same prefix skips that compute (`usage.cached_tokens`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from llamay.engine.api import Handle, Request
+from llamay.engine.generate import check_prompt
+from llamay.engine.paged_steps import PAD_POSITION, paged_step, set_rows
+from llamay.errors import KVCacheFullError, LlamayError, RequestError, SnapshotError
+from llamay.kv import bucket
+from llamay.kv.pages import copy_pages, new_paged_kv, read_pages, write_pages
+from llamay.kv.sequences import KVManager, SeqKV
+from llamay.kv.snapshot import Snapshot
+from llamay.sample import Sampler, SamplerState, SamplingParams
+
+MIN_VIEW = 256  # the smallest attention view (positions), as the dense cache's MIN_SLOTS
+
+
+@dataclass(eq=False)
+class _Active:
+    handle: Handle
+    sampler: Sampler
+    stop_ids: frozenset[int]
+    budget: int  # tokens it may still generate
+    seq: SeqKV | None = None
+    fresh: bool = True  # sampler state not yet seeded in its slot
+    prompt_cached: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def model_digest(path: Path) -> str:
+    """An id of the model file: its store digest when named like one, else a hash of
+    its size and first MiB."""
+    name = Path(path).name
+    if name.startswith("sha256-") and len(name) == 71:
+        return name.replace("-", ":", 1)
+    h = hashlib.sha256(str(Path(path).stat().st_size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+    return "sha256:" + h.hexdigest()
+
+
+class BatchEngine:
+    """The continuous-batching scheduler (see the module docstring)."""
+
+    def __init__(
+        self,
+        model,
+        slots: int = 8,
+        page_size: int = 16,
+        n_pages: int | None = None,
+        chunk: int = 128,
+        prefix_cache: bool = True,
+    ):
+        self.model = model
+        cfg = model.config
+        self.cfg, self.weights = cfg, model.weights
+        self.n_ctx = model.n_ctx
+        self.n_slots, self.page_size, self.chunk = slots, page_size, chunk
+        if n_pages is None:
+            n_pages = slots * -(-min(self.n_ctx, 1024) // page_size) + 1
+        self.kv_dtype = model.runtime.kv_dtype
+        self.kv = new_paged_kv(
+            cfg.n_layers, n_pages, page_size, cfg.n_kv_heads, cfg.head_dim, self.kv_dtype
+        )
+        self.mgr = KVManager(n_pages, page_size, prefix_cache)
+        self.slots: list[_Active | None] = [None] * slots
+        self.waiting: deque[_Active] = deque()
+        self.kept: dict[str, _Active] = {}
+        self.counters = {"computed_tokens": 0, "cache_hit_tokens": 0, "steps": 0, "served": 0}
+        self._vocab = getattr(cfg, "vocab", None)
+        self._params: SamplingParams | None = None
+        self._state: SamplerState | None = None
+        self._plan = None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._digest: str | None = None
+        self._worker = threading.Thread(target=self._run, name="llamay-batch", daemon=True)
+        self._worker.start()
+
+    # -- the Engine interface ----------------------------------------------------------
+
+    def submit(self, request: Request) -> Handle:
+        if self._closed:
+            raise LlamayError("the engine is closed")
+        handle = Handle(request)
+        self._inbox.put(("submit", handle))
+        return handle
+
+    def cancel(self, handle: Handle) -> None:
+        handle._cancelled.set()
+        self._inbox.put(("wake", None))
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            kv = self.mgr.stats()
+            held = len({p for s in self.mgr.live.values() for p in s.pages})
+            return {
+                "queued": len(self.waiting) + self._inbox.qsize(),
+                "active": sum(a is not None for a in self.slots),
+                "kept": len(self.kept),
+                "slots": self.n_slots,
+                **kv,
+                "pages_held": held,
+                **self.counters,
+            }
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._inbox.put(("close", None))
+            self._worker.join(timeout=60)
+
+    # -- beyond the interface: fork, snapshot, restore, release -------------------------
+
+    def fork(self, handle: Handle, requests: list[Request]) -> list[Handle]:
+        """Branch `handle`'s sequence (running, or finished with `keep=True`) into one
+        child per request: child i continues from the parent's tokens followed by
+        requests[i].prompt_ids, sharing the parent's full pages."""
+        return self._call("fork", handle, requests)
+
+    def snapshot(self, handle: Handle) -> Snapshot:
+        """The KV of a kept (or running) sequence, on the host."""
+        return self._call("snapshot", handle)
+
+    def restore(self, snap: Snapshot, request: Request) -> Handle:
+        """Continue a snapshot's sequence with request.prompt_ids appended."""
+        return self._call("restore", snap, request)
+
+    def release(self, handle: Handle) -> None:
+        """Drop the KV a `keep=True` request kept after it finished."""
+        self._call("release", handle)
+
+    def _call(self, op: str, *args):
+        if self._closed:
+            raise LlamayError("the engine is closed")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put((op, (fut, args)))
+        return fut.result()
+
+    # -- the worker ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            idle = not self.waiting and all(a is None for a in self.slots)
+            try:
+                cmds = [self._inbox.get()] if idle else []
+                while True:
+                    cmds.append(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            for op, arg in cmds:
+                if op == "close":
+                    self._shutdown()
+                    return
+                try:
+                    self._command(op, arg)
+                except Exception as exc:  # a broken command never kills the worker
+                    if op == "submit":
+                        arg._finish("error", exc)
+                    elif op not in ("wake",):
+                        arg[0].set_exception(exc)
+            try:
+                self._reap_cancelled()
+                self._admit()
+                if any(a is not None for a in self.slots):
+                    self._refresh_params()
+                    self._step()
+            except Exception as exc:  # fail every request rather than hang them
+                self._fail_all(exc)
+
+    def _command(self, op: str, arg) -> None:
+        if op == "submit":
+            self._enqueue(arg)
+        elif op == "wake":
+            pass
+        else:
+            fut, args = arg
+            fut.set_result(getattr(self, "_" + op)(*args))
+
+    def _enqueue(self, handle: Handle, seq: SeqKV | None = None) -> _Active:
+        r = handle.request
+        if r.constraint is not None:
+            raise RequestError(
+                "BatchEngine does not run constrained requests yet (SerialEngine does)"
+            )
+        n = len(r.prompt_ids) if seq is None else len(seq.tokens)
+        check_prompt(n, self.n_ctx)
+        budget = max(0, min(r.max_tokens, self.n_ctx - n))
+        stop = frozenset(self.model.tokenizer.stop_ids if r.stop_ids is None else r.stop_ids)
+        a = _Active(handle, r.sampler, stop, budget, seq)
+        if seq is None and not self.mgr.fits_ever(n + budget + 1):
+            raise KVCacheFullError(
+                f"a request of {n} prompt + {budget} new tokens needs "
+                f"{self.mgr.pages_for(n + budget + 1)} KV pages; the pool has "
+                f"{self.mgr.alloc.capacity}: lower max_tokens or make the pool larger"
+            )
+        self.waiting.append(a)
+        return a
+
+    def _reap_cancelled(self) -> None:
+        for i, a in enumerate(self.slots):
+            if a is not None and a.handle.cancelled:
+                self.slots[i] = None
+                self._end(a, "cancelled")
+        for a in [a for a in self.waiting if a.handle.cancelled]:
+            self.waiting.remove(a)
+            self._end(a, "cancelled")
+
+    def _end(self, a: _Active, reason: str, error: BaseException | None = None) -> None:
+        with self._lock:
+            if a.seq is not None:
+                if a.handle.request.keep and reason in ("stop", "length"):
+                    self.kept[a.handle.id] = a
+                else:
+                    self.mgr.release(a.seq)
+                    a.seq = None
+            self.counters["served"] += 1
+        a.handle._finish(reason, error)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for i, a in enumerate(self.slots):
+            if a is not None:
+                self.slots[i] = None
+                self._end(a, "error", exc)
+
+    def _shutdown(self) -> None:
+        for a in list(self.waiting):
+            self._end(a, "cancelled")
+        self.waiting.clear()
+        for i, a in enumerate(self.slots):
+            if a is not None:
+                self.slots[i] = None
+                self._end(a, "cancelled")
+
+    def _admit(self) -> None:
+        while self.waiting and None in self.slots:
+            a = self.waiting[0]
+            plan = a.sampler.plan
+            if self._plan is not None and plan != self._plan and any(self.slots):
+                return  # the batch shares one sampler plan: wait for it to drain
+            if a.budget <= 0 and a.seq is None:
+                self.waiting.popleft()
+                self._end(a, "length")
+                continue
+            if a.seq is None:
+                with self._lock:
+                    seq = self.mgr.open(list(a.handle.request.prompt_ids), a.budget + 1)
+                if seq is None:
+                    return  # the pool is full for now; FIFO: later requests wait too
+                a.seq = seq
+                a.handle.usage.cached_tokens = seq.cached_hit
+                self.counters["cache_hit_tokens"] += seq.cached_hit
+            self.waiting.popleft()
+            slot = self.slots.index(None)
+            self.slots[slot] = a
+            self._plan = plan
+            a.fresh = True
+
+    def _refresh_params(self) -> None:
+        active = [a for a in self.slots if a is not None]
+        if not active:
+            return
+        fill = active[0].sampler
+        samplers = [a.sampler if a is not None else fill for a in self.slots]
+        key = tuple(id(s) for s in samplers)
+        if self._params is None or key != getattr(self, "_params_key", None):
+            pieces = self.model.token_pieces() if any(s.uses_dry for s in samplers) else None
+            vocab = self._vocab or (len(pieces) if pieces else None)
+            self._params = SamplingParams.stack(samplers, vocab, pieces)
+            self._params_key = key
+            if self._state is None or self._state.top_ids.shape[1] != fill.n_probs:
+                self._state = SamplerState.init(samplers)
+        fresh = [i for i, a in enumerate(self.slots) if a is not None and a.fresh]
+        if fresh:
+            rows = SamplerState.init(
+                [self.slots[i].sampler for i in fresh], [self.slots[i].seq.tokens for i in fresh]
+            )
+            self._state = set_rows(self._state, fresh, rows)
+            for i in fresh:
+                self.slots[i].fresh = False
+
+    def _step(self) -> None:
+        B, ps = self.n_slots, self.page_size
+        feed = [0] * B
+        for i, a in enumerate(self.slots):
+            if a is not None:
+                feed[i] = min(len(a.seq.pending), self.chunk)
+        T = 1 if max(feed) <= 1 else bucket(max(feed), 16)
+        with self._lock:
+            for i, a in enumerate(self.slots):
+                if a is not None:
+                    self.mgr.ensure(a.seq, a.seq.n_cached + feed[i])
+        pages = max(len(a.seq.pages) for a in self.slots if a is not None)
+        M = bucket(pages, max(1, MIN_VIEW // ps))  # few page-table shapes, few compiles
+        tokens = np.zeros((B, T), np.int32)
+        positions = np.full((B, T), PAD_POSITION, np.int32)
+        table = np.zeros((B, M), np.int32)
+        last = np.zeros(B, np.int32)
+        sampling = np.zeros(B, bool)
+        for i, a in enumerate(self.slots):
+            if a is None:
+                continue
+            s, n = a.seq, feed[i]
+            tokens[i, :n] = s.pending[:n]
+            positions[i, :n] = np.arange(s.n_cached, s.n_cached + n)
+            table[i, : len(s.pages)] = s.pages
+            last[i] = n - 1
+            sampling[i] = n == len(s.pending)
+        nxt, self._state, self.kv = paged_step(
+            self.cfg,
+            self.weights,
+            self.kv,
+            jnp.asarray(tokens),
+            jnp.asarray(positions),
+            jnp.asarray(table),
+            jnp.asarray(last),
+            jnp.asarray(sampling),
+            self._params,
+            self._state,
+        )
+        nxt = np.asarray(nxt)
+        self.counters["steps"] += 1
+        self.counters["computed_tokens"] += sum(feed)
+        for i, a in enumerate(self.slots):
+            if a is None:
+                continue
+            with self._lock:
+                self.mgr.commit(a.seq, feed[i])
+            if not sampling[i]:
+                continue
+            if not a.prompt_cached:
+                a.prompt_cached = True
+                with self._lock:
+                    self.mgr.cache(a.seq)
+            tok = int(nxt[i])
+            if tok in a.stop_ids:
+                self.slots[i] = None
+                self._end(a, "stop")
+                continue
+            a.seq.tokens.append(tok)
+            a.budget -= 1
+            a.handle._emit(tok)
+            if a.budget <= 0 or len(a.seq.tokens) >= self.n_ctx:
+                self.slots[i] = None
+                self._end(a, "length")
+
+    # -- fork / snapshot / restore (on the worker, between steps) ------------------------
+
+    def _find(self, handle: Handle) -> _Active:
+        for a in self.slots:
+            if a is not None and a.handle is handle:
+                return a
+        if handle.id in self.kept:
+            return self.kept[handle.id]
+        raise RequestError(
+            f"request {handle.id} has no KV to use: it is not running and was not kept "
+            "(submit it with keep=True)"
+        )
+
+    def _fork(self, handle: Handle, requests: list[Request]) -> list[Handle]:
+        parent = self._find(handle).seq
+        out = []
+        for r in requests:
+            tokens = parent.tokens + list(r.prompt_ids)
+            at = min(parent.n_cached, len(tokens) - 1)
+            with self._lock:
+                made = self.mgr.fork(parent, len(r.prompt_ids) + r.max_tokens + 1, at)
+            if made is None:
+                raise KVCacheFullError(
+                    f"the KV pool cannot hold a fork of {handle.id} now "
+                    f"({self.mgr.alloc.n_free} pages free); retry after requests finish"
+                )
+            child, copies = made
+            child.tokens = tokens
+            if copies:
+                src, dst = zip(*copies, strict=True)
+                self.kv = copy_pages(self.kv, jnp.asarray(src), jnp.asarray(dst))
+            h = Handle(r)
+            a = self._enqueue(h, child)
+            h.usage.prompt_tokens = len(tokens)
+            h.usage.cached_tokens = at
+            out.append(h)
+            del a
+        return out
+
+    def _digest_of_model(self) -> str:
+        if self._digest is None:
+            self._digest = model_digest(self.model.path)
+        return self._digest
+
+    def _snapshot(self, handle: Handle) -> Snapshot:
+        seq = self._find(handle).seq
+        n = seq.n_cached
+        k, v = read_pages(self.kv, seq.pages[: self.mgr.pages_for(n)])
+        L, P, ps, K, D = k.shape
+        k = k.reshape(L, P * ps, K, D)[:, :n]
+        v = v.reshape(L, P * ps, K, D)[:, :n]
+        return Snapshot(
+            self._digest_of_model(), str(np.dtype(self.kv_dtype)), list(seq.tokens), k, v
+        )
+
+    def _restore(self, snap: Snapshot, request: Request) -> Handle:
+        cfg = self.cfg
+        want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
+        got = (snap.k.shape[0], snap.k.shape[2], snap.k.shape[3])
+        if snap.model != self._digest_of_model() or got != want:
+            raise SnapshotError(
+                f"the snapshot is of model {snap.model} (KV {got}); this engine runs "
+                f"{self._digest_of_model()} (KV {want})"
+            )
+        if snap.kv_dtype != str(np.dtype(self.kv_dtype)):
+            raise SnapshotError(
+                f"the snapshot's KV is {snap.kv_dtype}; this engine's is "
+                f"{np.dtype(self.kv_dtype)} (load the model with the same numerics)"
+            )
+        tokens = list(snap.tokens) + list(request.prompt_ids)
+        n = min(snap.n_cached, len(tokens) - 1)
+        with self._lock:
+            seq = self.mgr.adopt(tokens, n, len(request.prompt_ids) + request.max_tokens + 1)
+        if seq is None:
+            raise KVCacheFullError("the KV pool cannot hold the snapshot now; retry later")
+        if n:
+            ps, P = self.page_size, self.mgr.pages_for(n)
+            pad = ((0, 0), (0, P * ps - n), (0, 0), (0, 0))
+            L, _, K, D = snap.k.shape
+            k = np.pad(snap.k[:, :n], pad).reshape(L, P, ps, K, D)
+            v = np.pad(snap.v[:, :n], pad).reshape(L, P, ps, K, D)
+            self.kv = write_pages(
+                self.kv, jnp.asarray(seq.pages[:P]), jnp.asarray(k), jnp.asarray(v)
+            )
+        h = Handle(request)
+        self._enqueue(h, seq)
+        h.usage.prompt_tokens = len(tokens)
+        h.usage.cached_tokens = n
+        return h
+
+    def _release(self, handle: Handle) -> None:
+        a = self.kept.pop(handle.id, None)
+        if a is not None and a.seq is not None:
+            with self._lock:
+                self.mgr.release(a.seq)
+            a.seq = None
