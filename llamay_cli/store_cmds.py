@@ -1,5 +1,5 @@
 """Store commands of the `llamay` CLI: `list` (ours and, marked, Ollama's), `rm`, `cp`, `gc`,
-`create` (from a Modelfile).
+`create` (from a Modelfile), `run` (with a model's layers applied) and `modelfile`.
 
 `register(app)` adds them to the Typer app; its `list` replaces the plain one in `main.py`.
 """
@@ -128,6 +128,54 @@ def create(
     print(f"created '{entry.name}'")
 
 
+def run(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="A model with layers: a registry pull, a model "
+            "made by `create`, or one of Ollama's."
+        ),
+    ],
+    prompt: Annotated[str, typer.Argument(help="The user's message.")],
+    system: Annotated[str | None, typer.Option(help="Replace the system layer.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Do not apply the template.")] = False,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", min=0)] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", min=0.0)] = None,
+    seed: Annotated[int | None, typer.Option("--seed", "-s")] = None,
+) -> None:
+    """Generate with a model's template, system and params layers applied (as `ollama run`
+    does for one prompt); options given here override the params layer."""
+    from llamay import ollama
+
+    overrides = {
+        k: v
+        for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("seed", seed))
+        if v is not None
+    }
+    try:
+        model, om = ollama.load(name)
+        for piece in ollama.generate(
+            model, om, prompt, system=system, raw=raw, stream=True, **overrides
+        ):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except LlamayError as exc:
+        raise _fail(exc) from None
+    sys.stdout.write("\n")
+
+
+def modelfile(
+    name: Annotated[str, typer.Argument(help="A model with layers (see `run`).")],
+) -> None:
+    """Print a model's Modelfile: its blob, template, system prompt, parameters, license."""
+    from llamay import ollama
+
+    try:
+        print(ollama.to_modelfile(ollama.resolve_anywhere(name)), end="")
+    except LlamayError as exc:
+        raise _fail(exc) from None
+
+
 def register(app: typer.Typer) -> None:
     """Add the store commands to `app` (replacing a `list` registered before)."""
     app.registered_commands[:] = [c for c in app.registered_commands if c.name != "list"]
@@ -136,3 +184,5 @@ def register(app: typer.Typer) -> None:
     app.command("cp")(cp)
     app.command("gc")(gc)
     app.command("create")(create)
+    app.command("run")(run)
+    app.command("modelfile")(modelfile)

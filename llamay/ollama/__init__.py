@@ -13,6 +13,7 @@ layer fills `.System`.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Iterator
@@ -51,6 +52,7 @@ __all__ = [
     "load",
     "resolve",
     "resolve_anywhere",
+    "to_modelfile",
 ]
 
 
@@ -95,7 +97,39 @@ def resolve_anywhere(name: str) -> OllamaModel:
             return resolve(name, ours)
         except ModelNotFoundError:
             pass
-    return resolve(name)
+    try:
+        return resolve(name)
+    except ModelNotFoundError as e:
+        raise ModelNotFoundError(
+            f"{name!r} is not a model with layers in llamay's store {ours} (a registry pull or "
+            f"a `llamay create`), and not in an Ollama store: {e}"
+        ) from None
+
+
+def _parameter_text(v: Any) -> str:
+    if isinstance(v, str):
+        return json.dumps(v)  # quoted, so spaces and '#' survive
+    if isinstance(v, bool):
+        return str(v).lower()
+    return str(v)
+
+
+def to_modelfile(om: OllamaModel) -> str:
+    """The model as a Modelfile (`ollama show --modelfile`): FROM its blob, then its layers."""
+
+    def block(text: str) -> str:
+        return f'"""{text}"""'
+
+    lines = [f"# Modelfile of {om.full_name}", f"FROM {om.model_path}"]
+    if om.template is not None:
+        lines.append(f"TEMPLATE {block(om.template)}")
+    if om.system is not None:
+        lines.append(f"SYSTEM {block(om.system)}")
+    for key, value in sorted(om.params.items()):
+        for v in value if isinstance(value, list) else [value]:
+            lines.append(f"PARAMETER {key} {_parameter_text(v)}")
+    lines += [f"LICENSE {block(text)}" for text in om.license]
+    return "\n".join(lines) + "\n"
 
 
 def format_prompt(om: OllamaModel, prompt: str, system: str | None = None) -> str:

@@ -85,8 +85,13 @@ def _value(key: str, raw: str, lineno: int) -> Any:
 
 
 def _unquote(text: str) -> str:
+    """`"..."` → its content, with JSON escapes (`\\n`, `\\"`) decoded when they parse."""
     if len(text) >= 2 and text[0] == text[-1] == '"':
-        return text[1:-1]
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text[1:-1]
+        return value if isinstance(value, str) else text[1:-1]
     return text
 
 

@@ -171,3 +171,33 @@ def test_cli_create(env, tiny, tmp_path, monkeypatch) -> None:
     assert [m.name for m in store.list_models()] == ["cli:1"]
     r = CliRunner().invoke(app, ["create", "cli:2", "-f", str(tmp_path / "nope")])
     assert r.exit_code == 1 and "cannot read the Modelfile" in r.stderr
+
+
+def test_modelfile_round_trip_and_run(env, tiny, tmp_path, monkeypatch) -> None:
+    """`llamay modelfile` prints what `create` reads back; `llamay run` applies the layers."""
+    import llamay
+    import llamay.ollama as ollama
+    from llamay_cli.main import app
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    text = (
+        'FROM ./tiny.gguf\nTEMPLATE "Q: {{ .Prompt }} A:"\nSYSTEM """two\nlines"""\n'
+        'PARAMETER stop "\\n"\nPARAMETER stop "say \\"x\\""\nPARAMETER temperature 0\n'
+        "PARAMETER num_predict 4\n"
+    )
+    store.create("orig:1", text, directory=tiny.parent, progress=False)
+    r = CliRunner().invoke(app, ["modelfile", "orig:1"])
+    assert r.exit_code == 0, r.output
+    store.create("again:1", r.stdout, progress=False)
+    a, b = ollama.resolve_anywhere("orig:1"), ollama.resolve_anywhere("again:1")
+    assert (a.template, a.system, a.params) == (b.template, b.system, b.params)
+    assert a.params["stop"] == ["\n", 'say "x"'] and a.system == "two\nlines"
+
+    r = CliRunner().invoke(app, ["run", "orig:1", "hi"])
+    assert r.exit_code == 0, r.output
+    expected = llamay.load(tiny).generate("Q: hi A:", max_tokens=4, temperature=0.0)
+    for stop in a.params["stop"]:
+        expected = expected.split(stop)[0]
+    assert r.stdout == expected + "\n"
+    r = CliRunner().invoke(app, ["run", "nothere:1", "hi"])
+    assert r.exit_code == 1 and "'nothere:1' is not a model with layers" in r.stderr
