@@ -5,7 +5,8 @@ Layout under `store_dir()` (`$LLAMAY_HOME`, default `~/.llamay`):
     blobs/sha256-<hex>                 model files (and small layers), named by their sha256,
                                        read-only
     manifests/[<ns>/]<name>/<tag>.json one per catalogue/local name: name, tag, digest, size,
-                                       source, created
+                                       source, created (and, for `create`/`cp`, an Ollama
+                                       manifest of the model's layers under "manifest")
     manifests/<host>/<ns>/<name>/<tag> one per registry name, in Ollama's shape and layout
                                        (`llamay.store.manifest`): config + layers
     locks/sha256-<hex>.lock            advisory locks held while a blob is written or removed
@@ -21,8 +22,10 @@ for the next pull to continue with a ranged request; it is never visible as a bl
 A registry name (`host/ns/name:tag`) is pulled with the OCI protocol (`llamay.store.oci`):
 manifest by tag, then every blob by digest, each verified, then the manifest.
 
-    pull(name, progress=True) -> Path       fetch a catalogue model (no-op if present)
-    resolve(name_or_path) -> Path           a GGUF file path, or a store name (pulled if needed)
+    pull(name, progress=True) -> Path       fetch a catalogue or registry model (no-op if
+                                            present); `events=` gets /api/pull-style progress
+    resolve(name_or_path) -> Path           a GGUF file path, or a store name (pulled if needed;
+                                            a local Ollama store's blob for unknown names)
     list_models() -> list[ModelEntry]
     remove(name)
     copy(src, dst)                          another name for the same blobs
