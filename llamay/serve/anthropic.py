@@ -1,0 +1,286 @@
+"""Anthropic's Messages API: /v1/messages (streaming with the real event sequence) and
+/v1/messages/count_tokens."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from llamay.serve import tools as T
+from llamay.serve.core import EventStream, TextGen, encode_prompt, guarded, make_sampler, sse
+from llamay.serve.errors import ApiError, error_body, to_http_status
+from llamay.serve.models import Loaded
+from llamay.serve.state import ServerState, state
+
+router = APIRouter(tags=["Anthropic"])
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Message(_Open):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class Tool(_Open):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class CountTokensRequest(_Open):
+    model: str = ""
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+
+
+def _text(blocks: str | list[dict[str, Any]] | None, where: str) -> str:
+    if blocks is None or isinstance(blocks, str):
+        return blocks or ""
+    parts = []
+    for b in blocks:
+        if b.get("type") != "text":
+            raise ApiError(
+                400, f"{where}: content blocks of type {b.get('type')!r} are not supported here"
+            )
+        parts.append(str(b.get("text", "")))
+    return "".join(parts)
+
+
+def _messages(body: CountTokensRequest) -> list[dict]:
+    out: list[dict] = []
+    if body.system:
+        out.append({"role": "system", "content": _text(body.system, "system")})
+    for i, m in enumerate(body.messages):
+        if isinstance(m.content, str):
+            out.append({"role": m.role, "content": m.content})
+            continue
+        text, calls = [], []
+        for b in m.content:
+            kind = b.get("type")
+            if kind == "text":
+                text.append(str(b.get("text", "")))
+            elif kind == "tool_use" and m.role == "assistant":
+                calls.append(
+                    {
+                        "id": b.get("id"),
+                        "type": "function",
+                        "function": {"name": b.get("name"), "arguments": b.get("input") or {}},
+                    }
+                )
+            elif kind == "tool_result" and m.role == "user":
+                content = b.get("content")
+                content = content if isinstance(content, str) else _text(content, "tool_result")
+                out.append(
+                    {"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": content}
+                )
+            else:
+                raise ApiError(
+                    400, f"messages.{i}: content blocks of type {kind!r} are not supported here"
+                )
+        if text or calls:
+            msg: dict[str, Any] = {"role": m.role, "content": "".join(text)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def _plan(body: CountTokensRequest):
+    """(tools for the template, the functions a call is forced among or None)."""
+    if not body.tools:
+        return None, None
+    functions = [
+        {"name": t.name, "description": t.description or "", "parameters": t.input_schema}
+        for t in body.tools
+    ]
+    tools = [{"type": "function", "function": f} for f in functions]
+    choice = body.tool_choice or {"type": "auto"}
+    kind = choice.get("type")
+    if kind == "none":
+        return None, None
+    if kind == "auto":
+        return tools, None
+    if kind == "any":
+        return tools, functions
+    if kind == "tool":
+        return tools, T.pick(functions, choice.get("name"))
+    raise ApiError(400, f"tool_choice type {kind!r} is not auto, any, tool or none")
+
+
+def _prompt_ids(lm: Loaded, body: CountTokensRequest) -> tuple[list[int], Any, Any]:
+    tools, forced = _plan(body)
+    text = T.render_prompt(lm, _messages(body), tools)
+    return encode_prompt(lm, text), tools, forced
+
+
+_REASONS = {"length": "max_tokens", "stop": "end_turn", "cancelled": "end_turn"}
+
+
+def _stop_reason(g: TextGen) -> str:
+    if g.stop_sequence is not None:
+        return "stop_sequence"
+    return _REASONS.get(g.finish_reason or "stop", "end_turn")
+
+
+def _blocks(text: str, forced, names: set[str]) -> list[dict]:
+    calls = (
+        [T.forced_call(text)]
+        if forced is not None
+        else (T.parse_calls(text, names) if names else None)
+    )
+    if calls:
+        return [
+            {
+                "type": "tool_use",
+                "id": T.call_id("toolu_"),
+                "name": c["name"],
+                "input": c["arguments"],
+            }
+            for c in calls
+        ]
+    return [{"type": "text", "text": text}]
+
+
+@router.post("/v1/messages", summary="Create a message (Anthropic)")
+async def messages(body: MessagesRequest, request: Request):
+    st: ServerState = state(request)
+    lm = await st.models.get(body.model)
+    ids, tools, forced = _prompt_ids(lm, body)
+    names = {t["function"]["name"] for t in tools or []}
+    con = None
+    if forced is not None:
+        con = await st.constraint(lm, json_schema=T.call_schema(forced))
+    sampler = make_sampler(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
+    g = st.textgen(lm, ids, body.max_tokens, sampler, body.stop_sequences, con)
+    mid = f"msg_{uuid.uuid4().hex[:24]}"
+
+    def message(content: list[dict], stop_reason: str | None, out_tokens: int) -> dict:
+        return {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": lm.name,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": g.stop_sequence,
+            "usage": {
+                "input_tokens": g.prompt_tokens,
+                "output_tokens": out_tokens,
+                "cache_read_input_tokens": g.cached_tokens,
+                "cache_creation_input_tokens": 0,
+            },
+        }
+
+    if not body.stream:
+        text = await g.collect(request)
+        blocks = _blocks(text, forced, names)
+        reason = "tool_use" if blocks[0]["type"] == "tool_use" else _stop_reason(g)
+        return message(blocks, reason, g.completion_tokens)
+
+    def ev(obj: dict) -> str:
+        return sse(obj, event=obj["type"])
+
+    async def events():
+        yield ev({"type": "message_start", "message": message([], None, 0)})
+        reason = None
+        if names:  # tool calls are recognised in the whole text
+            blocks = _blocks(await g.collect(), forced, names)
+            yield ev({"type": "ping"})
+            for i, b in enumerate(blocks):
+                if b["type"] == "tool_use":
+                    yield ev(
+                        {
+                            "type": "content_block_start",
+                            "index": i,
+                            "content_block": {**b, "input": {}},
+                        }
+                    )
+                    yield ev(
+                        {
+                            "type": "content_block_delta",
+                            "index": i,
+                            "delta": {
+                                "type": "input_json_delta",
+                                "partial_json": json.dumps(b["input"]),
+                            },
+                        }
+                    )
+                    reason = "tool_use"
+                else:
+                    yield ev(
+                        {
+                            "type": "content_block_start",
+                            "index": i,
+                            "content_block": {"type": "text", "text": ""},
+                        }
+                    )
+                    yield ev(
+                        {
+                            "type": "content_block_delta",
+                            "index": i,
+                            "delta": {"type": "text_delta", "text": b["text"]},
+                        }
+                    )
+                yield ev({"type": "content_block_stop", "index": i})
+        else:
+            yield ev(
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                }
+            )
+            yield ev({"type": "ping"})
+            async for delta in g.stream():
+                yield ev(
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": delta},
+                    }
+                )
+            yield ev({"type": "content_block_stop", "index": 0})
+        yield ev(
+            {
+                "type": "message_delta",
+                "delta": {
+                    "stop_reason": reason or _stop_reason(g),
+                    "stop_sequence": g.stop_sequence,
+                },
+                "usage": {"output_tokens": g.completion_tokens},
+            }
+        )
+        yield ev({"type": "message_stop"})
+
+    def on_error(exc: Exception) -> str:
+        body = error_body("anthropic", to_http_status(exc), str(exc))
+        return sse(body, event="error")
+
+    return EventStream(guarded(events(), on_error), media_type="text/event-stream")
+
+
+@router.post("/v1/messages/count_tokens", summary="Count a request's input tokens (Anthropic)")
+async def count_tokens(body: CountTokensRequest, request: Request):
+    st: ServerState = state(request)
+    lm = await st.models.get(body.model)
+    ids, _, _ = _prompt_ids(lm, body)
+    return {"input_tokens": len(ids)}

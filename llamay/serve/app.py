@@ -1,0 +1,126 @@
+"""The FastAPI application: every API family over one set of models.
+
+app = create_app({"smollm2": "/path/smollm2.gguf"}, api_key=None)
+uvicorn.run(app, host="127.0.0.1", port=11435)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llamay.errors import LlamayError
+from llamay.serve.errors import ApiError, error_body, family_of, to_http_status
+from llamay.serve.models import Models
+from llamay.serve.state import ServerState
+
+#: Paths that answer without an API key (health probes).
+OPEN_PATHS = ("/health", "/api/version", "/")
+
+
+def _error(
+    request: Request, status: int, message: str, param: str | None = None, kind: str | None = None
+) -> JSONResponse:
+    family = family_of(request.url.path)
+    return JSONResponse(error_body(family, status, message, param, kind), status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for e in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def create_app(
+    models: Models | dict[str, str | os.PathLike] | None = None,
+    *,
+    api_key: str | None = None,
+    max_tokens_limit: int | None = None,
+    keep_alive: float = 300.0,
+    n_ctx: int | None = None,
+    parallel: int = 1,
+    reap_interval: float = 1.0,
+) -> FastAPI:
+    """The server's app. `models`: a `Models` registry or {name: path}; `api_key`: required
+    as `Authorization: Bearer KEY` or `x-api-key: KEY` when set; `max_tokens_limit`: a cap on
+    what one request may generate; `keep_alive`: seconds an idle model stays loaded."""
+    if not isinstance(models, Models):
+        models = Models(models, n_ctx=n_ctx, parallel=parallel, default_keep_alive=keep_alive)
+    st = ServerState(models=models, api_key=api_key, max_tokens_limit=max_tokens_limit)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loop = asyncio.get_running_loop()
+        # Every streaming request waits on a thread for its next token.
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=256, thread_name_prefix="serve"))
+
+        async def reaper():
+            while True:
+                await asyncio.sleep(reap_interval)
+                await st.models.reap()
+
+        task = asyncio.create_task(reaper())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await st.models.close()
+
+    from llamay import __version__ as version
+
+    app = FastAPI(
+        title="llamay",
+        version=version,
+        summary="OpenAI, Anthropic, Ollama and llama.cpp-compatible APIs over llamay's engine",
+        lifespan=lifespan,
+    )
+    app.state.llamay = st
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next):
+        if st.api_key and request.url.path not in OPEN_PATHS:
+            given = request.headers.get("x-api-key")
+            bearer = request.headers.get("authorization", "")
+            if bearer.lower().startswith("bearer "):
+                given = bearer[7:].strip()
+            if not given or not hmac.compare_digest(given, st.api_key):
+                return _error(request, 401, "invalid or missing API key")
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return _error(request, exc.status, exc.message, exc.param, exc.kind)
+
+    @app.exception_handler(LlamayError)
+    async def llamay_error(request: Request, exc: LlamayError):
+        status = to_http_status(exc)
+        kind = "not_found" if status == 404 else None
+        return _error(request, status, str(exc), None, kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        return _error(request, 400, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return _error(request, exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        return _error(request, 500, f"internal error: {type(exc).__name__}: {exc}")
+
+    from llamay.serve import anthropic, context, llamacpp, ollama, openai
+
+    for module in (openai, anthropic, ollama, llamacpp, context):
+        app.include_router(module.router)
+    return app

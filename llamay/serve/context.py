@@ -1,0 +1,285 @@
+"""llamay's context API: a conversation state you create, extend, generate from, fork,
+snapshot and restore.
+
+    POST   /v1/contexts                     {"model", "text" | "tokens" | "messages" | "snapshot"}
+    GET    /v1/contexts                     list
+    GET    /v1/contexts/{id}                its tokens and text
+    POST   /v1/contexts/{id}/append         {"text" | "tokens" | "messages"}
+    POST   /v1/contexts/{id}/generate       {"max_tokens", sampling..., "stream"} (appends)
+    POST   /v1/contexts/{id}/fork           {"n"} -> n new contexts sharing the prefix
+    POST   /v1/contexts/{id}/snapshot       {"name"} -> saved under the store
+    GET    /v1/snapshots                    saved snapshots
+    DELETE /v1/contexts/{id}, /v1/snapshots/{name}
+
+A context is its token sequence; the engine reuses a shared prefix where it can (the
+continuous-batching engine's prefix cache), so generate after append or fork does not pay
+for the common part twice there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from llamay.serve.core import EventStream, guarded, make_sampler, primed, sse
+from llamay.serve.errors import ApiError, error_body, not_found, to_http_status
+from llamay.serve.models import Loaded
+from llamay.serve.state import ServerState, state
+
+router = APIRouter(tags=["Contexts (llamay)"])
+
+_SAMPLING = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "seed",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+_SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Content(_Open):
+    text: str | None = None
+    tokens: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+
+
+class CreateContext(Content):
+    model: str = ""
+    snapshot: str | None = None
+
+
+class Generate(_Open):
+    max_tokens: int = Field(64, ge=0)
+    stop: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**32)
+    repeat_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+class Fork(_Open):
+    n: int = Field(1, ge=1, le=64)
+
+
+class Snapshot(_Open):
+    name: str | None = None
+
+
+class Ctx:
+    def __init__(self, model: str, tokens: list[int]):
+        self.id = f"ctx_{uuid.uuid4().hex[:16]}"
+        self.model = model
+        self.tokens = tokens
+
+
+def _contexts(st: ServerState) -> dict[str, Ctx]:
+    return st.extra.setdefault("contexts", {})
+
+
+def _snapshot_dir():
+    from llamay.store import store_dir
+
+    return store_dir() / "contexts"
+
+
+def _tokens_of(lm: Loaded, c: Content, first: bool) -> list[int]:
+    given = [k for k in ("text", "tokens", "messages") if getattr(c, k) is not None]
+    if len(given) > 1:
+        raise ApiError(400, f"give one of text, tokens, messages, not {' and '.join(given)}")
+    if c.tokens is not None:
+        n_vocab = lm.model.tokenizer.vocab_size
+        bad = [t for t in c.tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary")
+        return list(c.tokens)
+    if c.messages is not None:
+        text = lm.model.tokenizer.apply_chat_template(
+            c.messages, add_generation_prompt=c.add_generation_prompt
+        )
+    else:
+        text = c.text or ""
+    return lm.model.tokenize(text, add_special=first, parse_special=True)
+
+
+def _view(lm_or_none, ctx: Ctx) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": ctx.id,
+        "object": "context",
+        "model": ctx.model,
+        "n_tokens": len(ctx.tokens),
+        "tokens": ctx.tokens,
+    }
+    if lm_or_none is not None:
+        out["text"] = lm_or_none.model.detokenize(ctx.tokens)
+    return out
+
+
+def _get_ctx(st: ServerState, cid: str) -> Ctx:
+    ctx = _contexts(st).get(cid)
+    if ctx is None:
+        raise not_found(f"context {cid!r} does not exist")
+    return ctx
+
+
+@router.post("/v1/contexts", summary="Create a context")
+async def create(body: CreateContext, request: Request):
+    st = state(request)
+    if body.snapshot is not None:
+        path = _snapshot_path(body.snapshot)
+        if not path.is_file():
+            raise not_found(f"snapshot {body.snapshot!r} does not exist")
+        saved = json.loads(path.read_text())
+        lm = await st.models.get(body.model or saved["model"])
+        tokens = list(saved["tokens"]) + (
+            _tokens_of(lm, body, False)
+            if any(getattr(body, k) is not None for k in ("text", "tokens", "messages"))
+            else []
+        )
+    else:
+        lm = await st.models.get(body.model)
+        tokens = _tokens_of(lm, body, True)
+    ctx = Ctx(lm.name, tokens)
+    _contexts(st)[ctx.id] = ctx
+    return _view(lm, ctx)
+
+
+@router.get("/v1/contexts", summary="List contexts")
+async def list_contexts(request: Request):
+    st = state(request)
+    return {
+        "object": "list",
+        "data": [
+            {"id": c.id, "model": c.model, "n_tokens": len(c.tokens)}
+            for c in _contexts(st).values()
+        ],
+    }
+
+
+@router.get("/v1/contexts/{cid}", summary="Show a context")
+async def show(cid: str, request: Request):
+    st = state(request)
+    ctx = _get_ctx(st, cid)
+    return _view(await st.models.get(ctx.model), ctx)
+
+
+@router.delete("/v1/contexts/{cid}", summary="Delete a context")
+async def delete(cid: str, request: Request):
+    st = state(request)
+    _get_ctx(st, cid)
+    del _contexts(st)[cid]
+    return Response(status_code=204)
+
+
+@router.post("/v1/contexts/{cid}/append", summary="Append text, tokens or messages")
+async def append(cid: str, body: Content, request: Request):
+    st = state(request)
+    ctx = _get_ctx(st, cid)
+    lm = await st.models.get(ctx.model)
+    ctx.tokens = ctx.tokens + _tokens_of(lm, body, not ctx.tokens)
+    return _view(lm, ctx)
+
+
+@router.post("/v1/contexts/{cid}/generate", summary="Generate from a context (appends)")
+async def generate(cid: str, body: Generate, request: Request):
+    st = state(request)
+    ctx = _get_ctx(st, cid)
+    lm = await st.models.get(ctx.model)
+    sampler = make_sampler(**{k: getattr(body, k) for k in _SAMPLING})
+    g = st.textgen(lm, ctx.tokens, body.max_tokens, sampler, body.stop)
+
+    def done() -> dict[str, Any]:
+        ctx.tokens = ctx.tokens + g.token_ids
+        return {
+            "id": ctx.id,
+            "finish_reason": g.finish_reason,
+            "n_tokens": len(ctx.tokens),
+            "usage": g.usage(),
+            "tokens": g.token_ids,
+        }
+
+    if not body.stream:
+        text = await g.collect(request)
+        return {**done(), "text": text}
+
+    async def events():
+        async for delta in g.stream():
+            yield sse({"text": delta})
+        yield sse({**done(), "done": True})
+
+    def on_error(exc: Exception) -> str:
+        return sse(error_body("openai", to_http_status(exc), str(exc)))
+
+    return EventStream(guarded(await primed(events()), on_error), media_type="text/event-stream")
+
+
+@router.post("/v1/contexts/{cid}/fork", summary="Fork a context into n copies")
+async def fork(cid: str, body: Fork, request: Request):
+    st = state(request)
+    ctx = _get_ctx(st, cid)
+    out = []
+    for _ in range(body.n):
+        c = Ctx(ctx.model, list(ctx.tokens))
+        _contexts(st)[c.id] = c
+        out.append({"id": c.id, "model": c.model, "n_tokens": len(c.tokens)})
+    return {"object": "list", "data": out}
+
+
+def _snapshot_path(name: str):
+    if not _SNAPSHOT_NAME.match(name):
+        raise ApiError(400, f"snapshot name {name!r} must be letters, digits, '_', '.', '-'")
+    return _snapshot_dir() / f"{name}.json"
+
+
+@router.post("/v1/contexts/{cid}/snapshot", summary="Save a context as a named snapshot")
+async def snapshot(cid: str, body: Snapshot, request: Request):
+    from llamay.store import _atomic_write_json
+
+    st = state(request)
+    ctx = _get_ctx(st, cid)
+    name = body.name or ctx.id
+    path = _snapshot_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write_json(path, {"model": ctx.model, "tokens": ctx.tokens})
+    return {"name": name, "model": ctx.model, "n_tokens": len(ctx.tokens)}
+
+
+@router.get("/v1/snapshots", summary="List saved snapshots")
+async def snapshots():
+    d = _snapshot_dir()
+    out = []
+    for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            saved = json.loads(p.read_text())
+            out.append({"name": p.stem, "model": saved["model"], "n_tokens": len(saved["tokens"])})
+        except (ValueError, KeyError, OSError):
+            continue
+    return {"object": "list", "data": out}
+
+
+@router.delete("/v1/snapshots/{name}", summary="Delete a saved snapshot")
+async def delete_snapshot(name: str):
+    path = _snapshot_path(name)
+    if not path.is_file():
+        raise not_found(f"snapshot {name!r} does not exist")
+    path.unlink()
+    return Response(status_code=204)

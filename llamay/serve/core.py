@@ -1,0 +1,280 @@
+"""What every API family shares: one generation as text, stop strings, streaming bodies.
+
+    gen = TextGen(lm, prompt_ids, max_tokens=64, sampler=Sampler(...), stop=["\\n\\n"])
+    async for delta in gen.stream(): ...     # text pieces, stop strings cut out
+    gen.finish_reason, gen.stop_sequence, gen.prompt_tokens, gen.completion_tokens
+
+Leaving the stream early (a client disconnect cancels the response task, or the body
+iterator is closed) cancels the request in the engine, which frees its state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import anyio
+from starlette.responses import StreamingResponse
+
+from llamay.engine.api import Request
+from llamay.errors import ContextOverflowError, RequestError
+from llamay.sample import Sampler
+from llamay.serve.models import Loaded
+from llamay.tok import IncrementalDecoder
+
+
+def make_sampler(**params: Any) -> Sampler:
+    """A `Sampler` from the given llama.cpp-named parameters (None: the default)."""
+    given = {k: v for k, v in params.items() if v is not None}
+    try:
+        return Sampler(**given)
+    except TypeError as e:
+        raise RequestError(f"unknown sampling parameter: {e}") from None
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+
+
+def encode_prompt(lm: Loaded, text: str) -> list[int]:
+    """Token ids of a prompt, as `Model.generate` encodes it (BOS per the model, special
+    tokens parsed)."""
+    return lm.model.tokenize(text, add_special=True, parse_special=True)
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of `text` could begin one of `stops`."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+class TextGen:
+    """One generation request over a loaded model's engine, as text."""
+
+    def __init__(
+        self,
+        lm: Loaded,
+        prompt_ids: list[int],
+        max_tokens: int | None,
+        sampler: Sampler,
+        stop: Sequence[str] | None = None,
+        constraint: Any = None,
+        max_tokens_limit: int | None = None,
+        stop_ids: frozenset[int] | None = None,
+    ):
+        n_ctx = lm.model.n_ctx
+        if not getattr(lm.model.config, "causal", True):
+            raise RequestError(
+                f"model {lm.name!r} is an embedding model ({lm.model.config.arch}); it does "
+                "not generate text (use the embeddings endpoints)"
+            )
+        if not prompt_ids:
+            raise RequestError("the prompt is empty (no tokens to condition on)")
+        if len(prompt_ids) >= n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens; the context holds {n_ctx} "
+                "(shorten the prompt or start the server with a larger --ctx)"
+            )
+        room = n_ctx - len(prompt_ids)
+        if max_tokens is None or max_tokens < 0:
+            max_tokens = room
+        if max_tokens_limit is not None:
+            max_tokens = min(max_tokens, max_tokens_limit)
+        self.lm = lm
+        self.prompt_ids = list(prompt_ids)
+        self.max_tokens = min(max_tokens, room)
+        self.sampler = sampler
+        self.stop = [s for s in (stop or []) if s]
+        self.constraint = constraint
+        self.stop_ids = stop_ids
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None
+        self.cached_tokens = 0
+        self.handle = None
+        self.t_start = time.perf_counter()
+        self.t_first: float | None = None
+        self.t_end: float | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_seconds(self) -> float:
+        return (self.t_first or self.t_end or time.perf_counter()) - self.t_start
+
+    @property
+    def decode_seconds(self) -> float:
+        if self.t_first is None:
+            return 0.0
+        return (self.t_end or time.perf_counter()) - self.t_first
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+    async def stream(self) -> AsyncIterator[str]:
+        """Text deltas until a stop token, a stop string, the budget or cancellation."""
+        lm = self.lm
+        engine = lm.engine
+        tok = lm.model.tokenizer
+        lm.busy += 1
+        self.t_start = time.perf_counter()
+        if self.max_tokens <= 0:
+            self.finish_reason = "length"
+            self.t_end = time.perf_counter()
+            lm.busy -= 1
+            return
+        handle = engine.submit(
+            Request(
+                self.prompt_ids,
+                self.max_tokens,
+                self.sampler,
+                stop_ids=self.stop_ids,
+                constraint=self.constraint,
+            )
+        )
+        self.handle = handle
+        dec = IncrementalDecoder(tok)
+        pending = ""
+        try:
+            async for ev in handle:
+                if self.t_first is None:
+                    self.t_first = time.perf_counter()
+                self.token_ids.append(ev.token_id)
+                pending += dec.feed(ev.token_id)
+                out, hit = self._cut(pending, final=False)
+                pending = pending[len(out) :]
+                if out:
+                    self.text += out
+                    yield out
+                if hit:
+                    self.finish_reason = "stop"
+                    engine.cancel(handle)
+                    return
+            pending += dec.flush()
+            out, hit = self._cut(pending, final=True)
+            if out:
+                self.text += out
+                yield out
+            reason = handle.finish_reason or "length"
+            self.finish_reason = "stop" if hit else reason
+            self.cached_tokens = getattr(handle.usage, "cached_tokens", 0)
+        finally:
+            if not handle.done:
+                engine.cancel(handle)
+                if self.finish_reason is None:
+                    self.finish_reason = "cancelled"
+            self.t_end = time.perf_counter()
+            lm.busy -= 1
+
+    def _cut(self, pending: str, final: bool) -> tuple[str, bool]:
+        """(text that may be emitted now, whether a stop string was found)."""
+        if not self.stop:
+            return pending, False
+        hits = [(pending.find(s), s) for s in self.stop if s in pending]
+        if hits:
+            i, s = min(hits)
+            self.stop_sequence = s
+            return pending[:i], True
+        if final:
+            return pending, False
+        keep = _held_back(pending, self.stop)
+        return pending[: len(pending) - keep], False
+
+    async def collect(self, request=None) -> str:
+        """All the text; stops early (cancelling) if `request`'s client goes away."""
+        parts = []
+        agen = self.stream()
+        try:
+            async for delta in agen:
+                parts.append(delta)
+                if request is not None and await request.is_disconnected():
+                    break
+        finally:
+            await agen.aclose()
+        return "".join(parts)
+
+
+class EventStream(StreamingResponse):
+    """A streaming response that watches for the client leaving and, whatever happens,
+    closes its body iterator (so a generation in progress is cancelled at once)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def body() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(body)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
+def sse(data: Any, event: str | None = None) -> str:
+    head = f"event: {event}\n" if event else ""
+    body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"{head}data: {body}\n\n"
+
+
+def ndjson(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False) + "\n"
+
+
+async def guarded(agen: AsyncIterator[str], on_error) -> AsyncIterator[str]:
+    """`agen`'s items; an error after the response has started becomes one last item,
+    `on_error(exc)` (the status line is gone by then)."""
+    try:
+        async for item in agen:
+            yield item
+    except Exception as exc:  # noqa: BLE001 - reported to the client in-band
+        yield on_error(exc)
+    finally:
+        await agen.aclose()
+
+
+async def primed(agen: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Run `agen` up to its first item now (so errors before any output become an HTTP
+    error status), then hand back an iterator that yields it and the rest."""
+    try:
+        first = await agen.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await agen.aclose()
+        raise
+
+    async def rest() -> AsyncIterator[str]:
+        try:
+            if first is not None:
+                yield first
+            async for item in agen:
+                yield item
+        finally:
+            await agen.aclose()
+
+    return rest()

@@ -1,0 +1,111 @@
+"""HTTP errors for every API family: one exception type, one status mapping, and the
+error body each family's clients expect.
+
+`to_http_status` maps llamay's exceptions (`llamay.errors`) to statuses; `ApiError` is
+what the route handlers raise for their own checks; `error_body(family, ...)` shapes the
+JSON as OpenAI, Anthropic, Ollama or llama.cpp's server would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llamay import errors as E
+
+#: Most specific first: the first isinstance match wins.
+_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+    (E.ModelNotFoundError, 404),
+    (E.InvalidModelNameError, 400),
+    (E.FetchError, 502),
+    (E.ContextOverflowError, 400),
+    (E.ConstraintError, 400),
+    (E.ChatTemplateError, 400),
+    (E.RequestError, 400),
+    (E.TokenizerError, 400),
+    (E.UnknownArchitectureError, 400),
+    (E.ModelFormatError, 400),
+    (E.UnsupportedTensorTypeError, 400),
+    (E.GGUFError, 400),
+    (E.LlamayError, 400),
+)
+
+
+class ApiError(Exception):
+    """An HTTP error with a status, a message and (optionally) the offending parameter."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, kind: str | None = None
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind
+
+
+def to_http_status(exc: BaseException) -> int:
+    """The HTTP status for an exception: an `ApiError`'s own, 4xx/5xx for llamay's, else 500."""
+    if isinstance(exc, ApiError):
+        return exc.status
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, what, kind="not_found")
+
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def family_of(path: str) -> str:
+    """Which API family a request path belongs to (decides the error body's shape)."""
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/v1/"):
+        return "openai"
+    if path.startswith("/api/"):
+        return "ollama"
+    return "llamacpp"
+
+
+def error_body(
+    family: str, status: int, message: str, param: str | None = None, kind: str | None = None
+) -> dict[str, Any]:
+    if family == "anthropic":
+        return {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
+        }
+    if family == "ollama":
+        return {"error": message}
+    etype = kind or _OPENAI_TYPES.get(status, "server_error")
+    if family == "llamacpp":
+        return {"error": {"code": status, "message": message, "type": etype}}
+    return {
+        "error": {
+            "message": message,
+            "type": etype,
+            "param": param,
+            "code": "model_not_found" if kind == "not_found" else None,
+        }
+    }

@@ -1,0 +1,335 @@
+"""llama.cpp's server API: /completion, /tokenize, /detokenize, /apply-template, /health,
+/metrics (Prometheus text), /slots, and rerank (/v1/rerank, /rerank)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from llamay.errors import RequestError
+from llamay.serve import tools as T
+from llamay.serve.core import (
+    EventStream,
+    TextGen,
+    encode_prompt,
+    guarded,
+    make_sampler,
+    primed,
+    sse,
+)
+from llamay.serve.errors import ApiError, error_body, to_http_status
+from llamay.serve.models import Loaded
+from llamay.serve.state import ServerState, state
+
+router = APIRouter(tags=["llama.cpp"])
+
+_SAMPLER_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repeat_last_n",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "xtc_probability",
+    "xtc_threshold",
+    "top_n_sigma",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "min_keep",
+)
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class CompletionRequest(_Open):
+    model: str = ""
+    prompt: str | list[int | str] = ""
+    n_predict: int = -1
+    stream: bool = False
+    stop: list[str] | None = None
+    seed: int | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    n_probs: int = Field(0, ge=0)
+    cache_prompt: bool = True
+    ignore_eos: bool = False
+    samplers: list[str] | None = None
+    logit_bias: list[list[Any]] | dict[str, float] | None = None
+
+
+class TokenizeRequest(_Open):
+    model: str = ""
+    content: str = ""
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Open):
+    model: str = ""
+    tokens: list[int] = Field(default_factory=list)
+
+
+class TemplateRequest(_Open):
+    model: str = ""
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+
+
+class RerankRequest(_Open):
+    model: str = ""
+    query: str = Field(min_length=1)
+    documents: list[str] = Field(min_length=1)
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = False
+
+
+def _prompt_ids(lm: Loaded, prompt: str | list[int | str]) -> list[int]:
+    if isinstance(prompt, str):
+        return encode_prompt(lm, prompt)
+    ids: list[int] = []
+    for i, part in enumerate(prompt):
+        if isinstance(part, str):
+            ids += lm.model.tokenize(part, add_special=(i == 0), parse_special=True)
+        else:
+            ids.append(part)
+    n_vocab = lm.model.tokenizer.vocab_size
+    bad = [t for t in ids if not 0 <= t < n_vocab]
+    if bad:
+        raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+    return ids
+
+
+def _timings(g: TextGen) -> dict[str, float]:
+    pm, dm = g.prompt_seconds * 1e3, g.decode_seconds * 1e3
+    pn, dn = g.prompt_tokens, g.completion_tokens
+    return {
+        "prompt_n": pn,
+        "prompt_ms": pm,
+        "prompt_per_token_ms": pm / pn if pn else 0.0,
+        "prompt_per_second": pn / (pm / 1e3) if pm else 0.0,
+        "predicted_n": dn,
+        "predicted_ms": dm,
+        "predicted_per_token_ms": dm / dn if dn else 0.0,
+        "predicted_per_second": dn / (dm / 1e3) if dm else 0.0,
+    }
+
+
+def _stop_type(g: TextGen) -> str:
+    if g.stop_sequence is not None:
+        return "word"
+    return "limit" if g.finish_reason == "length" else "eos"
+
+
+def _bias(raw) -> tuple:
+    if raw is None:
+        return ()
+    items = raw.items() if isinstance(raw, dict) else raw
+    out = []
+    for item in items:
+        try:
+            tok, b = item
+            b = -float("inf") if b is False else float(b)
+            out.append((int(tok), b))
+        except (TypeError, ValueError):
+            raise ApiError(400, f"logit_bias entry {item!r} is not [token_id, bias]") from None
+    return tuple(out)
+
+
+@router.post("/completion", summary="Complete a prompt (llama.cpp)")
+@router.post("/completions", include_in_schema=False)
+async def completion(body: CompletionRequest, request: Request):
+    st: ServerState = state(request)
+    if body.n_probs:
+        raise ApiError(400, "n_probs (token probabilities) is not supported by this server yet")
+    lm = await st.models.get(body.model)
+    ids = _prompt_ids(lm, body.prompt)
+    extras = body.model_extra or {}
+    params = {k: extras[k] for k in _SAMPLER_FIELDS if k in extras}
+    if body.seed is not None and body.seed >= 0:
+        params["seed"] = body.seed % (2**32)
+    if body.samplers:
+        params["samplers"] = tuple(body.samplers)
+    if body.logit_bias:
+        params["logit_bias"] = _bias(body.logit_bias)
+    sampler = make_sampler(**params)
+    con = await st.constraint(lm, json_schema=body.json_schema, grammar=body.grammar)
+    stop_ids = frozenset() if body.ignore_eos else None
+    g = st.textgen(lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids)
+
+    def final(content: str) -> dict[str, Any]:
+        return {
+            "content": content,
+            "tokens": [],
+            "id_slot": 0,
+            "stop": True,
+            "model": lm.name,
+            "tokens_predicted": g.completion_tokens,
+            "tokens_evaluated": g.prompt_tokens,
+            "prompt": lm.model.detokenize(ids),
+            "truncated": False,
+            "stop_type": _stop_type(g),
+            "stopping_word": g.stop_sequence or "",
+            "tokens_cached": g.cached_tokens,
+            "has_new_line": "\n" in g.text,
+            "timings": _timings(g),
+        }
+
+    if not body.stream:
+        return final(await g.collect(request))
+
+    async def events():
+        async for delta in g.stream():
+            yield sse({"content": delta, "tokens": [], "stop": False, "id_slot": 0})
+        yield sse(final(""))
+
+    def on_error(exc: Exception) -> str:
+        return sse(error_body("llamacpp", to_http_status(exc), str(exc)))
+
+    return EventStream(guarded(await primed(events()), on_error), media_type="text/event-stream")
+
+
+@router.post("/tokenize", summary="Tokenize text (llama.cpp)")
+async def tokenize(body: TokenizeRequest, request: Request):
+    lm = await state(request).models.get(body.model)
+    tok = lm.model.tokenizer
+    ids = tok.encode(body.content, add_special=body.add_special, parse_special=body.parse_special)
+    if not body.with_pieces:
+        return {"tokens": ids}
+    pieces = []
+    for i in ids:
+        raw = tok.token_to_piece(i)
+        try:
+            piece: Any = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(raw)
+        pieces.append({"id": i, "piece": piece})
+    return {"tokens": pieces}
+
+
+@router.post("/detokenize", summary="Detokenize token ids (llama.cpp)")
+async def detokenize(body: DetokenizeRequest, request: Request):
+    lm = await state(request).models.get(body.model)
+    n_vocab = lm.model.tokenizer.vocab_size
+    bad = [t for t in body.tokens if not 0 <= t < n_vocab]
+    if bad:
+        raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+    return {"content": lm.model.detokenize(body.tokens)}
+
+
+@router.post("/apply-template", summary="Render a chat with the model's template (llama.cpp)")
+async def apply_template(body: TemplateRequest, request: Request):
+    lm = await state(request).models.get(body.model)
+    for i, m in enumerate(body.messages):
+        if not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages.{i}.role must be a string")
+    return {"prompt": T.render_prompt(lm, body.messages, body.tools)}
+
+
+@router.get("/health", summary="Liveness (llama.cpp)")
+async def health():
+    return {"status": "ok"}
+
+
+def _engine_stats(st: ServerState) -> list[tuple[str, dict[str, Any]]]:
+    return [(name, dict(lm.engine.stats())) for name, lm in list(st.models.loaded.items())]
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (llama.cpp names plus llamay's)",
+    response_class=PlainTextResponse,
+)
+async def metrics(request: Request):
+    st: ServerState = state(request)
+    m = st.metrics
+    rows: list[tuple[str, str, str, float]] = [
+        ("llamacpp:prompt_tokens_total", "counter", "Prompt tokens processed", m.prompt_tokens),
+        ("llamacpp:tokens_predicted_total", "counter", "Tokens generated", m.completion_tokens),
+        ("llamacpp:prompt_seconds_total", "counter", "Prompt processing time", m.prompt_seconds),
+        ("llamacpp:tokens_predicted_seconds_total", "counter", "Generation time", m.decode_seconds),
+        ("llamacpp:requests_processing", "gauge", "Requests generating now", m.in_flight),
+        ("llamay_requests_total", "counter", "Generation requests finished", m.requests),
+        (
+            "llamay_prefix_cache_hit_tokens_total",
+            "counter",
+            "Prompt tokens served from the prefix cache",
+            m.cached_tokens,
+        ),
+        ("llamay_models_loaded", "gauge", "Models loaded", len(st.models.loaded)),
+    ]
+    stats = _engine_stats(st)
+    queued = sum(int(s.get("queued", 0)) for _, s in stats)
+    pages = sum(int(s.get("pages_used", s.get("kv_pages_used", 0))) for _, s in stats)
+    rows += [
+        ("llamacpp:requests_deferred", "gauge", "Requests waiting for a slot", queued),
+        ("llamay_kv_pages_used", "gauge", "KV cache pages in use", pages),
+    ]
+    lines = []
+    for name, kind, doc, value in rows:
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name} {float(value):g}"]
+    return PlainTextResponse(
+        "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
+    )
+
+
+@router.get("/slots", summary="Engine state per loaded model (llama.cpp)")
+async def slots(request: Request):
+    st: ServerState = state(request)
+    return [
+        {
+            "id": i,
+            "model": name,
+            "n_ctx": st.models.loaded[name].model.n_ctx if name in st.models.loaded else None,
+            "is_processing": bool(s.get("active")),
+            **s,
+        }
+        for i, (name, s) in enumerate(_engine_stats(st))
+    ]
+
+
+@router.post("/v1/rerank", summary="Rerank documents against a query")
+@router.post("/rerank", include_in_schema=False)
+async def rerank(body: RerankRequest, request: Request):
+    from llamay.serve.openai import embed_all
+
+    lm = await state(request).models.get(body.model)
+    if lm.model.config.causal:
+        raise RequestError(
+            f"model {lm.name!r} is a decoder; rerank needs an embedding (or reranking) model"
+        )
+    texts = [body.query, *body.documents]
+    prompts = [lm.model.tokenize(t) for t in texts]
+    vecs = await embed_all(lm, prompts)
+    q = vecs[0]
+    scores = [float(np.dot(q, d)) for d in vecs[1:]]
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n or len(scores)]
+    results = []
+    for i in order:
+        r: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+        if body.return_documents:
+            r["document"] = {"text": body.documents[i]}
+        results.append(r)
+    n = sum(len(p) for p in prompts)
+    return {
+        "model": lm.name,
+        "object": "list",
+        "results": results,
+        "usage": {"prompt_tokens": n, "total_tokens": n},
+    }

@@ -1,0 +1,195 @@
+"""The models a server knows, loaded on demand and unloaded after their keep-alive.
+
+    models = Models({"tiny": "/path/tiny.gguf"}, default_keep_alive=300)
+    lm = await models.get("tiny")           # loads once (concurrent callers share the load)
+    lm.model, lm.engine                      # a llamay.Model and the engine serving it
+    await models.unload("tiny")
+
+Names a request may use: the configured ones (`-m NAME=PATH` or `-m NAME`), and the names in
+the local store. Nothing is fetched on demand: pulling is `/api/pull`'s job.
+
+The engine is chosen in one place, `make_engine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from llamay.errors import ModelNotFoundError
+
+
+def make_engine(model, parallel: int = 1):
+    """The engine serving one model (the one place where the engine is chosen)."""
+    from llamay.engine.api import SerialEngine
+
+    return SerialEngine(model)
+
+
+@dataclass
+class Known:
+    """A model a request may name, loaded or not."""
+
+    name: str
+    path: Path
+    size: int = 0
+    modified: datetime | None = None
+    digest: str = ""
+
+    @property
+    def created(self) -> int:
+        return int((self.modified or datetime.now(UTC)).timestamp())
+
+
+@dataclass
+class Loaded:
+    known: Known
+    model: Any
+    engine: Any
+    loaded_at: float = field(default_factory=time.time)
+    load_seconds: float = 0.0
+    expires_at: float | None = None  # None: never
+    busy: int = 0  # requests in flight
+
+    @property
+    def name(self) -> str:
+        return self.known.name
+
+
+def _file_info(path: Path) -> tuple[int, datetime | None]:
+    try:
+        st = path.stat()
+    except OSError:
+        return 0, None
+    return st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)
+
+
+def _path_digest(path: Path) -> str:
+    # A cheap stable id for a file outside the store (not its content hash).
+    return "sha256:" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()
+
+
+def default_loader(path: Path, n_ctx: int | None, numerics: str):
+    import llamay
+
+    return llamay.load(path, n_ctx=n_ctx, numerics=numerics, progress=False)
+
+
+class Models:
+    """Configured and stored models, loaded on demand, each with its own engine."""
+
+    def __init__(
+        self,
+        configured: dict[str, str | os.PathLike] | None = None,
+        *,
+        n_ctx: int | None = None,
+        numerics: str = "exact",
+        parallel: int = 1,
+        default_keep_alive: float = 300.0,
+        use_store: bool = True,
+        loader: Callable[..., Any] = default_loader,
+    ):
+        self.configured = {k: Path(v) for k, v in (configured or {}).items()}
+        self.n_ctx = n_ctx
+        self.numerics = numerics
+        self.parallel = parallel
+        self.default_keep_alive = default_keep_alive
+        self.use_store = use_store
+        self.loader = loader
+        self.loaded: dict[str, Loaded] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- names -----------------------------------------------------------------------------
+
+    @property
+    def default_name(self) -> str | None:
+        if self.configured:
+            return next(iter(self.configured))
+        return next(iter(self.loaded), None)
+
+    def known(self) -> list[Known]:
+        out: dict[str, Known] = {}
+        for name, path in self.configured.items():
+            size, modified = _file_info(path)
+            out[name] = Known(name, path, size, modified, _path_digest(path))
+        if self.use_store:
+            from llamay.store import list_models
+
+            try:
+                entries = list_models()
+            except Exception:  # an unreadable store lists nothing rather than failing
+                entries = []
+            for e in entries:
+                out.setdefault(e.name, Known(e.name, e.path, e.size, e.modified, e.digest))
+        return list(out.values())
+
+    def find(self, name: str | None) -> Known:
+        """The model `name` refers to (None or "": the default model)."""
+        if not name:
+            name = self.default_name
+            if name is None:
+                raise ModelNotFoundError("no model given and the server has no default model")
+        if name in self.loaded:
+            return self.loaded[name].known
+        candidates = [name, name.removesuffix(":latest")]
+        if ":" not in name:
+            candidates.append(f"{name}:latest")
+        known = self.known()
+        for cand in candidates:
+            for k in known:
+                if k.name == cand:
+                    return k
+        names = ", ".join(k.name for k in known) or "(none)"
+        raise ModelNotFoundError(f"model {name!r} is not available on this server; it has: {names}")
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _expiry(self, keep_alive: float | None) -> float | None:
+        ka = self.default_keep_alive if keep_alive is None else keep_alive
+        return None if ka < 0 else time.time() + ka
+
+    async def get(self, name: str | None, keep_alive: float | None = None) -> Loaded:
+        """The loaded model `name`, loading it first if needed."""
+        known = self.find(name)
+        lock = self._locks.setdefault(known.name, asyncio.Lock())
+        async with lock:
+            lm = self.loaded.get(known.name)
+            if lm is None:
+                t0 = time.perf_counter()
+                loop = asyncio.get_running_loop()
+                model = await loop.run_in_executor(
+                    None, self.loader, known.path, self.n_ctx, self.numerics
+                )
+                engine = make_engine(model, self.parallel)
+                lm = Loaded(known, model, engine, load_seconds=time.perf_counter() - t0)
+                self.loaded[known.name] = lm
+            lm.expires_at = self._expiry(keep_alive)
+            return lm
+
+    def touch(self, lm: Loaded, keep_alive: float | None = None) -> None:
+        lm.expires_at = self._expiry(keep_alive)
+
+    async def unload(self, name: str) -> bool:
+        lm = self.loaded.pop(name, None)
+        if lm is None:
+            return False
+        await asyncio.get_running_loop().run_in_executor(None, lm.engine.close)
+        return True
+
+    async def reap(self) -> None:
+        """Unload every idle model whose keep-alive has run out."""
+        now = time.time()
+        for name, lm in list(self.loaded.items()):
+            if lm.busy == 0 and lm.expires_at is not None and lm.expires_at <= now:
+                await self.unload(name)
+
+    async def close(self) -> None:
+        for name in list(self.loaded):
+            await self.unload(name)

@@ -1,0 +1,626 @@
+"""Ollama's API: /api/generate, /api/chat (NDJSON streaming), /api/tags, /api/show,
+/api/ps, /api/pull, /api/embed, /api/embeddings, /api/delete, /api/copy, /api/version.
+
+Durations are nanoseconds; `keep_alive` is seconds or a Go duration ("5m", "1h", "-1");
+`options` take Ollama's keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from llamay import __version__
+from llamay.errors import ModelNotFoundError, RequestError
+from llamay.serve import tools as T
+from llamay.serve.core import (
+    EventStream,
+    TextGen,
+    encode_prompt,
+    guarded,
+    make_sampler,
+    ndjson,
+    primed,
+)
+from llamay.serve.errors import ApiError
+from llamay.serve.models import Known, Loaded
+from llamay.serve.state import ServerState, state
+
+router = APIRouter(tags=["Ollama"])
+
+#: Ollama option → Sampler field.
+_SAMPLER_KEYS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typical_p": "typical_p",
+    "repeat_last_n": "repeat_last_n",
+    "repeat_penalty": "repeat_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "mirostat": "mirostat",
+    "mirostat_tau": "mirostat_tau",
+    "mirostat_eta": "mirostat_eta",
+    "seed": "seed",
+}
+#: Options about hardware and loading that have no meaning here (Ollama accepts them).
+_NO_OPS = {
+    "num_keep",
+    "penalize_newline",
+    "numa",
+    "num_batch",
+    "num_gpu",
+    "main_gpu",
+    "low_vram",
+    "vocab_only",
+    "use_mmap",
+    "use_mlock",
+    "num_thread",
+    "num_ctx",
+    "tfs_z",
+}
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class GenerateRequest(_Open):
+    model: str = ""
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    stream: bool = True
+    raw: bool = False
+    format: str | dict[str, Any] | None = None
+    images: list[str] | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: str | float | None = None
+    think: bool | str | None = None
+
+
+class ChatMessage(_Open):
+    role: str
+    content: str | None = ""
+    images: list[str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_name: str | None = None
+
+
+class ChatRequest(_Open):
+    model: str = ""
+    messages: list[ChatMessage] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    stream: bool = True
+    format: str | dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: str | float | None = None
+    think: bool | str | None = None
+
+
+class NameRequest(_Open):
+    model: str | None = None
+    name: str | None = None
+    verbose: bool | None = None
+    insecure: bool | None = None
+    stream: bool = True
+
+    def target(self) -> str:
+        n = self.model or self.name
+        if not n:
+            raise ApiError(400, "model is required")
+        return n
+
+
+class CopyRequest(_Open):
+    source: str
+    destination: str
+
+
+class EmbedRequest(_Open):
+    model: str = ""
+    input: str | list[str] = ""
+    truncate: bool = True
+    options: dict[str, Any] | None = None
+    keep_alive: str | float | None = None
+    dimensions: int | None = Field(None, ge=1)
+
+
+class EmbeddingsRequest(_Open):
+    model: str = ""
+    prompt: str = ""
+    options: dict[str, Any] | None = None
+    keep_alive: str | float | None = None
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+
+
+def keep_alive_seconds(value: str | float | None) -> float | None:
+    """Seconds from Ollama's keep_alive (a number of seconds or a Go duration); None:
+    the server's default; negative: forever."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text.replace("+", ""):
+        raise ApiError(
+            400,
+            f"keep_alive {value!r} is not a number of seconds or a duration like 5m, 1h30m or -1",
+        )
+    return sum(float(n) * _UNIT[u] for n, u in parts)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _options(options: dict[str, Any] | None) -> tuple[dict[str, Any], int | None, list[str]]:
+    """(sampler params, num_predict, stop strings) from Ollama `options`."""
+    params: dict[str, Any] = {}
+    num_predict = None
+    stop: list[str] = []
+    for k, v in (options or {}).items():
+        if k in _SAMPLER_KEYS:
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                raise ApiError(400, f"option {k} must be a number, not {v!r}")
+            params[_SAMPLER_KEYS[k]] = v
+        elif k == "num_predict":
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ApiError(400, f"option num_predict must be an integer, not {v!r}")
+            num_predict = None if v < 0 else v
+        elif k == "stop":
+            items = [v] if isinstance(v, str) else v
+            if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+                raise ApiError(400, "option stop must be a string or a list of strings")
+            stop = items
+        elif k not in _NO_OPS:
+            raise ApiError(400, f"unknown option {k!r}")
+    if "seed" in params:
+        params["seed"] = int(params["seed"]) % (2**32)
+    return params, num_predict, stop
+
+
+def _format(fmt: str | dict[str, Any] | None) -> dict[str, Any]:
+    if fmt is None or fmt == "":
+        return {}
+    if fmt == "json":
+        return {"json": True}
+    if isinstance(fmt, dict):
+        return {"json_schema": fmt}
+    raise ApiError(400, f'format must be "json" or a JSON schema, not {fmt!r}')
+
+
+@lru_cache(maxsize=64)
+def _summary(path: str) -> dict[str, Any]:
+    from llamay.gguf.inspect import summary
+
+    try:
+        return summary(path)
+    except Exception:  # an unreadable file still lists, with empty details
+        return {}
+
+
+def _details(k: Known) -> dict[str, Any]:
+    s = _summary(str(k.path))
+    arch = s.get("architecture") or ""
+    n = s.get("parameter_count") or 0
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": arch,
+        "families": [arch] if arch else None,
+        "parameter_size": size,
+        "quantization_level": str(s.get("file_type") or ""),
+    }
+
+
+def _digest(k: Known) -> str:
+    return k.digest.removeprefix("sha256:")
+
+
+def _timings(g: TextGen, lm: Loaded, t0: float, load_s: float) -> dict[str, Any]:
+    return {
+        "total_duration": int((time.perf_counter() - t0) * 1e9),
+        "load_duration": int(load_s * 1e9),
+        "prompt_eval_count": g.prompt_tokens,
+        "prompt_eval_duration": int(g.prompt_seconds * 1e9),
+        "eval_count": g.completion_tokens,
+        "eval_duration": int(g.decode_seconds * 1e9),
+    }
+
+
+def _reason(g: TextGen) -> str:
+    return "length" if g.finish_reason == "length" else "stop"
+
+
+async def _get(st: ServerState, name: str, keep_alive) -> tuple[Loaded, float]:
+    was = st.models.find(name).name in st.models.loaded
+    t = time.perf_counter()
+    lm = await st.models.get(name, keep_alive_seconds(keep_alive))
+    return lm, 0.0 if was else time.perf_counter() - t
+
+
+def _ndjson_response(agen) -> EventStream:
+    return EventStream(
+        guarded(agen, lambda e: ndjson({"error": str(e)})), media_type="application/x-ndjson"
+    )
+
+
+# --- generate / chat ----------------------------------------------------------------------
+
+
+@router.post("/api/generate", summary="Generate a completion (Ollama)")
+async def generate(body: GenerateRequest, request: Request):
+    st: ServerState = state(request)
+    t0 = time.perf_counter()
+    if body.images:
+        raise ApiError(400, "images are not supported (text models only)")
+    if body.suffix:
+        raise ApiError(400, "suffix (fill-in-the-middle) is not supported")
+    ka = keep_alive_seconds(body.keep_alive)
+    if not body.prompt and not body.context:
+        # Ollama: an empty prompt loads (or, with keep_alive 0, unloads) the model.
+        if ka == 0:
+            known = st.models.find(body.model)
+            await st.models.unload(known.name)
+            return {
+                "model": known.name,
+                "created_at": _now(),
+                "response": "",
+                "done": True,
+                "done_reason": "unload",
+            }
+        lm, _ = await _get(st, body.model, body.keep_alive)
+        return {
+            "model": lm.name,
+            "created_at": _now(),
+            "response": "",
+            "done": True,
+            "done_reason": "load",
+        }
+    lm, load_s = await _get(st, body.model, body.keep_alive)
+    params, num_predict, stop = _options(body.options)
+    prompt = body.prompt or ""
+    if body.raw:
+        text = prompt
+    elif body.template:
+        from llamay.ollama.template import render
+
+        text = render(body.template, prompt, body.system)
+    else:
+        messages = [{"role": "system", "content": body.system}] if body.system else []
+        text = T.render_prompt(lm, [*messages, {"role": "user", "content": prompt}])
+    if body.context:
+        ids = list(body.context) + lm.model.tokenize(text, add_special=False, parse_special=True)
+    else:
+        ids = encode_prompt(lm, text)
+    con = await st.constraint(lm, **_format(body.format))
+    g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con)
+
+    def final() -> dict[str, Any]:
+        return {
+            "model": lm.name,
+            "created_at": _now(),
+            "response": "",
+            "done": True,
+            "done_reason": _reason(g),
+            "context": g.prompt_ids + g.token_ids,
+            **_timings(g, lm, t0, load_s),
+        }
+
+    if not body.stream:
+        text = await g.collect(request)
+        st.models.touch(lm, ka)
+        return {**final(), "response": text}
+
+    async def lines():
+        async for delta in g.stream():
+            yield ndjson({"model": lm.name, "created_at": _now(), "response": delta, "done": False})
+        st.models.touch(lm, ka)
+        yield ndjson(final())
+
+    return _ndjson_response(await primed(lines()))
+
+
+def _chat_messages(body: ChatRequest) -> list[dict]:
+    out = []
+    for m in body.messages:
+        if m.images:
+            raise ApiError(400, "images are not supported (text models only)")
+        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.tool_calls:
+            msg["tool_calls"] = m.tool_calls
+        if m.tool_name:
+            msg["name"] = m.tool_name
+        out.append(msg)
+    return out
+
+
+@router.post("/api/chat", summary="Chat (Ollama)")
+async def chat(body: ChatRequest, request: Request):
+    st: ServerState = state(request)
+    t0 = time.perf_counter()
+    ka = keep_alive_seconds(body.keep_alive)
+    if not body.messages:
+        if ka == 0:
+            known = st.models.find(body.model)
+            await st.models.unload(known.name)
+            reason = "unload"
+        else:
+            known = (await st.models.get(body.model, ka)).known
+            reason = "load"
+        return {
+            "model": known.name,
+            "created_at": _now(),
+            "message": {"role": "assistant", "content": ""},
+            "done": True,
+            "done_reason": reason,
+        }
+    lm, load_s = await _get(st, body.model, body.keep_alive)
+    params, num_predict, stop = _options(body.options)
+    tools = body.tools or None
+    names = {(t.get("function") or {}).get("name") for t in tools or []} - {None}
+    text = T.render_prompt(lm, _chat_messages(body), tools)
+    ids = encode_prompt(lm, text)
+    con = await st.constraint(lm, **_format(body.format))
+    g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con)
+
+    def message(content: str) -> dict[str, Any]:
+        calls = T.parse_calls(content, names) if names else None
+        if calls:
+            return {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls
+                ],
+            }
+        return {"role": "assistant", "content": content}
+
+    def final(content: str = "") -> dict[str, Any]:
+        return {
+            "model": lm.name,
+            "created_at": _now(),
+            "message": message(content),
+            "done": True,
+            "done_reason": _reason(g),
+            **_timings(g, lm, t0, load_s),
+        }
+
+    if not body.stream:
+        content = await g.collect(request)
+        st.models.touch(lm, ka)
+        return final(content)
+
+    async def lines():
+        if names:  # tool calls are recognised in the whole text
+            content = await g.collect()
+            m = message(content)
+            yield ndjson({"model": lm.name, "created_at": _now(), "message": m, "done": False})
+        else:
+            async for delta in g.stream():
+                yield ndjson(
+                    {
+                        "model": lm.name,
+                        "created_at": _now(),
+                        "message": {"role": "assistant", "content": delta},
+                        "done": False,
+                    }
+                )
+        st.models.touch(lm, ka)
+        yield ndjson(final())
+
+    return _ndjson_response(await primed(lines()))
+
+
+# --- models -------------------------------------------------------------------------------
+
+
+def _tag(k: Known) -> dict[str, Any]:
+    modified = (k.modified or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
+    return {
+        "name": k.name,
+        "model": k.name,
+        "modified_at": modified,
+        "size": k.size,
+        "digest": _digest(k),
+        "details": _details(k),
+    }
+
+
+@router.get("/api/tags", summary="List local models (Ollama)")
+async def tags(request: Request):
+    st: ServerState = state(request)
+    return {"models": [_tag(k) for k in st.models.known()]}
+
+
+@router.get("/api/ps", summary="List loaded models (Ollama)")
+async def ps(request: Request):
+    st: ServerState = state(request)
+    out = []
+    for lm in list(st.models.loaded.values()):
+        exp = lm.expires_at if lm.expires_at is not None else time.time() + 10 * 365 * 86400
+        out.append(
+            {
+                **_tag(lm.known),
+                "expires_at": datetime.fromtimestamp(exp, UTC).isoformat().replace("+00:00", "Z"),
+                "size_vram": 0,
+                "context_length": lm.model.n_ctx,
+            }
+        )
+    return {"models": out}
+
+
+@router.post("/api/show", summary="Describe a model (Ollama)")
+async def show(body: NameRequest, request: Request):
+    st: ServerState = state(request)
+    k = st.models.find(body.target())
+    s = _summary(str(k.path))
+    arch = s.get("architecture") or ""
+    from llamay.gguf import GGUFFile
+
+    try:
+        meta = GGUFFile(k.path).metadata
+    except Exception:
+        meta = {}
+    template = meta.get("tokenizer.chat_template") or ""
+    info = {
+        key: v
+        for key, v in meta.items()
+        if not (isinstance(v, list) and len(v) > 64) or body.verbose
+    }
+    info = json.loads(json.dumps(info, default=str))
+    capabilities = ["completion"]
+    if arch == "bert":
+        capabilities = ["embedding"]
+    elif "tools" in template:
+        capabilities.append("tools")
+    modified = (k.modified or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
+    return {
+        "license": "",
+        "modelfile": f"# Modelfile generated by llamay\nFROM {k.path}\n",
+        "parameters": "",
+        "template": template,
+        "details": _details(k),
+        "model_info": info,
+        "capabilities": capabilities,
+        "modified_at": modified,
+    }
+
+
+@router.post("/api/pull", summary="Pull a model into the store (Ollama)")
+async def pull(body: NameRequest, request: Request):
+    from llamay.store import pull as store_pull
+
+    name = body.target()
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def events(ev: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+    def run() -> None:
+        try:
+            store_pull(name, progress=False, insecure=bool(body.insecure), events=events)
+        except Exception as e:  # reported in the stream (or as the status)
+            loop.call_soon_threadsafe(queue.put_nowait, e)
+        loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    fut = loop.run_in_executor(None, run)
+    if not body.stream:
+        last: Any = None
+        while (item := await queue.get()) is not None:
+            last = item
+        await fut
+        if isinstance(last, Exception):
+            raise last
+        return {"status": "success"}
+
+    async def lines():
+        while (item := await queue.get()) is not None:
+            if isinstance(item, Exception):
+                yield ndjson({"error": str(item)})
+            else:
+                yield ndjson(item)
+
+    return _ndjson_response(lines())
+
+
+@router.delete("/api/delete", summary="Delete a model from the store (Ollama)")
+async def delete(body: NameRequest, request: Request):
+    from llamay.store import remove
+
+    st: ServerState = state(request)
+    name = body.target()
+    if name in st.models.configured:
+        raise ApiError(400, f"model {name!r} was given on the command line; it is not in the store")
+    await st.models.unload(name)
+    try:
+        remove(name)
+    except ModelNotFoundError as e:
+        raise ApiError(404, str(e)) from None
+    return Response(status_code=200)
+
+
+@router.post("/api/copy", summary="Copy a model under a new name (Ollama)")
+async def copy(body: CopyRequest):
+    from llamay.store import copy as store_copy
+
+    try:
+        store_copy(body.source, body.destination)
+    except ModelNotFoundError as e:
+        raise ApiError(404, str(e)) from None
+    return Response(status_code=200)
+
+
+@router.get("/api/version", summary="Server version (Ollama)")
+async def version():
+    return {"version": __version__}
+
+
+# --- embeddings ---------------------------------------------------------------------------
+
+
+@router.post("/api/embed", summary="Embeddings (Ollama)")
+async def embed(body: EmbedRequest, request: Request):
+    from llamay.serve.openai import embed_all
+
+    st: ServerState = state(request)
+    t0 = time.perf_counter()
+    lm, load_s = await _get(st, body.model, body.keep_alive)
+    inputs = [body.input] if isinstance(body.input, str) else body.input
+    if not inputs or any(not x for x in inputs):
+        raise RequestError("embedding input must not be empty")
+    prompts = [lm.model.tokenize(x) for x in inputs]
+    if body.truncate:
+        prompts = [p[: lm.model.n_ctx] for p in prompts]
+    vecs = await embed_all(lm, prompts)
+    if body.dimensions:
+        import numpy as np
+
+        vecs = [
+            v[: body.dimensions] / max(float(np.linalg.norm(v[: body.dimensions])), 1e-12)
+            for v in vecs
+        ]
+    return {
+        "model": lm.name,
+        "embeddings": [v.tolist() for v in vecs],
+        "total_duration": int((time.perf_counter() - t0) * 1e9),
+        "load_duration": int(load_s * 1e9),
+        "prompt_eval_count": sum(len(p) for p in prompts),
+    }
+
+
+@router.post("/api/embeddings", summary="Embedding of one prompt (Ollama, legacy)")
+async def embeddings(body: EmbeddingsRequest, request: Request):
+    from llamay.serve.openai import embed_all
+
+    st: ServerState = state(request)
+    lm, _ = await _get(st, body.model, body.keep_alive)
+    if not body.prompt:
+        return {"embedding": []}
+    (vec,) = await embed_all(lm, [lm.model.tokenize(body.prompt)])
+    return {"embedding": vec.tolist()}

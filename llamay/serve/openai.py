@@ -1,0 +1,576 @@
+"""OpenAI's API: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models.
+
+Streaming is SSE ending in `data: [DONE]`. Sampling parameters are OpenAI's plus
+llama.cpp's (`top_k`, `min_p`, `repeat_penalty`, ...) as extra fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from llamay.errors import RequestError
+from llamay.serve import tools as T
+from llamay.serve.core import (
+    EventStream,
+    TextGen,
+    encode_prompt,
+    guarded,
+    make_sampler,
+    primed,
+    sse,
+)
+from llamay.serve.errors import ApiError, error_body, not_found, to_http_status
+from llamay.serve.state import ServerState, state
+
+router = APIRouter(tags=["OpenAI"])
+
+_LLAMA_EXTRAS = (
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "typical_p",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "xtc_probability",
+    "xtc_threshold",
+    "top_n_sigma",
+)
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Open):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class _Sampling(_Open):
+    model: str = ""
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1, le=16)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+    user: str | None = None
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, gt=0)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=0)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=16)
+
+
+class EmbeddingRequest(_Open):
+    model: str = ""
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _sampler(body: _Sampling, index: int = 0):
+    if body.logprobs not in (None, False, 0):
+        raise ApiError(400, "logprobs are not supported by this server yet", param="logprobs")
+    bias = []
+    for k, v in (body.logit_bias or {}).items():
+        try:
+            bias.append((int(k), -float("inf") if v <= -100 else float(v)))
+        except ValueError:
+            raise ApiError(
+                400, f"logit_bias keys are token ids, not {k!r}", param="logit_bias"
+            ) from None
+    extras = body.model_extra or {}
+    params: dict[str, Any] = {k: extras[k] for k in _LLAMA_EXTRAS if k in extras}
+    params.update(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        repeat_penalty=body.repeat_penalty,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=tuple(bias) or None,
+    )
+    if body.seed is not None:
+        params["seed"] = (body.seed + index) % (2**32)
+    return make_sampler(**params)
+
+
+def _stops(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def _text_of(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for p in content:
+        if p.get("type") in ("text", "input_text"):
+            parts.append(str(p.get("text", "")))
+        else:
+            raise ApiError(
+                400,
+                f"content parts of type {p.get('type')!r} are not supported (text only)",
+                param="messages",
+            )
+    return "".join(parts)
+
+
+def _messages(body: ChatCompletionRequest) -> list[dict]:
+    import json
+
+    out = []
+    for m in body.messages:
+        msg: dict[str, Any] = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": _text_of(m.content),
+        }
+        if m.name:
+            msg["name"] = m.name
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            calls = []
+            for c in m.tool_calls:
+                fn = dict(c.get("function") or {})
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        pass
+                calls.append({**c, "function": fn})
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+def _tool_plan(body: ChatCompletionRequest) -> tuple[list[dict] | None, list[dict] | None]:
+    """(tools for the template, functions a call is forced among, or None)."""
+    if not body.tools:
+        if body.tool_choice not in (None, "none", "auto"):
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        return None, None
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    functions = [t["function"] for t in tools]
+    choice = body.tool_choice if body.tool_choice is not None else "auto"
+    if choice == "none":
+        return None, None
+    if choice == "auto":
+        return tools, None
+    if choice == "required":
+        return tools, functions
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        return tools, T.pick(functions, choice["function"].get("name"))
+    raise ApiError(
+        400,
+        f"tool_choice {choice!r} is not none, auto, required or "
+        '{"type": "function", "function": {"name": ...}}',
+        param="tool_choice",
+    )
+
+
+def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any]:
+    if not fmt or fmt.get("type") in (None, "text"):
+        return {}
+    if fmt.get("type") == "json_object":
+        return {"json": True}
+    if fmt.get("type") == "json_schema":
+        js = fmt.get("json_schema") or {}
+        schema = js.get("schema")
+        if not isinstance(schema, dict):
+            raise ApiError(
+                400,
+                "response_format.json_schema.schema must be a JSON schema object",
+                param="response_format",
+            )
+        return {"json_schema": schema}
+    raise ApiError(
+        400,
+        f"response_format type {fmt.get('type')!r} is not text, json_object or json_schema",
+        param="response_format",
+    )
+
+
+def _oa_reason(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _message_of(gen: TextGen, text: str, forced: bool, names: set[str]) -> tuple[dict, str]:
+    import json
+
+    calls = None
+    if forced:
+        calls = [T.forced_call(text)]
+    elif names:
+        calls = T.parse_calls(text, names)
+    if calls:
+        tool_calls = [
+            {
+                "id": T.call_id(),
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
+            }
+            for c in calls
+        ]
+        return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls"
+    return {"role": "assistant", "content": text}, _oa_reason(gen.finish_reason)
+
+
+def _usage(gens: list[TextGen]) -> dict[str, Any]:
+    p = gens[0].prompt_tokens if gens else 0
+    c = sum(g.completion_tokens for g in gens)
+    cached = gens[0].cached_tokens if gens else 0
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+# --- routes -----------------------------------------------------------------------------
+
+
+@router.post("/v1/chat/completions", summary="Create a chat completion")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    st: ServerState = state(request)
+    lm = await st.models.get(body.model)
+    template_tools, forced = _tool_plan(body)
+    names = {t["function"]["name"] for t in template_tools or []}
+    text = T.render_prompt(lm, _messages(body), template_tools)
+    ids = encode_prompt(lm, text)
+    max_tokens = (
+        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    )
+    ckw = _response_format(body.response_format)
+    if forced is not None:
+        ckw = {"json_schema": T.call_schema(forced)}
+    gens = []
+    for i in range(body.n):
+        con = await st.constraint(lm, **ckw) if ckw else None
+        gens.append(st.textgen(lm, ids, max_tokens, _sampler(body, i), _stops(body.stop), con))
+    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    model = lm.name
+    buffered = bool(names)  # tool calls are recognised in the whole text
+
+    if not body.stream:
+        texts = await asyncio.gather(*(g.collect(request) for g in gens))
+        choices = []
+        for i, (g, t) in enumerate(zip(gens, texts, strict=True)):
+            msg, reason = _message_of(g, t, forced is not None, names)
+            choices.append({"index": i, "message": msg, "finish_reason": reason, "logprobs": None})
+        return {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": _usage(gens),
+            "system_fingerprint": "llamay",
+        }
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def chunk(choices: list[dict], usage: dict | None = None) -> str:
+        obj = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "llamay",
+            "choices": choices,
+        }
+        if include_usage:
+            obj["usage"] = usage
+        return sse(obj)
+
+    async def events():
+        for i, g in enumerate(gens):
+            yield chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                        "logprobs": None,
+                    }
+                ]
+            )
+            if buffered:
+                text = await g.collect()
+                msg, reason = _message_of(g, text, forced is not None, names)
+                delta = {k: v for k, v in msg.items() if k != "role"}
+                if "tool_calls" in delta:
+                    delta["tool_calls"] = [
+                        {"index": j, **c} for j, c in enumerate(delta["tool_calls"])
+                    ]
+                yield chunk([{"index": i, "delta": delta, "finish_reason": None, "logprobs": None}])
+            else:
+                async for delta in g.stream():
+                    yield chunk(
+                        [
+                            {
+                                "index": i,
+                                "delta": {"content": delta},
+                                "finish_reason": None,
+                                "logprobs": None,
+                            }
+                        ]
+                    )
+                reason = _oa_reason(g.finish_reason)
+            yield chunk([{"index": i, "delta": {}, "finish_reason": reason, "logprobs": None}])
+        if include_usage:
+            yield chunk([], _usage(gens))
+        yield sse("[DONE]")
+
+    return _sse_response(await primed(events()))
+
+
+def _sse_response(agen) -> EventStream:
+    def on_error(exc: Exception) -> str:
+        return sse(error_body("openai", to_http_status(exc), str(exc)))
+
+    return EventStream(guarded(agen, on_error), media_type="text/event-stream")
+
+
+def _prompts(lm, prompt) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [encode_prompt(lm, prompt)]
+    if not prompt:
+        raise RequestError("the prompt is empty (no tokens to condition on)")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    if all(isinstance(p, str) for p in prompt):
+        return [encode_prompt(lm, p) for p in prompt]
+    return [list(p) for p in prompt]
+
+
+def _check_ids(lm, prompts: list[list[int]]) -> None:
+    n_vocab = lm.model.tokenizer.vocab_size
+    for p in prompts:
+        bad = [t for t in p if not 0 <= t < n_vocab]
+        if bad:
+            raise ApiError(
+                400,
+                f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})",
+                param="prompt",
+            )
+
+
+@router.post("/v1/completions", summary="Create a text completion")
+async def completions(body: CompletionRequest, request: Request):
+    st: ServerState = state(request)
+    if body.suffix:
+        raise ApiError(400, "suffix (fill-in-the-middle) is not supported", param="suffix")
+    if body.best_of not in (None, body.n):
+        raise ApiError(400, "best_of other than n is not supported", param="best_of")
+    lm = await st.models.get(body.model)
+    prompts = _prompts(lm, body.prompt)
+    _check_ids(lm, prompts)
+    gens = []
+    for p in prompts:
+        for i in range(body.n):
+            gens.append(st.textgen(lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop)))
+    tok = lm.model.tokenizer
+    cid = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+
+    def usage() -> dict:
+        p = sum(len(x) for x in prompts)
+        c = sum(g.completion_tokens for g in gens)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def echo(g: TextGen) -> str:
+        return tok.decode(g.prompt_ids) if body.echo else ""
+
+    if not body.stream:
+        texts = await asyncio.gather(*(g.collect(request) for g in gens))
+        choices = [
+            {
+                "index": i,
+                "text": echo(g) + t,
+                "finish_reason": _oa_reason(g.finish_reason),
+                "logprobs": None,
+            }
+            for i, (g, t) in enumerate(zip(gens, texts, strict=True))
+        ]
+        return {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": lm.name,
+            "choices": choices,
+            "usage": usage(),
+            "system_fingerprint": "llamay",
+        }
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def chunk(choices: list[dict], use: dict | None = None) -> str:
+        obj = {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": lm.name,
+            "choices": choices,
+            "system_fingerprint": "llamay",
+        }
+        if include_usage:
+            obj["usage"] = use
+        return sse(obj)
+
+    async def events():
+        for i, g in enumerate(gens):
+            if body.echo:
+                yield chunk(
+                    [{"index": i, "text": echo(g), "finish_reason": None, "logprobs": None}]
+                )
+            async for delta in g.stream():
+                yield chunk([{"index": i, "text": delta, "finish_reason": None, "logprobs": None}])
+            yield chunk(
+                [
+                    {
+                        "index": i,
+                        "text": "",
+                        "finish_reason": _oa_reason(g.finish_reason),
+                        "logprobs": None,
+                    }
+                ]
+            )
+        if include_usage:
+            yield chunk([], usage())
+        yield sse("[DONE]")
+
+    return _sse_response(await primed(events()))
+
+
+@router.post("/v1/embeddings", summary="Create embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request):
+    st: ServerState = state(request)
+    lm = await st.models.get(body.model)
+    inp = body.input
+    if isinstance(inp, str):
+        prompts = [lm.model.tokenize(inp)]
+    elif inp and all(isinstance(x, int) for x in inp):
+        prompts = [list(inp)]
+    elif all(isinstance(x, str) for x in inp):
+        prompts = [lm.model.tokenize(x) for x in inp]
+    else:
+        prompts = [list(x) for x in inp]
+    if not prompts or any(not p for p in prompts):
+        raise RequestError("embedding input must not be empty")
+    _check_ids(lm, prompts)
+    vecs = await embed_all(lm, prompts)
+    data = []
+    for i, v in enumerate(vecs):
+        if body.dimensions is not None:
+            v = v[: body.dimensions]
+            v = v / max(float(np.linalg.norm(v)), 1e-12)
+        emb: Any = v.astype(np.float32).tolist()
+        if body.encoding_format == "base64":
+            emb = base64.b64encode(v.astype(np.float32).tobytes()).decode()
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    n = sum(len(p) for p in prompts)
+    return {
+        "object": "list",
+        "data": data,
+        "model": lm.name,
+        "usage": {"prompt_tokens": n, "total_tokens": n},
+    }
+
+
+async def embed_all(lm, prompts: list[list[int]]) -> list[np.ndarray]:
+    """L2-normalised embeddings of token-id prompts (off the event loop)."""
+
+    def run():
+        out = []
+        for p in prompts:
+            if len(p) > lm.model.n_ctx:
+                raise RequestError(
+                    f"the input has {len(p)} tokens; the context holds {lm.model.n_ctx}"
+                )
+            v = np.asarray(lm.model.embed(p), np.float32).reshape(-1)
+            out.append(v / max(float(np.linalg.norm(v)), 1e-12))
+        return out
+
+    return await asyncio.get_running_loop().run_in_executor(None, run)
+
+
+def _model_obj(k) -> dict:
+    return {"id": k.name, "object": "model", "created": k.created, "owned_by": "llamay"}
+
+
+@router.get("/v1/models", summary="List models")
+async def list_models(request: Request):
+    st: ServerState = state(request)
+    return {"object": "list", "data": [_model_obj(k) for k in st.models.known()]}
+
+
+@router.get("/v1/models/{model_id:path}", summary="Describe a model")
+async def get_model(model_id: str, request: Request):
+    st: ServerState = state(request)
+    for k in st.models.known():
+        if k.name == model_id:
+            return _model_obj(k)
+    raise not_found(f"model {model_id!r} is not available on this server")

@@ -1,0 +1,96 @@
+"""The server's state, shared by every API family: models, limits, counters."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request as HttpRequest
+
+from llamay.sample import Sampler
+from llamay.serve.core import TextGen
+from llamay.serve.models import Loaded, Models
+
+
+@dataclass
+class Metrics:
+    """Totals for `/metrics` (Prometheus text)."""
+
+    requests: int = 0
+    requests_failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    in_flight: int = 0
+
+    def record(self, gen: TextGen) -> None:
+        self.requests += 1
+        self.prompt_tokens += gen.prompt_tokens
+        self.completion_tokens += gen.completion_tokens
+        self.cached_tokens += gen.cached_tokens
+        self.prompt_seconds += gen.prompt_seconds
+        self.decode_seconds += gen.decode_seconds
+
+
+class MeteredGen(TextGen):
+    """A TextGen that adds itself to the server's metrics when it ends."""
+
+    metrics: Metrics
+
+    async def stream(self):
+        self.metrics.in_flight += 1
+        try:
+            async for delta in super().stream():
+                yield delta
+        finally:
+            self.metrics.in_flight -= 1
+            self.metrics.record(self)
+
+
+@dataclass
+class ServerState:
+    models: Models
+    api_key: str | None = None
+    #: The most tokens one request may generate (None: up to the context).
+    max_tokens_limit: int | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    started: float = field(default_factory=time.time)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def textgen(
+        self,
+        lm: Loaded,
+        prompt_ids: list[int],
+        max_tokens: int | None,
+        sampler: Sampler,
+        stop=None,
+        constraint=None,
+        stop_ids: frozenset[int] | None = None,
+    ) -> TextGen:
+        gen = MeteredGen(
+            lm,
+            prompt_ids,
+            max_tokens,
+            sampler,
+            stop,
+            constraint,
+            max_tokens_limit=self.max_tokens_limit,
+            stop_ids=stop_ids,
+        )
+        gen.metrics = self.metrics
+        return gen
+
+    async def constraint(self, lm: Loaded, **kw: Any):
+        """A constraint built off the event loop (building a grammar can take a while)."""
+        if not any(v not in (None, False) for v in kw.values()):
+            return None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: lm.model.constraint(**kw))
+
+
+def state(request: HttpRequest) -> ServerState:
+    return request.app.state.llamay

@@ -1,0 +1,95 @@
+"""Chat prompts and tool calls, shared by the API families.
+
+A forced tool call (OpenAI `tool_choice` "required" or a named function, Anthropic
+`tool_choice` "any"/"tool", ...) is *enforced*: the output is constrained to the JSON
+`{"name": <one of the tools>, "arguments": <that tool's parameters schema>}`. With "auto"
+the model writes freely and a call is recognised in its text (`<tool_call>{...}</tool_call>`
+as Hermes/Qwen templates teach, or the whole answer being such a JSON object).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from llamay.errors import RequestError
+from llamay.serve.models import Loaded
+
+
+def render_prompt(
+    lm: Loaded, messages: list[dict], tools: list[dict] | None = None, **kw: Any
+) -> str:
+    """The chat template's text for `messages` (OpenAI-shaped dicts), with a generation
+    prompt; `tools` in OpenAI's `{"type": "function", "function": {...}}` form."""
+    if tools:
+        kw["tools"] = tools
+    return lm.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
+
+
+def call_schema(functions: list[dict]) -> dict:
+    """The JSON schema of one call of any of `functions` ({"name", "parameters"})."""
+    options = []
+    for f in functions:
+        params = f.get("parameters") or {"type": "object"}
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": f["name"]}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def pick(functions: list[dict], name: str | None) -> list[dict]:
+    """The functions a forced call may use: all, or the one named."""
+    if name is None:
+        return functions
+    chosen = [f for f in functions if f.get("name") == name]
+    if not chosen:
+        raise RequestError(f"tool_choice names {name!r}, which is not among the tools given")
+    return chosen
+
+
+_TAGGED = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def parse_calls(text: str, names: set[str]) -> list[dict] | None:
+    """Tool calls in a model's free text, or None: each `{"name", "arguments": dict}`."""
+    blobs = _TAGGED.findall(text)
+    if not blobs and text.strip().startswith("{"):
+        blobs = [text.strip()]
+    calls = []
+    for blob in blobs:
+        try:
+            obj = json.loads(blob)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("name") in names:
+            args = obj.get("arguments", obj.get("parameters", {}))
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    continue
+            calls.append({"name": obj["name"], "arguments": args if isinstance(args, dict) else {}})
+    return calls or None
+
+
+def forced_call(text: str) -> dict:
+    """The call in the output of a constrained (forced) generation."""
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise RequestError(
+            "the forced tool call was cut off before its JSON was complete "
+            f"(raise max_tokens): {text[:200]!r}"
+        ) from e
+    return {"name": obj["name"], "arguments": obj.get("arguments", {})}
+
+
+def call_id(prefix: str = "call_") -> str:
+    return prefix + uuid.uuid4().hex[:24]

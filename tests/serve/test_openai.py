@@ -1,0 +1,243 @@
+"""The official `openai` client against the server: greedy output equals `Model.generate`
+for the same chat template, usage counts, streaming structure, stop strings, n > 1, tools
+with tool_choice enforced, response_format, models, embeddings."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from tests.serve.conftest import chat_prompt, greedy
+
+MSGS = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_greedy_equals_generate(client, tiny):
+    r = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=12, temperature=0)
+    prompt = chat_prompt(tiny, MSGS)
+    assert r.choices[0].message.content == greedy(tiny, prompt, 12)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == "length"
+    ids = tiny.tokenize(prompt, add_special=True, parse_special=True)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == len(ids) + 12
+    assert r.object == "chat.completion" and r.model == "tiny"
+
+
+def test_chat_stream_structure_and_usage(client, tiny):
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=MSGS,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == greedy(tiny, chat_prompt(tiny, MSGS), 10)
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finals] == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_system_and_multi_turn(client, tiny):
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": [{"type": "text", "text": "And again?"}]},
+    ]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0)
+    plain = [{**m, "content": "And again?"} if isinstance(m["content"], list) else m for m in msgs]
+    assert r.choices[0].message.content == greedy(tiny, chat_prompt(tiny, plain), 6)
+
+
+def test_stop_strings_cut_the_text(client, tiny):
+    full = greedy(tiny, chat_prompt(tiny, MSGS), 16)
+    stop = full[5:8]
+    r = client.chat.completions.create(
+        model="tiny", messages=MSGS, max_tokens=16, temperature=0, stop=[stop]
+    )
+    assert r.choices[0].message.content == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    s = client.chat.completions.create(
+        model="tiny", messages=MSGS, max_tokens=16, temperature=0, stop=stop, stream=True
+    )
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in s if c.choices)
+        == full[: full.index(stop)]
+    )
+
+
+def test_n_and_seed(client):
+    r = client.chat.completions.create(
+        model="tiny", messages=MSGS, max_tokens=6, temperature=1.0, n=3, seed=7
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    again = client.chat.completions.create(
+        model="tiny", messages=MSGS, max_tokens=6, temperature=1.0, n=3, seed=7
+    )
+    assert [c.message.content for c in r.choices] == [c.message.content for c in again.choices]
+    assert r.usage.completion_tokens == sum(6 for _ in r.choices)
+
+
+def test_logit_bias_bans_the_greedy_token(client, tiny):
+    prompt = chat_prompt(tiny, MSGS)
+    ids = tiny.tokenize(prompt, add_special=True, parse_special=True)
+    first = list(tiny.generation(ids, 1, __import__("llamay.sample").sample.GREEDY))[0]
+    r = client.chat.completions.create(
+        model="tiny", messages=MSGS, max_tokens=1, temperature=0, logit_bias={str(first): -100}
+    )
+    assert r.choices[0].message.content != tiny.detokenize([first])
+
+
+def test_completions_legacy(client, tiny):
+    r = client.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0
+    )
+    assert r.choices[0].text == greedy(tiny, "Once upon a time", 8)
+    assert r.usage.prompt_tokens == len(tiny.tokenize("Once upon a time", parse_special=True))
+    s = client.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in s) == r.choices[0].text
+
+
+def test_response_format_json_schema(client):
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=MSGS,
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    )
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_tool_choice_is_enforced(client, stream):
+    kw = dict(
+        model="tiny",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        max_tokens=60,
+        temperature=0,
+        tools=[TIME, WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+        name, args = calls[0].function.name, calls[0].function.arguments
+        assert reasons[-1] == "tool_calls"
+    else:
+        r = client.chat.completions.create(**kw)
+        assert r.choices[0].finish_reason == "tool_calls"
+        call = r.choices[0].message.tool_calls[0]
+        name, args = call.function.name, call.function.arguments
+        assert call.id.startswith("call_")
+    assert name == "get_weather"
+    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+
+
+def test_required_tool_choice_picks_a_tool(client):
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "?"}],
+        max_tokens=60,
+        temperature=0,
+        tools=[TIME, WEATHER],
+        tool_choice="required",
+    )
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name in ("get_time", "get_weather")
+    json.loads(call.function.arguments)
+
+
+def test_models_list_and_get(client):
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["tiny", "bert"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_embeddings(client, tiny_paths):
+    import numpy as np
+
+    import llamay
+
+    r = client.embeddings.create(model="bert", input=["hello world", "good night"])
+    assert len(r.data) == 2 and r.usage.prompt_tokens > 0
+    v = np.array(r.data[0].embedding)
+    assert abs(np.linalg.norm(v) - 1) < 1e-4
+    m = llamay.load(tiny_paths["bert"])
+    want = m.embed(m.tokenize("hello world"))
+    want = want / np.linalg.norm(want)
+    np.testing.assert_allclose(v, want, atol=1e-4)
+    b64 = client.embeddings.create(model="bert", input="hello world", encoding_format="base64")
+    raw = b64.data[0].embedding
+    got = np.frombuffer(base64.b64decode(raw), np.float32) if isinstance(raw, str) else raw
+    np.testing.assert_allclose(np.asarray(got), v, atol=1e-5)
+
+
+def test_errors_are_openai_shaped(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nope", messages=MSGS)
+    assert "nope" in e.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=MSGS, temperature=5)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "word " * 3000}], max_tokens=1
+        )
+    assert "context" in e.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="bert", messages=MSGS, max_tokens=1)
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="tiny", input="x")
