@@ -84,6 +84,20 @@ class Model:
         kind = pooling or self.config.pooling
         return states if kind == "none" else np.asarray(pool(jnp.asarray(states), kind))
 
+    def score(self, contexts, continuations, batch: int = 8, max_length: int | None = None):
+        """[(log p(continuation | context), whether greedy decoding gives it)] per pair,
+        batched and jit-compiled (`llamay.eval.scoring.score`)."""
+        from llamay.eval.scoring import score
+
+        return score(self, contexts, continuations, batch=batch, max_length=max_length)
+
+    def loglikelihood_rolling(self, texts, batch: int = 8, max_length: int | None = None):
+        """The total log-likelihood of each text, in windows of up to `max_length` tokens
+        (`llamay.eval.scoring.loglikelihood_rolling`)."""
+        from llamay.eval.scoring import loglikelihood_rolling
+
+        return loglikelihood_rolling(self, texts, batch=batch, max_length=max_length)
+
     def with_architecture(self, arch: Architecture) -> Model:
         """This model (same weights and tokenizer) run by another Architecture, e.g.
         `dataclasses.replace(m.arch, block=...)`: research variants of a family."""
