@@ -3,10 +3,13 @@
 Order of work, as llama.cpp's common sampler: the constraint mask (tokens a grammar
 forbids get -inf), logit_bias, then the stages of the plan in order, then the draw.
 Every stage is the identity for a slot whose parameters disable it, so one batch
-carries different settings per slot. Truncation sets logits to -inf rather than
-shrinking the candidate array; candidates are kept in a permuted order (`perm`) once
-a stage needs them sorted, and vocabulary-space adjustments (penalties, DRY) are
-gathered through that permutation.
+carries different settings per slot. Truncation sets logits to -inf and stays in
+vocabulary order: a rank-based cut (top-k, top-p, min_keep, mirostat's k) becomes a
+threshold on the logit read off a top-`VIEW` view of the sorted logits (`lax.top_k`),
+and only when a cut reaches past that view is the whole vocabulary sorted (`lax.cond`),
+so a 262k vocabulary is not sorted every step. Expensive stages no slot enables are
+skipped the same way. Candidates tied exactly at a cut are all kept (llama.cpp keeps
+them in sort order up to the count).
 
 Each stage restates one function of llama.cpp's `llama-sampling.cpp` (named in its
 docstring), with the deviations listed in `llamay.sample.samplers`.
@@ -15,7 +18,6 @@ docstring), with the deviations listed in `llamay.sample.samplers`.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -23,38 +25,33 @@ import jax.numpy as jnp
 from llamay.sample.samplers import SamplerState, SamplingParams
 
 NEG = -jnp.inf
+VIEW = 512  # sorted candidates kept in view before falling back to a full sort
 
 
-@dataclass
-class Cand:
-    """Candidates: logits x [B, V] in the order perm [B, V] (None: vocabulary order)."""
+def _cut(x: jax.Array, n_keep_fn, decided_fn=None) -> jax.Array:
+    """Logit threshold [B, 1] of a best-first prefix cut: `n_keep_fn(sorted_vals)` says
+    how many of the best candidates stay (>= 1). Reads the top-VIEW values; sorts the
+    whole row only if some row's cut is not decided inside the view."""
+    V = x.shape[-1]
+    K = min(V, VIEW)
+    vals = jax.lax.top_k(x, K)[0]
+    n = n_keep_fn(vals)
+    decided = (n < K) | (K == V) if decided_fn is None else decided_fn(vals, n)
 
-    x: jax.Array
-    perm: jax.Array | None = None
-    is_sorted: bool = False
+    def in_view(_):
+        return jnp.take_along_axis(vals, jnp.clip(n, 1, K)[:, None] - 1, -1)
 
-    def sorted(self) -> Cand:
-        if self.is_sorted:
-            return self
-        o = jnp.argsort(-self.x, axis=-1, stable=True)
-        x = jnp.take_along_axis(self.x, o, axis=-1)
-        perm = o if self.perm is None else jnp.take_along_axis(self.perm, o, axis=-1)
-        return Cand(x, perm, True)
+    def full(_):
+        sv = -jnp.sort(-x, axis=-1)
+        n2 = n_keep_fn(sv)
+        return jnp.take_along_axis(sv, jnp.clip(n2, 1, V)[:, None] - 1, -1)
 
-    def gather(self, vocab_values: jax.Array) -> jax.Array:
-        """A [B, V] vocabulary-space array in candidate order."""
-        return (
-            vocab_values if self.perm is None else jnp.take_along_axis(vocab_values, self.perm, -1)
-        )
+    return jax.lax.cond(jnp.all(decided), in_view, full, None)
 
-    def keep(self, mask: jax.Array) -> Cand:
-        return Cand(jnp.where(mask, self.x, NEG), self.perm, self.is_sorted)
 
-    def to_vocab(self) -> jax.Array:
-        if self.perm is None:
-            return self.x
-        B = self.x.shape[0]
-        return jnp.full_like(self.x, NEG).at[jnp.arange(B)[:, None], self.perm].set(self.x)
+def _when(any_on, stage, x):
+    """Run `stage(x)` only if some slot enables it (a traced condition)."""
+    return jax.lax.cond(any_on, stage, lambda y: y, x)
 
 
 def unpack_mask(bits: jax.Array, vocab_size: int) -> jax.Array:
@@ -62,10 +59,6 @@ def unpack_mask(bits: jax.Array, vocab_size: int) -> jax.Array:
     shifts = jnp.arange(32, dtype=jnp.uint32)
     words = bits.astype(jnp.uint32)[:, :, None] >> shifts
     return (words & 1).astype(bool).reshape(bits.shape[0], -1)[:, :vocab_size]
-
-
-def _softmax(x):
-    return jax.nn.softmax(x, axis=-1)
 
 
 def _n_finite(x):
@@ -101,27 +94,26 @@ def _window(p_last_n, count, R):
     return jnp.minimum(n, count)
 
 
-# -- stages ---------------------------------------------------------------------------------
+# -- stages (x: logits [B, V] in vocabulary order, -inf = excluded) ------------------------
 
 
-def penalties(c: Cand, p: SamplingParams, hist, count) -> Cand:
+def penalties(x, p: SamplingParams, hist, count):
     """llama_sampler_penalties: tokens seen in the last repeat_last_n get their logit
     divided (positive) or multiplied (negative) by repeat_penalty, then
     count·frequency_penalty + presence_penalty subtracted."""
     B, R = hist.shape
-    V = c.x.shape[-1]
+    V = x.shape[-1]
     n = _window(p.repeat_last_n, count, R)
     live = jnp.arange(R)[None, :] >= (R - n)[:, None]
-    counts = (
+    cnt = (
         jnp.zeros((B, V), jnp.float32)
         .at[jnp.arange(B)[:, None], jnp.where(live, hist, 0)]
         .add(live.astype(jnp.float32))
     )
-    cnt = c.gather(counts)
     rep = p.repeat_penalty[:, None]
-    x = jnp.where(c.x <= 0, c.x * rep, c.x / rep)
-    x = x - cnt * p.frequency_penalty[:, None] - (cnt > 0) * p.presence_penalty[:, None]
-    return Cand(jnp.where(cnt > 0, x, c.x), c.perm, False)
+    y = jnp.where(x <= 0, x * rep, x / rep)
+    y = y - cnt * p.frequency_penalty[:, None] - (cnt > 0) * p.presence_penalty[:, None]
+    return jnp.where(cnt > 0, y, x)
 
 
 def dry_penalty(p: SamplingParams, hist, count) -> jax.Array:
@@ -176,130 +168,148 @@ def dry_penalty(p: SamplingParams, hist, count) -> jax.Array:
     return jnp.where((best >= 0) & ~p.dry_breakers, pen, 0.0)
 
 
-def dry(c: Cand, p: SamplingParams, hist, count) -> Cand:
+def dry(x, p: SamplingParams, hist, count):
     if p.dry_breakers is None:
-        return c
-    return Cand(c.x - c.gather(dry_penalty(p, hist, count)), c.perm, False)
+        return x
+    on = jnp.any(p.dry_multiplier != 0)
+    return _when(on, lambda y: y - dry_penalty(p, hist, count), x)
 
 
-def top_n_sigma(c: Cand, p: SamplingParams) -> Cand:
+def top_n_sigma(x, p: SamplingParams):
     """llama_sampler_top_n_sigma: keep logits >= max - n·σ (population σ of the finite logits)."""
-    fin = jnp.isfinite(c.x)
+    fin = jnp.isfinite(x)
     nf = jnp.maximum(jnp.sum(fin, -1, keepdims=True), 1)
-    xz = jnp.where(fin, c.x, 0.0)
-    mean = jnp.sum(xz, -1, keepdims=True) / nf
-    std = jnp.sqrt(jnp.sum(jnp.where(fin, (c.x - mean) ** 2, 0.0), -1, keepdims=True) / nf)
-    mx = jnp.max(c.x, -1, keepdims=True)
+    mean = jnp.sum(jnp.where(fin, x, 0.0), -1, keepdims=True) / nf
+    std = jnp.sqrt(jnp.sum(jnp.where(fin, (x - mean) ** 2, 0.0), -1, keepdims=True) / nf)
+    mx = jnp.max(x, -1, keepdims=True)
     n = p.top_n_sigma[:, None]
     on = (n > 0) & (nf > 1)
-    return c.keep(~on | (c.x >= mx - n * std))
+    return jnp.where(~on | (x >= mx - n * std), x, NEG)
 
 
-def top_k(c: Cand, p: SamplingParams) -> Cand:
+def top_k(x, p: SamplingParams):
     """llama_sampler_top_k: the k best (k <= 0 disables), at least min_keep."""
-    c = c.sorted()
-    k = jnp.where(p.top_k > 0, jnp.maximum(p.top_k, p.min_keep), c.x.shape[-1])[:, None]
-    return c.keep(_rank(c.x) < k)
+    V = x.shape[-1]
+    on = p.top_k > 0
+    k = jnp.where(on, jnp.minimum(jnp.maximum(p.top_k, p.min_keep), V), 1)
+    thr = _cut(x, lambda vals: k)
+    return jnp.where(~on[:, None] | (x >= thr), x, NEG)
 
 
-def top_p(c: Cand, p: SamplingParams) -> Cand:
+def top_p(x, p: SamplingParams):
     """llama_sampler_top_p: the shortest best-first prefix whose mass reaches p."""
-    c = c.sorted()
-    pr = _softmax(c.x)
-    before = jnp.cumsum(pr, -1) - pr
-    tp = p.top_p[:, None]
-    keep = (tp >= 1.0) | (before < tp) | (_rank(c.x) < jnp.maximum(p.min_keep, 1)[:, None])
-    return c.keep(keep)
+    on = p.top_p < 1.0
+    lse = jax.nn.logsumexp(x, axis=-1, keepdims=True)
+    least = jnp.maximum(p.min_keep, 1)
+
+    def n_keep(vals):
+        pr = jnp.exp(vals - lse)
+        before = jnp.cumsum(pr, -1) - pr
+        keep = (before < p.top_p[:, None]) | (jnp.arange(vals.shape[-1])[None] < least[:, None])
+        return jnp.where(on, jnp.sum(keep, -1), 1)
+
+    thr = _cut(x, n_keep)
+    return jnp.where(~on[:, None] | (x >= thr), x, NEG)
 
 
-def min_p(c: Cand, p: SamplingParams) -> Cand:
+def min_p(x, p: SamplingParams):
     """llama_sampler_min_p: keep logits >= max + log(min_p), at least min_keep."""
-    c = c.sorted()
     mp = p.min_p[:, None]
-    floor = c.x[:, :1] + jnp.log(jnp.maximum(mp, 1e-30))
-    return c.keep((mp <= 0) | (c.x >= floor) | (_rank(c.x) < p.min_keep[:, None]))
+    floor = jnp.max(x, -1, keepdims=True) + jnp.log(jnp.maximum(mp, 1e-30))
+    keep_n = jnp.maximum(p.min_keep, 1)
+    floor = jax.lax.cond(
+        jnp.any(keep_n > 1),
+        lambda f: jnp.minimum(f, _cut(x, lambda vals: keep_n)),
+        lambda f: f,
+        floor,
+    )
+    return jnp.where((mp <= 0) | (x >= floor), x, NEG)
 
 
-def typical(c: Cand, p: SamplingParams) -> Cand:
+def typical(x, p: SamplingParams):
     """llama_sampler_typical: keep the tokens whose surprise is closest to the entropy,
     most typical first, until their mass exceeds p."""
-    pr = _softmax(c.x)
-    H = _entropy(pr)[:, None]
-    logp = jnp.log(jnp.where(pr > 0, pr, 1.0))
-    shifted = jnp.where(pr > 0, jnp.abs(-logp - H), jnp.inf)
-    o = jnp.argsort(shifted, axis=-1, stable=True)
-    po = jnp.take_along_axis(pr, o, -1)
-    before = jnp.cumsum(po, -1) - po
-    keep_o = (before <= p.typical_p[:, None]) | (_rank(c.x) < p.min_keep[:, None])
-    B = c.x.shape[0]
-    keep = jnp.zeros_like(keep_o).at[jnp.arange(B)[:, None], o].set(keep_o)
-    return c.keep((p.typical_p[:, None] >= 1.0) | keep)
+
+    def stage(x):
+        pr = jax.nn.softmax(x, axis=-1)
+        H = _entropy(pr)[:, None]
+        logp = jnp.log(jnp.where(pr > 0, pr, 1.0))
+        shifted = jnp.where(pr > 0, jnp.abs(-logp - H), jnp.inf)
+        o = jnp.argsort(shifted, axis=-1, stable=True)
+        po = jnp.take_along_axis(pr, o, -1)
+        before = jnp.cumsum(po, -1) - po
+        keep_o = (before <= p.typical_p[:, None]) | (_rank(x) < p.min_keep[:, None])
+        B = x.shape[0]
+        keep = jnp.zeros_like(keep_o).at[jnp.arange(B)[:, None], o].set(keep_o)
+        return jnp.where((p.typical_p[:, None] >= 1.0) | keep, x, NEG)
+
+    return _when(jnp.any(p.typical_p < 1.0), stage, x)
 
 
-def xtc(c: Cand, p: SamplingParams, key) -> Cand:
+def xtc(x, p: SamplingParams, key):
     """llama_sampler_xtc: with probability xtc_probability, drop every token whose
     probability is >= threshold except the least likely of them."""
-    c = c.sorted()
     chance = jax.vmap(jax.random.uniform)(key)
-    nf = _n_finite(c.x)
+    nf = _n_finite(x)
     on = (p.xtc_probability > 0) & (p.xtc_threshold <= 0.5) & (nf >= 2)
     on &= chance <= p.xtc_probability
-    pr = _softmax(c.x)
-    pos_last = jnp.sum(pr >= p.xtc_threshold[:, None], -1) - 1
+    pr = jax.nn.softmax(x, axis=-1)
+    above = pr >= p.xtc_threshold[:, None]
+    pos_last = jnp.sum(above, -1) - 1
     on &= (nf - pos_last >= p.min_keep) & (pos_last > 0)
-    return c.keep(~on[:, None] | (_rank(c.x) >= pos_last[:, None]))
+    least = jnp.min(jnp.where(above, x, jnp.inf), -1, keepdims=True)
+    return jnp.where(~on[:, None] | (x <= least), x, NEG)
 
 
-def temperature(c: Cand, p: SamplingParams, dynamic: bool = True) -> Cand:
+def temperature(x, p: SamplingParams, dynamic: bool = True):
     """llama_sampler_temp_ext: divide by the temperature (0: keep the best only); with
     dynatemp_range > 0 the temperature moves within temp ± range with the normalised
     entropy of the candidates raised to dynatemp_exponent."""
     t = p.temperature[:, None]
-    best = jnp.argmax(c.x, axis=-1)[:, None]
-    greedy = jnp.where(_rank(c.x) == best, c.x, NEG)
-    x = jnp.where(t <= 0, greedy, c.x / jnp.maximum(t, 1e-30))
+    best = jnp.argmax(x, axis=-1)[:, None]
+    greedy = jnp.where(_rank(x) == best, x, NEG)
+    y = jnp.where(t <= 0, greedy, x / jnp.maximum(t, 1e-30))
     if dynamic:
         r = p.dynatemp_range[:, None]
         lo, hi = jnp.maximum(t - r, 0.0), t + r
-        pr = _softmax(c.x)
-        nf = _n_finite(c.x)[:, None]
+        pr = jax.nn.softmax(x, axis=-1)
+        nf = _n_finite(x)[:, None]
         norm = _entropy(pr)[:, None] / jnp.log(jnp.maximum(nf, 2).astype(jnp.float32))
         dyn = lo + (hi - lo) * jnp.power(norm, p.dynatemp_exponent[:, None])
-        x = jnp.where(r > 0, jnp.where(nf > 1, c.x / dyn, c.x), x)
-    return Cand(x, c.perm, c.is_sorted)
+        y = jnp.where(r > 0, jnp.where(nf > 1, x / dyn, x), y)
+    return y
 
 
 def _draw(key, x):
     return jax.vmap(jax.random.categorical)(key, x)
 
 
-def mirostat(c: Cand, p: SamplingParams, mu, key, version: int, n_vocab: int):
+def mirostat(x, p: SamplingParams, mu, key, version: int):
     """llama_sampler_mirostat (v1: estimate the Zipf exponent from the best 100,
     top-k from it) and mirostat_v2 (drop tokens whose surprise exceeds mu); draw,
-    then mu -= eta·(surprise of the drawn token − tau). Returns (index in c, c, mu)."""
-    c = c.sorted()
-    pr = _softmax(c.x)
-    nf = _n_finite(c.x)
+    then mu -= eta·(surprise of the drawn token − tau). Returns (token, x, mu)."""
+    V = x.shape[-1]
+    lse = jax.nn.logsumexp(x, axis=-1, keepdims=True)
     if version == 1:
-        m = min(100, c.x.shape[-1])
+        m = min(100, V)
+        top = jnp.exp(jax.lax.top_k(x, m)[0] - lse)
+        nf = _n_finite(x)
         i = jnp.arange(m - 1)
         t_i = jnp.log((i + 2.0) / (i + 1.0))[None, :]
-        p0, p1 = pr[:, : m - 1], pr[:, 1:m]
         ok = i[None, :] < (nf[:, None] - 1)
-        b_i = jnp.log(jnp.where(ok, p0, 1.0) / jnp.where(ok, p1, 1.0))
+        b_i = jnp.log(jnp.where(ok, top[:, :-1], 1.0) / jnp.where(ok, top[:, 1:], 1.0))
         s_hat = jnp.sum(jnp.where(ok, t_i * b_i, 0.0), -1) / jnp.sum(jnp.where(ok, t_i**2, 0.0), -1)
         eps = s_hat - 1
-        k = jnp.power(eps * jnp.power(2.0, mu) / (1 - jnp.power(float(n_vocab), -eps)), 1 / s_hat)
-        k = jnp.clip(jnp.nan_to_num(k, nan=1.0, posinf=n_vocab), 1, n_vocab).astype(jnp.int32)
-        c = c.keep(_rank(c.x) < k[:, None])
+        k = jnp.power(eps * jnp.power(2.0, mu) / (1 - jnp.power(float(V), -eps)), 1 / s_hat)
+        k = jnp.clip(jnp.nan_to_num(k, nan=1.0, posinf=V), 1, V).astype(jnp.int32)
+        x = jnp.where(x >= _cut(x, lambda vals: k), x, NEG)
     else:
-        surprise = -jnp.log2(jnp.where(pr > 0, pr, 1e-45))
-        c = c.keep((surprise <= mu[:, None]) | (_rank(c.x) == 0))
-    pr = _softmax(c.x)
-    idx = _draw(key, c.x)
-    p_sel = jnp.take_along_axis(pr, idx[:, None], -1)[:, 0]
-    mu = mu - p.mirostat_eta * (-jnp.log2(p_sel) - p.mirostat_tau)
-    return idx, c, mu
+        surprise = -(x - lse) / jnp.log(2.0)
+        x = jnp.where((surprise <= mu[:, None]) | (x >= jnp.max(x, -1, keepdims=True)), x, NEG)
+    tok = _draw(key, x)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), tok[:, None], -1)[:, 0]
+    mu = mu - p.mirostat_eta * (-logp / jnp.log(2.0) - p.mirostat_tau)
+    return tok, x, mu
 
 
 # -- the chain ------------------------------------------------------------------------------
@@ -308,8 +318,7 @@ def mirostat(c: Cand, p: SamplingParams, mu, key, version: int, n_vocab: int):
 def final_logits(logits, p: SamplingParams, st: SamplerState, mask=None, keys=None):
     """The candidates the draw sees (vocabulary order, -inf = excluded), for the
     non-mirostat plans; exposed so tests can compare whole distributions."""
-    c, _ = _chain(logits, p, st, mask, keys if keys is not None else _keys(st)[1])
-    return c.to_vocab()
+    return _chain(logits, p, st, mask, keys if keys is not None else _keys(st)[1])
 
 
 def _keys(st):
@@ -327,30 +336,30 @@ def _prepare(logits, p, mask):
 
 
 def _chain(logits, p: SamplingParams, st: SamplerState, mask, xtc_key):
-    c = Cand(_prepare(logits, p, mask))
+    x = _prepare(logits, p, mask)
     hist, count = ordered_history(st)
     for stage in p.order:
         if stage == "penalties":
-            c = penalties(c, p, hist, count)
+            x = penalties(x, p, hist, count)
         elif stage == "dry":
-            c = dry(c, p, hist, count)
+            x = dry(x, p, hist, count)
         elif stage == "top_n_sigma":
-            c = top_n_sigma(c, p)
+            x = top_n_sigma(x, p)
         elif stage == "top_k":
-            c = top_k(c, p)
+            x = top_k(x, p)
         elif stage == "typ_p":
-            c = typical(c, p)
+            x = typical(x, p)
         elif stage == "top_p":
-            c = top_p(c, p)
+            x = top_p(x, p)
         elif stage == "min_p":
-            c = min_p(c, p)
+            x = min_p(x, p)
         elif stage == "xtc":
-            c = xtc(c, p, xtc_key)
+            x = xtc(x, p, xtc_key)
         elif stage == "temperature":
-            c = temperature(c, p)
+            x = temperature(x, p)
         elif stage == "temperature_plain":
-            c = temperature(c, p, dynamic=False)
-    return c, hist
+            x = temperature(x, p, dynamic=False)
+    return x
 
 
 def sample(logits: jax.Array, p: SamplingParams, st: SamplerState, mask: jax.Array | None = None):
@@ -362,12 +371,11 @@ def sample(logits: jax.Array, p: SamplingParams, st: SamplerState, mask: jax.Arr
     miro = [s for s in order if s.startswith("mirostat")]
     if miro:
         p_chain = dataclasses.replace(p, order=tuple(o for o in order if o not in miro))
-        c, _ = _chain(logits, p_chain, st, mask, xtc_key)
-        idx, c, mu = mirostat(c, p, mu, draw_key, int(miro[0][-1]), logits.shape[-1])
+        x = _chain(logits, p_chain, st, mask, xtc_key)
+        tok, x, mu = mirostat(x, p, mu, draw_key, int(miro[0][-1]))
     else:
-        c, _ = _chain(logits, p, st, mask, xtc_key)
-        idx = _draw(draw_key, c.x)
-    tok = idx if c.perm is None else jnp.take_along_axis(c.perm, idx[:, None], -1)[:, 0]
+        x = _chain(logits, p, st, mask, xtc_key)
+        tok = _draw(draw_key, x)
     tok = tok.astype(jnp.int32)
     # The token log-probabilities of the model's own distribution (before any sampler).
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)

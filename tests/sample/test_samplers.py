@@ -319,3 +319,19 @@ def test_invalid_parameters_are_request_errors(kwargs):
 def test_mixed_plans_in_one_batch_are_refused():
     with pytest.raises(RequestError, match="sampler order"):
         SamplingParams.stack([Sampler(), Sampler(mirostat=2)])
+
+
+def test_cuts_beyond_the_sorted_view_fall_back_to_a_full_sort():
+    from llamay.sample.chain import VIEW
+
+    V = 4 * VIEW
+    lg = np.random.default_rng(0).normal(0, 0.01, V).astype(np.float32)
+    order = np.argsort(-lg, kind="stable")
+    x = run_final(lg, Sampler(**{**OFF, "top_k": VIEW + 88}, samplers=["top_k"]))
+    assert kept(x) == set(order[: VIEW + 88].tolist())
+    p = np.exp(lg - lg.max())
+    p /= p.sum()
+    n = int(np.searchsorted(np.cumsum(p[order]), 0.6) + 1)
+    assert n > VIEW
+    x = run_final(lg, Sampler(**{**OFF, "top_p": 0.6}, samplers=["top_p"]))
+    assert abs(len(kept(x)) - n) <= 1  # float32 cumulative sums may differ at the boundary
