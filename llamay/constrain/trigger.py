@@ -3,7 +3,7 @@ trigger string or token appears, then the inner constraint (e.g. a JSON schema).
 
 The trigger must end on a token boundary: a token that completes the trigger and
 carries more text after it is refused (ConstraintError), since that text would escape
-the inner constraint. Before the trigger every token is allowed.
+the inner constraint. Before the trigger every token is allowed, end of text included.
 """
 
 from __future__ import annotations
@@ -65,4 +65,6 @@ class Triggered:
 
     @property
     def accepting(self) -> bool:
-        return self.triggered and self.inner.accepting
+        # Before the trigger the output may end (as llama.cpp's lazy grammars allow);
+        # `triggered` then says the constrained part never started.
+        return not self.triggered or self.inner.accepting

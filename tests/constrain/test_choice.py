@@ -90,7 +90,7 @@ def test_triggered_constraint_is_free_until_the_trigger():
     pieces = PIECES + [b"</think>", b"</th", b"ink>"]
     inner = choices(pieces, [EOS], ["yes", "no"])
     c = Triggered(inner, pieces, trigger="</think>")
-    assert unpack_mask_np(c.mask(), len(pieces)).all()
+    assert unpack_mask_np(c.mask(), len(pieces)).all() and c.accepting
     for t in (b"x", b"n", b"</th", b"ink>"):
         c.advance(pieces.index(t))
     assert c.triggered and not c.accepting
