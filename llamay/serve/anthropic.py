@@ -50,6 +50,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
 
 
 def _text(blocks: str | list[dict[str, Any]] | None, where: str) -> str:
@@ -169,6 +170,16 @@ async def messages(body: MessagesRequest, request: Request):
     con = None
     if forced is not None:
         con = await st.constraint(lm, json_schema=T.call_schema(forced))
+    elif (fmt := (body.output_config or {}).get("format")) is not None:
+        if (
+            not isinstance(fmt, dict)
+            or fmt.get("type") != "json_schema"
+            or not isinstance(fmt.get("schema"), dict)
+        ):
+            raise ApiError(
+                400, 'output_config.format must be {"type": "json_schema", "schema": {...}}'
+            )
+        con = await st.constraint(lm, json_schema=fmt["schema"])
     sampler = make_sampler(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
     g = st.textgen(lm, ids, body.max_tokens, sampler, body.stop_sequences, con)
     mid = f"msg_{uuid.uuid4().hex[:24]}"

@@ -1,0 +1,175 @@
+"""The official `anthropic` client against the server: messages (system, multi-turn,
+stop_sequences) equal `Model.generate` for the same template, the streaming event sequence,
+usage, tools with tool_choice enforced, count_tokens, errors."""
+
+from __future__ import annotations
+
+import anthropic
+import jsonschema
+import pytest
+
+from tests.serve.conftest import chat_prompt, greedy
+
+MSGS = [{"role": "user", "content": "Tell me a joke."}]
+# The client has no sampling parameters any more; the server still takes them.
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+
+
+def test_message_equals_generate(client, tiny):
+    r = client.messages.create(
+        model="tiny", max_tokens=10, messages=MSGS, extra_body=GREEDY, system="You are funny."
+    )
+    msgs = [{"role": "system", "content": "You are funny."}, *MSGS]
+    prompt = chat_prompt(tiny, msgs)
+    assert r.content[0].type == "text"
+    assert r.content[0].text == greedy(tiny, prompt, 10)
+    assert r.stop_reason == "max_tokens" and r.role == "assistant" and r.type == "message"
+    assert r.usage.input_tokens == len(tiny.tokenize(prompt, parse_special=True))
+    assert r.usage.output_tokens == 10
+
+
+def test_multi_turn_blocks_and_stop_sequences(client, tiny):
+    msgs = [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "More?"},
+    ]
+    plain = [{"role": "user", "content": "Hi"}, msgs[1], msgs[2]]
+    full = greedy(tiny, chat_prompt(tiny, plain), 12)
+    stop = full[3:6]
+    r = client.messages.create(
+        model="tiny", max_tokens=12, messages=msgs, extra_body=GREEDY, stop_sequences=[stop]
+    )
+    assert r.content[0].text == full[: full.index(stop)]
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
+
+
+def test_stream_event_sequence(client, tiny, server):
+    events = list(
+        client.messages.create(
+            model="tiny", max_tokens=8, messages=MSGS, extra_body=GREEDY, stream=True
+        )
+    )
+    kinds = [e.type for e in events]
+    n = kinds.count("content_block_delta")
+    assert kinds == [
+        "message_start",
+        "content_block_start",
+        *["content_block_delta"] * n,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    assert text == greedy(tiny, chat_prompt(tiny, MSGS), 8)
+    assert events[-2].usage.output_tokens == 8 and events[-2].delta.stop_reason == "max_tokens"
+    with client.messages.stream(model="tiny", max_tokens=8, messages=MSGS, extra_body=GREEDY) as s:
+        final = s.get_final_message()
+    assert final.content[0].text == text and final.usage.output_tokens == 8
+    # the wire also carries the ping (the client drops it)
+    import httpx
+
+    body = {"model": "tiny", "max_tokens": 2, "messages": MSGS, "stream": True, **GREEDY}
+    wire = httpx.post(server.url + "/v1/messages", json=body, timeout=60).text
+    names = [line[7:] for line in wire.splitlines() if line.startswith("event: ")]
+    assert names[:3] == ["message_start", "content_block_start", "ping"]
+
+
+TOOLS = [
+    {
+        "name": "get_time",
+        "description": "now",
+        "input_schema": {"type": "object", "properties": {}},
+    },
+    {
+        "name": "lookup",
+        "description": "find a word",
+        "input_schema": {
+            "type": "object",
+            "properties": {"word": {"type": "string", "maxLength": 6}},
+            "required": ["word"],
+            "additionalProperties": False,
+        },
+    },
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_use(client, stream):
+    kw = dict(
+        model="tiny",
+        max_tokens=40,
+        messages=MSGS,
+        extra_body=GREEDY,
+        tools=TOOLS,
+        tool_choice={"type": "tool", "name": "lookup"},
+    )
+    if stream:
+        with client.messages.stream(**kw) as s:
+            kinds = [e.type for e in s]
+            r = s.get_final_message()
+        assert "content_block_start" in kinds
+    else:
+        r = client.messages.create(**kw)
+    assert r.stop_reason == "tool_use"
+    block = r.content[0]
+    assert block.type == "tool_use" and block.name == "lookup" and block.id.startswith("toolu_")
+    jsonschema.validate(block.input, TOOLS[1]["input_schema"])
+
+
+def test_tool_result_round_trip(client):
+    msgs = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_time", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "noon"}],
+        },
+    ]
+    r = client.messages.create(
+        model="tiny", max_tokens=4, messages=msgs, extra_body=GREEDY, tools=TOOLS
+    )
+    assert r.usage.output_tokens <= 4
+
+
+def test_output_format_json_schema(client):
+    import json
+
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    r = client.messages.create(
+        model="tiny",
+        max_tokens=30,
+        messages=MSGS,
+        extra_body=GREEDY,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    jsonschema.validate(json.loads(r.content[0].text), schema)
+
+
+def test_count_tokens(client, tiny):
+    r = client.messages.count_tokens(model="tiny", messages=MSGS, system="You are funny.")
+    msgs = [{"role": "system", "content": "You are funny."}, *MSGS]
+    assert r.input_tokens == len(tiny.tokenize(chat_prompt(tiny, msgs), parse_special=True))
+
+
+def test_errors_are_anthropic_shaped(client):
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.messages.create(model="nope", max_tokens=4, messages=MSGS)
+    assert e.value.body["type"] == "error"
+    assert e.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="tiny", max_tokens=0, messages=MSGS)
+    assert e.value.body["error"]["type"] == "invalid_request_error"

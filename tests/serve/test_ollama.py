@@ -1,0 +1,142 @@
+"""The official `ollama` client against the server: generate/chat (streaming and not) equal
+`Model.generate` for the same template, counts and durations, tags/show/ps/version, embed,
+format, options, keep_alive, raw, and Ollama-shaped errors."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import ollama
+import pytest
+
+from tests.serve.conftest import chat_prompt, greedy
+
+MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return ollama.Client(host=server.url)
+
+
+def test_generate_equals_generate(client, tiny):
+    r = client.generate(
+        model="tiny", prompt="Hello", options={"temperature": 0, "num_predict": 8}, stream=False
+    )
+    prompt = chat_prompt(tiny, [{"role": "user", "content": "Hello"}])
+    assert r.response == greedy(tiny, prompt, 8)
+    assert r.done and r.done_reason == "length"
+    assert r.eval_count == 8
+    assert r.prompt_eval_count == len(tiny.tokenize(prompt, parse_special=True))
+    assert r.total_duration >= r.eval_duration > 0
+    assert r.context[: r.prompt_eval_count] == tiny.tokenize(prompt, parse_special=True)
+    assert len(r.context) == r.prompt_eval_count + 8
+
+
+def test_generate_stream_raw_and_system(client, tiny):
+    parts = list(
+        client.generate(
+            model="tiny",
+            prompt="Once upon a time",
+            raw=True,
+            stream=True,
+            options={"temperature": 0, "num_predict": 6},
+        )
+    )
+    assert all(not p.done for p in parts[:-1]) and parts[-1].done
+    assert "".join(p.response for p in parts) == greedy(tiny, "Once upon a time", 6)
+    r = client.generate(
+        model="tiny", prompt="Hi", system="Be terse.", options={"temperature": 0, "num_predict": 5}
+    )
+    msgs = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
+    assert r.response == greedy(tiny, chat_prompt(tiny, msgs), 5)
+
+
+def test_generate_with_go_template(client, tiny):
+    tmpl = "<|im_start|>user\n{{ .Prompt }}<|im_end|>\n<|im_start|>assistant\n{{ .Response }}"
+    r = client.generate(
+        model="tiny", prompt="Hey", template=tmpl, options={"temperature": 0, "num_predict": 5}
+    )
+    assert r.response == greedy(tiny, "<|im_start|>user\nHey<|im_end|>\n<|im_start|>assistant\n", 5)
+
+
+def test_chat_equals_generate_and_streams(client, tiny):
+    r = client.chat(model="tiny", messages=MSGS, options={"temperature": 0, "num_predict": 8})
+    want = greedy(tiny, chat_prompt(tiny, MSGS), 8)
+    assert r.message.role == "assistant" and r.message.content == want
+    parts = list(
+        client.chat(
+            model="tiny", messages=MSGS, stream=True, options={"temperature": 0, "num_predict": 8}
+        )
+    )
+    assert "".join(p.message.content for p in parts) == want
+    assert parts[-1].done and parts[-1].eval_count == 8 and parts[-1].done_reason == "length"
+
+
+def test_stop_option(client, tiny):
+    full = greedy(tiny, chat_prompt(tiny, MSGS), 12)
+    stop = full[4:7]
+    r = client.chat(
+        model="tiny", messages=MSGS, options={"temperature": 0, "num_predict": 12, "stop": [stop]}
+    )
+    assert r.message.content == full[: full.index(stop)] and r.done_reason == "stop"
+
+
+def test_format_schema(client):
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    r = client.chat(
+        model="tiny", messages=MSGS, format=schema, options={"temperature": 0, "num_predict": 30}
+    )
+    jsonschema.validate(json.loads(r.message.content), schema)
+    r = client.generate(
+        model="tiny", prompt="x", format="json", options={"temperature": 0, "num_predict": 30}
+    )
+    json.loads(r.response)
+
+
+def test_tags_show_ps_version(client, tiny):
+    tags = client.list()
+    assert [m.model for m in tags.models] == ["tiny", "bert"]
+    assert tags.models[0].details.family == "llama" and tags.models[0].size > 0
+    show = client.show("tiny")
+    assert show.template == tiny.tokenizer.chat_template
+    assert show.modelinfo["general.architecture"] == "llama"
+    assert "completion" in show.capabilities
+    ps = client.ps()
+    assert "tiny" in [m.model for m in ps.models]
+    assert client._client.get("/api/version").json()["version"]
+
+
+def test_embed(client):
+    r = client.embed(model="bert", input=["a cat", "a dog"])
+    assert len(r.embeddings) == 2 and len(r.embeddings[0]) > 0
+    one = client.embeddings(model="bert", prompt="a cat")
+    assert one.embedding == pytest.approx(r.embeddings[0], abs=1e-5)
+
+
+def test_keep_alive_unload_and_reload(client, server):
+    client.generate(model="bert", prompt="", keep_alive=0)
+    assert "bert" not in server.state.models.loaded
+    r = client.generate(model="tiny", prompt="", keep_alive="10m")
+    assert r.done_reason == "load" and "tiny" in server.state.models.loaded
+
+
+def test_errors_are_ollama_shaped(client):
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model="nope", prompt="hi")
+    assert e.value.status_code == 404 and "nope" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model="tiny", prompt="hi", options={"no_such_option": 1})
+    assert e.value.status_code == 400 and "no_such_option" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model="tiny", prompt="hi", keep_alive="soon")
+    assert e.value.status_code == 400
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete("nope:latest")
+    assert e.value.status_code == 404
