@@ -1,0 +1,145 @@
+"""llama.cpp's server API over httpx: /completion (streaming and not, grammar, json_schema,
+ignore_eos), /tokenize, /detokenize, /apply-template, /health, /metrics, /slots, rerank;
+and llamay's context API."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.serve.conftest import chat_prompt, greedy
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
+def test_completion_equals_generate(http, tiny):
+    r = http.post("/completion", json={"prompt": "The sea", "n_predict": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["content"] == greedy(tiny, "The sea", 8)
+    assert body["stop"] is True and body["stop_type"] == "limit"
+    assert body["tokens_predicted"] == 8
+    assert body["tokens_evaluated"] == len(tiny.tokenize("The sea", parse_special=True))
+    assert body["timings"]["predicted_n"] == 8
+
+
+def test_completion_stream(http, tiny):
+    with http.stream(
+        "POST",
+        "/completion",
+        json={"prompt": "The sea", "n_predict": 6, "temperature": 0, "stream": True},
+    ) as r:
+        datas = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert all(not d["stop"] for d in datas[:-1]) and datas[-1]["stop"]
+    assert "".join(d["content"] for d in datas) == greedy(tiny, "The sea", 6)
+
+
+def test_completion_grammar_and_schema(http):
+    r = http.post(
+        "/completion",
+        json={"prompt": "x", "n_predict": 10, "temperature": 0, "grammar": 'root ::= "yes" | "no"'},
+    )
+    assert r.json()["content"] in ("yes", "no")
+    schema = {
+        "type": "object",
+        "properties": {"k": {"type": "integer"}},
+        "required": ["k"],
+        "additionalProperties": False,
+    }
+    r = http.post(
+        "/completion",
+        json={"prompt": "x", "n_predict": 30, "temperature": 0, "json_schema": schema},
+    )
+    assert isinstance(json.loads(r.json()["content"])["k"], int)
+    r = http.post("/completion", json={"prompt": "x", "grammar": "root ::= ("})
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_tokenize_detokenize_template(http, tiny):
+    r = http.post("/tokenize", json={"content": "Hello world"}).json()
+    assert r["tokens"] == tiny.tokenize("Hello world", add_special=False, parse_special=True)
+    pieces = http.post("/tokenize", json={"content": "Hello", "with_pieces": True}).json()
+    assert "".join(p["piece"] for p in pieces["tokens"]) == "Hello"
+    assert http.post("/detokenize", json={"tokens": r["tokens"]}).json()["content"] == (
+        "Hello world"
+    )
+    msgs = [{"role": "user", "content": "hi"}]
+    assert http.post("/apply-template", json={"messages": msgs}).json()["prompt"] == (
+        chat_prompt(tiny, msgs)
+    )
+    assert http.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
+
+
+def test_health_metrics_slots(http):
+    assert http.get("/health").json() == {"status": "ok"}
+    http.post("/completion", json={"prompt": "a", "n_predict": 2, "temperature": 0})
+    text = http.get("/metrics").text
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert values["llamacpp:tokens_predicted_total"] >= 2
+    assert values["llamacpp:prompt_tokens_total"] >= 1
+    assert "llamay_kv_pages_used" in values and "llamay_prefix_cache_hit_tokens_total" in values
+    slots = http.get("/slots").json()
+    assert any(s["model"] == "tiny" for s in slots)
+
+
+def test_rerank(http):
+    r = http.post(
+        "/v1/rerank",
+        json={
+            "model": "bert",
+            "query": "a cat",
+            "documents": ["a cat", "stock prices", "a kitten"],
+            "top_n": 2,
+        },
+    )
+    assert r.status_code == 200, r.text
+    res = r.json()["results"]
+    assert len(res) == 2 and res[0]["index"] == 0
+    assert res[0]["relevance_score"] >= res[1]["relevance_score"]
+    assert (
+        http.post(
+            "/v1/rerank", json={"model": "tiny", "query": "q", "documents": ["d"]}
+        ).status_code
+        == 400
+    )
+
+
+def test_context_api(http, tiny):
+    c = http.post("/v1/contexts", json={"model": "tiny", "text": "Once upon"}).json()
+    assert c["tokens"] == tiny.tokenize("Once upon", parse_special=True)
+    c = http.post(f"/v1/contexts/{c['id']}/append", json={"text": " a time"}).json()
+    g = http.post(
+        f"/v1/contexts/{c['id']}/generate", json={"max_tokens": 5, "temperature": 0}
+    ).json()
+    want = list(tiny.generation(c["tokens"], 5, __import__("llamay.sample").sample.GREEDY))
+    assert g["tokens"] == want and g["n_tokens"] == c["n_tokens"] + 5
+    forks = http.post(f"/v1/contexts/{c['id']}/fork", json={"n": 2}).json()["data"]
+    assert [f["n_tokens"] for f in forks] == [c["n_tokens"] + 5] * 2
+    with http.stream(
+        "POST",
+        f"/v1/contexts/{forks[0]['id']}/generate",
+        json={"max_tokens": 3, "temperature": 0, "stream": True},
+    ) as r:
+        datas = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert datas[-1]["done"] and datas[-1]["n_tokens"] == c["n_tokens"] + 8
+    snap = http.post(f"/v1/contexts/{forks[1]['id']}/snapshot", json={"name": "s1"}).json()
+    assert snap["n_tokens"] == c["n_tokens"] + 5
+    assert "s1" in [s["name"] for s in http.get("/v1/snapshots").json()["data"]]
+    restored = http.post("/v1/contexts", json={"snapshot": "s1"}).json()
+    assert restored["tokens"] == c["tokens"] + want
+    ids = [x["id"] for x in http.get("/v1/contexts").json()["data"]]
+    assert restored["id"] in ids
+    assert http.delete(f"/v1/contexts/{restored['id']}").status_code == 204
+    assert http.get(f"/v1/contexts/{restored['id']}").status_code == 404
+    assert http.delete("/v1/snapshots/s1").status_code == 204
+    assert http.post("/v1/contexts", json={"snapshot": "../x"}).status_code == 400
