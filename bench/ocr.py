@@ -1,4 +1,4 @@
-"""OCR benchmark: CER/WER of greedy vs lexicon beam search on Pillow-rendered lines
+"""OCR benchmark: CER/WER of greedy vs (soft and hard) lexicon beam search on Pillow-rendered lines
 (clean and noisy), and throughput (lines/s) of the JAX recognizer and of each decoder.
 
     python bench/ocr.py [--lines 64] [--seed 1] [--beam 16]
@@ -53,8 +53,15 @@ def main() -> None:
             for lp in logps
         ]
         t_beam = time.perf_counter() - t0
+        hard = WordScorer(lexicon=WORDS, hard=True)
+        hard_text = [
+            beam_search(lp, rec.alphabet, hard, beam_width=args.beam, token_min_logp=-8.0)
+            for lp in logps
+        ]
+        hard_text = [b[0].text if b else "" for b in hard_text]
         g_cer, g_wer = error_rates(refs, greedy)
         l_cer, l_wer = error_rates(refs, beam)
+        h_cer, h_wer = error_rates(refs, hard_text)
         n = len(lines)
         print(
             json.dumps(
@@ -66,6 +73,8 @@ def main() -> None:
                     "greedy_wer": round(g_wer, 4),
                     "lexicon_cer": round(l_cer, 4),
                     "lexicon_wer": round(l_wer, 4),
+                    "hard_lexicon_cer": round(h_cer, 4),
+                    "hard_lexicon_wer": round(h_wer, 4),
                     "recognizer_lines_per_s": round(n / t_fwd, 1),
                     "greedy_lines_per_s": round(n / t_greedy, 1),
                     "lexicon_beam_lines_per_s": round(n / t_beam, 1),
