@@ -57,6 +57,10 @@ def ocr(
                     words = [w for w in lexicon.read_text(encoding="utf-8").split() if w]
                 except OSError as e:
                     raise typer.BadParameter(f"cannot read lexicon {lexicon}: {e}") from None
+            elif lm:  # as pyctcdecode's build_ctcdecoder: the LM's unigrams are the lexicon
+                from llamay.ocr.lm import ArpaLM
+
+                words = ArpaLM(lm).unigrams()
             scorer = WordScorer(
                 lexicon=words,
                 lm=str(lm) if lm else None,

@@ -40,3 +40,19 @@ def test_ocr_command_errors(tmp_path, ppocr_gguf):
     runner = CliRunner()
     res = runner.invoke(app, ["ocr", str(tmp_path / "missing.png"), "--model", str(ppocr_gguf)])
     assert res.exit_code == 1 and "cannot read image" in res.output
+
+
+def test_ocr_command_with_lm_and_hotword(tmp_path, ppocr_gguf, bugs_bunny_arpa):
+    from PIL import Image
+
+    img = tmp_path / "bb.png"
+    Image.fromarray(render_line("bugs bunny", size=30, noise=20.0, blur=0.8)).save(img)
+    runner = CliRunner()
+    for extra in (["--lm", str(bugs_bunny_arpa)], ["--hotword", "bunny"]):
+        res = runner.invoke(
+            app, ["ocr", str(img), "--model", str(ppocr_gguf), "--beam", "8", *extra]
+        )
+        assert res.exit_code == 0, res.output
+        assert res.stdout.split("\t")[0] == "bugs bunny"
+    res = runner.invoke(app, ["ocr", str(img), "--model", str(ppocr_gguf), "--lm", "/no/such.arpa"])
+    assert res.exit_code == 1 and "cannot read the ARPA" in res.output
