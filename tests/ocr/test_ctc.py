@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llamay.ocr.ctc import (
     Alphabet,
@@ -296,3 +298,19 @@ def test_batched_decoders_equal_per_row(libri_logits):
     ]
     pref = prefix_beam_search(x, LIBRI, beam_width=4)
     assert len(pref) == 2 and pref[0][0].text == LIBRI_TEXT
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # pyctcdecode on 0 frames
+@settings(max_examples=15, deadline=None)
+@given(
+    t=st.integers(0, 12),
+    seed=st.integers(0, 2**31 - 1),
+    beam=st.sampled_from([1, 3, 10]),
+    prune=st.booleans(),
+)
+def test_fuzz_random_logits_equal_pyctcdecode(t, seed, beam, prune):
+    """pyctcdecode's fuzz inputs (normal random logit matrices, empty included)."""
+    x = np.random.default_rng(seed).normal(size=(t, len(LIBRI_LABELS) + 1))
+    ours = beam_search(log_probs(x), LIBRI, beam_width=beam, prune_history=prune)
+    theirs = _pyctc(x, LIBRI_LABELS, beam_width=beam, prune_history=prune)
+    _same(ours, theirs)
