@@ -272,6 +272,7 @@ def list_models() -> None:
 __import__("llamay_cli.store_cmds").store_cmds.register(app)
 __import__("llamay_cli.ocr").ocr.register(app)
 __import__("llamay_cli.serve_cmds").serve_cmds.register(app)
+__import__("llamay_cli.eval_cmds").eval_cmds.register(app)
 
 
 def main() -> None:

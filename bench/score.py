@@ -1,0 +1,79 @@
+"""Scored tokens/s of batched log-likelihood scoring; one JSON line per batch size.
+
+    .venv/bin/python -m bench.score [-m smollm2:135m] [-b 1 8 32] [-t 128] [-r 3]
+                                    [--numerics exact] [--mesh dp=2,tp=2]
+
+Each step scores `batch` rows of `tokens` random tokens (every target counted: a row of
+T tokens scores T - 1). Timings exclude compilation (one warm-up step per batch size,
+reported as `compile_s`); `tokens_per_s` uses the median of `-r` steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", default="smollm2:135m")
+    ap.add_argument("-b", "--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("-t", "--tokens", type=int, default=128, help="tokens per row")
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--numerics", default="exact")
+    ap.add_argument("--mesh", default=None)
+    args = ap.parse_args()
+
+    import llamay
+    from llamay.eval.scoring import Row, score_rows
+    from llamay.model.sharding import parse_mesh, sharded_model
+
+    t0 = time.perf_counter()
+    m = llamay.load(args.model, numerics=args.numerics)
+    sizes = parse_mesh(args.mesh)
+    m = sharded_model(m, sizes if sizes["data"] * sizes["model"] > 1 else None)
+    load_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    for b in args.batch:
+        rows = [
+            Row(tuple(rng.integers(100, 20000, args.tokens).tolist()), args.tokens - 1)
+            for _ in range(b)
+        ]
+
+        def step(rows=rows, b=b) -> float:
+            t = time.perf_counter()
+            score_rows(m, rows, batch=b)
+            return time.perf_counter() - t
+
+        first = step()
+        times = [step() for _ in range(args.repetitions)]
+        med = statistics.median(times)
+        print(
+            json.dumps(
+                {
+                    "bench": "score",
+                    "model": args.model,
+                    "numerics": args.numerics,
+                    "mesh": args.mesh,
+                    "backend": jax.default_backend(),
+                    "devices": jax.device_count(),
+                    "batch": b,
+                    "tokens_per_row": args.tokens,
+                    "scored_tokens": b * (args.tokens - 1),
+                    "step_s": med,
+                    "tokens_per_s": b * (args.tokens - 1) / med,
+                    "compile_s": max(0.0, first - med),
+                    "load_s": load_s,
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""lm-evaluation-harness adapter: the model class `llamay` (needs the `eval` extra).
+
+lm-eval finds models by importing the module that registers them, so run it through
+this module (the arguments are lm-eval's own):
+
+    python -m llamay.eval.lm_eval_adapter --model llamay \\
+        --model_args model=smollm2:135m,batch_size=8,numerics=exact --tasks hellaswag
+
+or from Python: `import llamay.eval.lm_eval_adapter` before
+`lm_eval.simple_evaluate(model="llamay", ...)`, or pass `LlamayLM(...)` as the model.
+
+model_args: `model` (a .gguf path or store name), `numerics` (exact | llamacpp),
+`batch_size`, `max_length` (tokens per scored row; default the model's context),
+`n_ctx`, `dp` / `tp` (a device mesh, see `llamay.model.sharding`), `distributed`
+(multi-host: `jax.distributed.initialize()` first).
+"""
+
+from __future__ import annotations
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from llamay.eval.scoring import loglikelihood_rolling, score
+
+DEFAULT_GEN_TOKENS = 256
+
+
+def _bool(v) -> bool:
+    return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
+
+
+@register_model("llamay")
+class LlamayLM(LM):
+    def __init__(
+        self,
+        model: str = "smollm2:135m",
+        numerics: str = "exact",
+        batch_size: int | str = 8,
+        max_length: int | None = None,
+        n_ctx: int | None = None,
+        dp: int = 1,
+        tp: int = 1,
+        distributed: bool = False,
+        llamay_model=None,
+        **_ignored,  # lm-eval passes device / max_batch_size; llamay places by its mesh
+    ) -> None:
+        super().__init__()
+        import llamay
+        from llamay.model.sharding import initialize_distributed, sharded_model
+
+        if _bool(distributed):
+            initialize_distributed()
+        m = llamay_model or llamay.load(
+            model, numerics=numerics, n_ctx=int(n_ctx) if n_ctx else None, progress=False
+        )
+        dp, tp = int(dp), int(tp)
+        self.model = sharded_model(m, {"data": dp, "model": tp} if dp * tp > 1 else None)
+        bs = str(batch_size)
+        self.batch_size = int(bs.split(":")[0]) if bs.split(":")[0].isdigit() else 8
+        self.max_length = int(max_length) if max_length else None
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's flags (--batch_size, --device) fill in what model_args leaves out."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**extra, **arg_dict})
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"llamay:{self.model.path.name}"
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        args = [r.args for r in requests]
+        return score(
+            self.model,
+            [a[0] for a in args],
+            [a[1] for a in args],
+            batch=self.batch_size,
+            max_length=self.max_length,
+        )
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        return loglikelihood_rolling(
+            self.model,
+            [r.args[0] for r in requests],
+            batch=self.batch_size,
+            max_length=self.max_length,
+        )
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        return [self._generate(*r.args[:2]) for r in requests]
+
+    def _generate(self, context: str, gen_kwargs: dict | None) -> str:
+        from llamay.sample import GREEDY, Sampler
+
+        kw = dict(gen_kwargs or {})
+        until = kw.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_tokens = int(kw.pop("max_gen_toks", DEFAULT_GEN_TOKENS))
+        temperature = float(kw.pop("temperature", 0.0))
+        if not _bool(kw.pop("do_sample", temperature > 0)):
+            temperature = 0.0
+        sampler = GREEDY if temperature <= 0 else Sampler(temperature=temperature)
+        m = self.model
+        ids = m.tokenize(context, add_special=True, parse_special=True)
+        n_ctx = m.n_ctx
+        if self.max_length:
+            n_ctx = min(n_ctx, self.max_length)
+        ids = ids[-max(1, n_ctx - max_tokens - 1) :]
+        dec = m.tokenizer.incremental_decoder()
+        text = ""
+        for tok in m.generation(ids, max_tokens, sampler):
+            text += dec.feed(tok) or ""
+            cut = min((text.find(s) for s in until if s in text), default=-1)
+            if cut >= 0:
+                return text[:cut]
+        text += dec.flush() or ""
+        cut = min((text.find(s) for s in until if s in text), default=-1)
+        return text[:cut] if cut >= 0 else text
+
+
+def main() -> None:
+    """lm-eval's command line with the `llamay` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

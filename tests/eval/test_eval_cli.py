@@ -1,0 +1,55 @@
+"""`llamay eval perplexity` in-process through Typer's runner."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import pytest
+from typer.testing import CliRunner
+
+from llamay.eval import perplexity
+from llamay_cli.main import app
+
+TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom. " * 40
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("ppl") / "text.txt"
+    p.write_text(TEXT)
+    return p
+
+
+def run(*args):
+    return CliRunner().invoke(app, ["eval", "perplexity", *map(str, args)])
+
+
+def test_perplexity_json(tiny_llama_model, fixtures_dir, text_file):
+    model = fixtures_dir / "tiny" / "llama.gguf"
+    res = run("-m", model, text_file, "--ctx", 64, "--batch", 2, "--chunks", 3, "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    ref = perplexity(tiny_llama_model, TEXT, ctx=64, batch=2, max_chunks=3)
+    assert out["ppl"] == pytest.approx(ref.ppl, rel=1e-5)
+    assert out["n_chunks"] == 3 and len(out["running_ppl"]) == 3
+
+
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (XLA_FLAGS as `make test`)")
+def test_perplexity_mesh_text_output(tiny_llama_model, fixtures_dir, text_file):
+    model = fixtures_dir / "tiny" / "llama.gguf"
+    res = run(
+        "-m", model, text_file, "--ctx", 64, "--batch", 2, "--chunks", 2, "--mesh", "dp=2,tp=2"
+    )
+    assert res.exit_code == 0, res.output
+    ref = perplexity(tiny_llama_model, TEXT, ctx=64, batch=2, max_chunks=2)
+    final = [line for line in res.stdout.splitlines() if line.startswith("Final estimate")]
+    assert final and f"PPL = {ref.ppl:.4f}" in final[0]
+
+
+def test_errors_exit_1(fixtures_dir, text_file):
+    model = fixtures_dir / "tiny" / "llama.gguf"
+    res = run("-m", model, text_file, "--ctx", 100000)
+    assert res.exit_code == 1 and "error:" in res.output
+    res = run("-m", model, text_file, "--mesh", "pp=3")
+    assert res.exit_code == 1 and "mesh" in res.output
