@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=4
 
-.PHONY: install test check lint format bench
+.PHONY: install test check lint format bench build docs docs-check scripts-check verify
 
 install:
 	scripts/bootstrap.sh
@@ -15,7 +15,28 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 
-check: lint test
+# The release checks: format, lint, tests, the docs site, the install scripts, and llamay
+# against a model generated on the spot.
+check: lint test docs-check scripts-check verify
+
+# wheel + sdist into dist/
+build: install
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
+# regenerate the static site (site/docs/, site/index.html); commit the result
+docs: install
+	$(PY) scripts/site/build_docs.py
+
+docs-check: install
+	$(PY) scripts/site/build_docs.py --check
+
+# sh -n, dash -n, shellcheck (and pwsh's parser where installed) on the install scripts
+scripts-check:
+	sh packaging/check_scripts.sh
+
+verify: install
+	$(PY) scripts/verify_generated_model.py
 
 format: install
 	$(PY) -m ruff format .
