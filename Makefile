@@ -9,6 +9,7 @@ install:
 	scripts/bootstrap.sh
 
 test: install
+	scripts/test-oracles.sh
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: install
