@@ -44,7 +44,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "site"
 DOCS_SRC = ROOT / "docs"
-REGENERATE = "make docs  (or: .venv/bin/python scripts/site/build_docs.py)"
+REGENERATE = (
+    "make docs (from a shared checkout others are editing, build what is committed: "
+    ".venv/bin/python scripts/site/build_docs.py --git HEAD), then commit site/"
+)
 # Files under site/ that are written by hand, not generated (left alone by the build).
 HAND_WRITTEN = {"README.md"}
 
@@ -1157,7 +1160,8 @@ def main(argv: list[str] | None = None) -> int:
                                 a, b, f"{rel} (committed)", f"{rel} (generated)", lineterm="", n=1
                             )
                         )
-                        problems.append(f"{rel}: differs\n" + "\n".join(diff[:40]))
+                        shown = [d if len(d) <= 240 else d[:240] + " ..." for d in diff[:40]]
+                        problems.append(f"{rel}: differs\n" + "\n".join(shown))
             if problems:
                 print(
                     "build_docs --check: site/ is out of date:\n" + "\n".join(problems),

@@ -16,10 +16,12 @@ sys.path.insert(0, str(BUILD.parent))
 import build_docs  # noqa: E402
 
 
-def run_build(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BUILD), *args], capture_output=True, text=True, timeout=300
-    )
+def run_build(*args: str, capsys) -> tuple[int, str]:
+    """build_docs.py ARGS in this process: (exit status, stdout + stderr)."""
+    capsys.readouterr()
+    rc = build_docs.main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out + out.err
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +32,11 @@ def fresh_site(tmp_path_factory) -> Path:
 
 
 def test_committed_site_is_up_to_date():
-    r = run_build("--check")
-    assert r.returncode == 0, (
-        f"{r.stderr}\nsite/ is stale: regenerate with `make docs` and commit site/"
+    """As CI runs it (`make docs-check`): a fresh process, the checkout's site/."""
+    r = subprocess.run(
+        [sys.executable, str(BUILD), "--check"], capture_output=True, text=True, timeout=300
     )
+    assert r.returncode == 0, f"{r.stderr}\nsite/ is stale: {build_docs.REGENERATE}"
 
 
 def test_no_broken_internal_links(fresh_site):
@@ -86,20 +89,31 @@ def test_pages_are_deterministic(fresh_site, tmp_path):
         assert (again / f.relative_to(fresh_site)).read_bytes() == f.read_bytes(), f
 
 
-def test_check_fails_on_drift(fresh_site, tmp_path):
+def test_check_fails_on_drift(fresh_site, tmp_path, capsys):
     site = tmp_path / "site"
     shutil.copytree(fresh_site, site)
-    assert run_build("--check", "--out", str(site)).returncode == 0
+    assert run_build("--check", "--out", str(site), capsys=capsys)[0] == 0
     cli = site / "docs" / "cli.html"
     cli.write_text(cli.read_text().replace("llamay generate", "llamay generat", 1))
     (site / "docs" / "old-page.html").write_text("<p>stale</p>")
     (site / "docs" / "quant-types.html").unlink()
-    r = run_build("--check", "--out", str(site))
-    assert r.returncode == 1
-    assert "docs/cli.html: differs" in r.stderr
-    assert "docs/old-page.html: stale" in r.stderr
-    assert "docs/quant-types.html: missing" in r.stderr
-    assert "regenerate with: make docs" in r.stderr
+    rc, out = run_build("--check", "--out", str(site), capsys=capsys)
+    assert rc == 1
+    assert "docs/cli.html: differs" in out
+    assert "docs/old-page.html: stale" in out
+    assert "docs/quant-types.html: missing" in out
+    assert "regenerate with: make docs" in out
+
+
+def test_build_writes_and_prunes(fresh_site, tmp_path, capsys):
+    site = tmp_path / "site"
+    (site / "docs").mkdir(parents=True)
+    (site / "README.md").write_text("hand-written")
+    (site / "docs" / "old-page.html").write_text("<p>stale</p>")
+    assert run_build("--out", str(site), capsys=capsys)[0] == 0
+    assert not (site / "docs" / "old-page.html").exists()
+    assert (site / "README.md").read_text() == "hand-written"
+    assert build_docs.generated_files(site) == build_docs.generated_files(fresh_site)
 
 
 def test_link_checker_finds_broken_links(tmp_path):

@@ -88,6 +88,54 @@ def test_install_ps1_parses_under_powershell():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def ps1_bracket_errors(text: str) -> list[str]:
+    """Unbalanced (), {}, [] in PowerShell source, outside comments and strings: a coarse
+    stand-in for the parser where pwsh is missing (no here-strings or block comments)."""
+    pairs, stack, errors = {")": "(", "}": "{", "]": "["}, [], []
+    i, line = 0, 1
+    while i < len(text):
+        c = text[i]
+        if c == "\n":
+            line += 1
+        elif c == "#":
+            while i < len(text) and text[i] != "\n":
+                i += 1
+            continue
+        elif c in "'\"":
+            j = i + 1
+            while j < len(text):
+                if c == '"' and text[j] == "`":
+                    j += 2
+                    continue
+                if text[j] == c:
+                    if j + 1 < len(text) and text[j + 1] == c:  # '' or "" inside the string
+                        j += 2
+                        continue
+                    break
+                line += text[j] == "\n"
+                j += 1
+            else:
+                errors.append(f"line {line}: unterminated string")
+            i = j
+        elif c in "({[":
+            stack.append((c, line))
+        elif c in ")}]":
+            if not stack or stack[-1][0] != pairs[c]:
+                errors.append(f"line {line}: unexpected {c!r}")
+            else:
+                stack.pop()
+        i += 1
+    errors += [f"line {ln}: {c!r} never closed" for c, ln in stack]
+    return errors
+
+
+def test_install_ps1_brackets_balance():
+    assert ps1_bracket_errors(INSTALL_PS1.read_text()) == []
+    assert ps1_bracket_errors("if ($x) { Say 'a' ") == ["line 1: '{' never closed"]
+    assert ps1_bracket_errors('Say "it\'s (fine"; $a = @(1, 2)') == []
+    assert ps1_bracket_errors("$a = @(1, 2))") == ["line 1: unexpected ')'"]
+
+
 def test_install_ps1_has_no_bom_and_names_no_index_host():
     for f in (INSTALL_SH, INSTALL_PS1):
         raw = f.read_bytes()
@@ -283,3 +331,30 @@ def _version() -> str:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_piped_into_sh_installs_the_released_package(tmp_path):
+    """`curl ... | sh -s -- ARGS`: no checkout around, so pip installs `llamay` by name."""
+    shell = "dash" if shutil.which("dash") else "sh"
+    r = subprocess.run(
+        [
+            shell,
+            "-s",
+            "--",
+            "--dry-run",
+            "--extra",
+            "cpu",
+            "--python",
+            base_python(),
+            "--prefix",
+            str(tmp_path / "prefix"),
+        ],
+        input=INSTALL_SH.read_text(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(HOME=str(tmp_path)),
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"would run: {tmp_path / 'prefix'}/bin/python -m pip install llamay\n" in r.stdout

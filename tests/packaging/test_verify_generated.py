@@ -17,17 +17,16 @@ def test_llamay_matches_the_reference_on_a_generated_model(tmp_path):
     assert vgm.verify(tmp_path, seed=0) == []
 
 
-def test_the_reference_is_independent_and_sensitive(tmp_path):
-    """The check would notice a wrong network: the reference with one norm weight changed
-    no longer matches what llamay computes from the file."""
-    import llamay
-
-    path = tmp_path / "m.gguf"
-    w = vgm.make_model(path, seed=3)
-    got = np.asarray(llamay.load(path).logits(vgm.PROMPT), dtype=np.float64)
-    assert np.abs(got - vgm.reference_logits(w, vgm.PROMPT)).max() <= vgm.LOGIT_TOL
-    w["blk.1.ffn_norm.weight"] = w["blk.1.ffn_norm.weight"] * 1.01
-    assert np.abs(got - vgm.reference_logits(w, vgm.PROMPT)).max() > vgm.LOGIT_TOL
+def test_the_reference_is_sensitive(tmp_path):
+    """The check would notice a wrong network: one norm weight 1 % off, or a swapped rope
+    pair order, moves the reference's logits by more than the tolerance."""
+    w = vgm.make_model(tmp_path / "m.gguf", seed=3)
+    base = vgm.reference_logits(w, vgm.PROMPT)
+    off = dict(w, **{"blk.1.ffn_norm.weight": w["blk.1.ffn_norm.weight"] * 1.01})
+    assert np.abs(vgm.reference_logits(off, vgm.PROMPT) - base).max() > vgm.LOGIT_TOL
+    q = w["blk.0.attn_q.weight"].reshape(vgm.N_HEADS, vgm.HEAD_DIM // 2, 2, vgm.D_MODEL)
+    swapped = dict(w, **{"blk.0.attn_q.weight": q[:, :, ::-1].reshape(vgm.D_MODEL, vgm.D_MODEL)})
+    assert np.abs(vgm.reference_logits(swapped, vgm.PROMPT) - base).max() > vgm.LOGIT_TOL
 
 
 def test_q8_0_packing_is_ggml_layout():
