@@ -684,59 +684,77 @@ def http_api_page(version: str, spec: dict | None) -> dict[str, str]:
         )
         return {"http-api.html": page("http-api.html", "HTTP API", body, heads, version)}
     info = spec.get("info", {})
+    about = info.get("description") or info.get("summary") or "The HTTP API of `llamay.serve`."
+    has_serve = any(path == ["llamay", "serve"] for path, _ in cli_tree()[1])
+    start = (
+        'Start the server with <a href="cli.html#cmd-serve"><code>llamay serve</code></a>. '
+        if has_serve
+        else ""
+    )
     body = [
-        f"<p>{inline(info.get('description') or 'The HTTP API of `llamay.serve`.')}</p>",
-        f"<p>OpenAPI {esc(str(spec.get('openapi', '')))}, API version "
-        f"{esc(str(info.get('version', '')))}. The spec as JSON: "
+        f"<p>{inline(about.rstrip('.'))}.</p>",
+        f"<p>{start}OpenAPI {esc(str(spec.get('openapi', '')))}, API version "
+        f"{esc(str(info.get('version', '')))}; the spec as JSON: "
         '<a href="openapi.json">openapi.json</a>.</p>',
     ]
-    rows, details = [], []
-    for path in sorted(spec.get("paths", {})):
-        for method, op in sorted(spec["paths"][path].items()):
+    ops = []  # (tag, path, method, op)
+    for path, item in spec.get("paths", {}).items():
+        for method, op in item.items():
             if not isinstance(op, dict) or method.startswith("x-") or method == "parameters":
                 continue
-            label = f"{method.upper()} {path}"
-            hid = heads.id_for(label, 3, "op-" + slug(label))
-            rows.append(
-                [f'<a href="#{hid}"><code>{esc(label)}</code></a>', inline(op.get("summary", ""))]
-            )
-            d = [f'<h3 id="{hid}"><code>{esc(label)}</code></h3>']
-            if op.get("description"):
-                d.append(docstring_html(op["description"]))
-            params = op.get("parameters", [])
-            if params:
-                prow = [
-                    [
-                        f"<code>{esc(p.get('name', ''))}</code>",
-                        esc(p.get("in", "")),
-                        "yes" if p.get("required") else "no",
-                        _schema_type(p.get("schema", {})),
-                        inline(p.get("description", "")),
-                    ]
-                    for p in params
+            ops.append(((op.get("tags") or ["Other"])[0], path, method, op))
+    rows, details, tag_seen = [], [], None
+    for tag, path, method, op in sorted(ops, key=lambda o: o[:3]):
+        if tag != tag_seen:
+            tid = heads.id_for(tag, 2, "api-" + slug(tag))
+            details.append(f'<h2 id="{tid}">{esc(tag)}</h2>')
+            tag_seen = tag
+        label = f"{method.upper()} {path}"
+        hid = heads.id_for(label, 3, "op-" + slug(label))
+        rows.append(
+            [
+                f'<a href="#{tid}">{esc(tag)}</a>',
+                f'<a href="#{hid}"><code>{esc(label)}</code></a>',
+                inline(op.get("summary", "")),
+            ]
+        )
+        d = [f'<h3 id="{hid}"><code>{esc(label)}</code></h3>']
+        if op.get("description"):
+            d.append(docstring_html(op["description"]))
+        params = op.get("parameters", [])
+        if params:
+            prow = [
+                [
+                    f"<code>{esc(p.get('name', ''))}</code>",
+                    esc(p.get("in", "")),
+                    "yes" if p.get("required") else "no",
+                    _schema_type(p.get("schema", {})),
+                    inline(p.get("description", "")),
                 ]
-                d.append(table(["parameter", "in", "required", "type", "description"], prow))
-            rb = op.get("requestBody", {}).get("content", {})
-            if rb:
-                brow = [
-                    [f"<code>{esc(ct)}</code>", _schema_type(c.get("schema", {}))]
-                    for ct, c in sorted(rb.items())
-                ]
-                d.append("<h4>Request body</h4>" + table(["content type", "schema"], brow))
-            resp = op.get("responses", {})
-            if resp:
-                rrow = []
-                for code in sorted(resp):
-                    r = resp[code]
-                    schemas = ", ".join(
-                        _schema_type(c.get("schema", {}))
-                        for _, c in sorted(r.get("content", {}).items())
-                    )
-                    rrow.append([esc(code), inline(r.get("description", "")), schemas])
-                d.append("<h4>Responses</h4>" + table(["status", "description", "schema"], rrow))
-            details.append("\n".join(d))
+                for p in params
+            ]
+            d.append(table(["parameter", "in", "required", "type", "description"], prow))
+        rb = op.get("requestBody", {}).get("content", {})
+        if rb:
+            brow = [
+                [f"<code>{esc(ct)}</code>", _schema_type(c.get("schema", {}))]
+                for ct, c in sorted(rb.items())
+            ]
+            d.append("<h4>Request body</h4>" + table(["content type", "schema"], brow))
+        resp = op.get("responses", {})
+        if resp:
+            rrow = []
+            for code in sorted(resp):
+                r = resp[code]
+                schemas = ", ".join(
+                    _schema_type(c.get("schema", {}))
+                    for _, c in sorted(r.get("content", {}).items())
+                )
+                rrow.append([esc(code), inline(r.get("description", "")), schemas])
+            d.append("<h4>Responses</h4>" + table(["status", "description", "schema"], rrow))
+        details.append("\n".join(d))
     sid = heads.id_for("Endpoints", 2)
-    body.append(f'<h2 id="{sid}">Endpoints</h2>' + table(["endpoint", "summary"], rows))
+    body.append(f'<h2 id="{sid}">Endpoints</h2>' + table(["API", "endpoint", "summary"], rows))
     body.extend(details)
     schemas = spec.get("components", {}).get("schemas", {})
     if schemas:
