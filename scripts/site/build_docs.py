@@ -614,11 +614,54 @@ def python_api_page(version: str) -> dict[str, str]:
         for name in names:
             sec.append(api_entry(heads, f"{modname}.{name}", getattr(mod, name), 3))
         sections.append("\n".join(sec))
+    sid = heads.id_for("Errors", 2)
+    toc.append(f'<li><a href="#{sid}">Errors</a> (<code>llamay.errors</code>)</li>')
+    sections.append(f'<h2 id="{sid}">Errors</h2>' + errors_table())
     body.append("<ul>" + "".join(toc) + "</ul>")
     body.extend(sections)
     return {
         "python-api.html": page("python-api.html", "Python API", "\n".join(body), heads, version)
     }
+
+
+def errors_table() -> str:
+    """llamay's exception types (`llamay.errors`), in the module's order."""
+    from llamay import errors
+
+    rows = []
+    for name, cls in vars(errors).items():
+        if isinstance(cls, type) and issubclass(cls, errors.LlamayError):
+            if cls.__module__ != errors.__name__:
+                continue
+            base = cls.__bases__[0].__name__
+            rows.append(
+                [
+                    f'<code id="err-{slug(name)}">{esc(name)}</code>',
+                    f"<code>{esc(base)}</code>",
+                    inline(_first_line(cls.__doc__)),
+                ]
+            )
+    intro = (
+        "<p>Every error llamay raises on purpose is a <code>LlamayError</code>; its message "
+        "says what was wrong and what to do. The HTTP server turns them into 4xx responses "
+        "with the same message.</p>"
+    )
+    return intro + table(["exception", "base", "raised when"], rows)
+
+
+def catalog_table() -> str:
+    """The models `llamay pull` fetches by name (`llamay.store.catalog`)."""
+    from llamay.store.catalog import CATALOG, DEFAULT_MODEL
+
+    rows = [
+        [
+            f"<code>{esc(name)}</code>" + (" (default)" if name == DEFAULT_MODEL else ""),
+            f"{e.size / 1e6:.0f} MB" if e.size else "",
+            inline(e.description),
+        ]
+        for name, e in sorted(CATALOG.items())
+    ]
+    return table(["name", "size", "model"], rows)
 
 
 # -- HTTP API reference ------------------------------------------------------------------
@@ -1039,6 +1082,7 @@ def build(out: Path) -> list[str]:
     extra: dict[str, Callable[[], str]] = {
         "cli_commands": cli_summary_table,
         "rooms": rooms_table,
+        "catalog": catalog_table,
     }
     titles = dict(PAGES)
     for src in sorted(DOCS_SRC.glob("*.md")):

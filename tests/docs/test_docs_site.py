@@ -77,6 +77,23 @@ def test_registry_tables(fresh_site):
         assert f'id="type-{build_docs.slug(t.name)}"' in quant
 
 
+def test_errors_and_catalog_tables(fresh_site):
+    from llamay import errors
+    from llamay.store.catalog import CATALOG
+
+    api = (fresh_site / "docs" / "python-api.html").read_text()
+    for name, cls in vars(errors).items():
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, errors.LlamayError)
+            and (cls.__module__ == errors.__name__)
+        ):
+            assert f'id="err-{build_docs.slug(name)}"' in api, name
+    started = (fresh_site / "docs" / "getting-started.html").read_text()
+    for name in CATALOG:
+        assert f"<code>{name}</code>" in started
+
+
 def test_install_scripts_are_served(fresh_site):
     for name in ("install.sh", "install.ps1"):
         assert (fresh_site / name).read_text() == (REPO / "packaging" / name).read_text()
