@@ -241,6 +241,7 @@ def test_refuses_an_old_python(tmp_path):
 # -- for real --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_real_install_into_a_temp_prefix(tmp_path):
     """install.sh installs the checkout's wheel into a fresh prefix and links `llamay`.
 

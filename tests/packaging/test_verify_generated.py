@@ -7,12 +7,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 import verify_generated_model as vgm  # noqa: E402
 
 
+@pytest.mark.slow
 def test_llamay_matches_the_reference_on_a_generated_model(tmp_path):
     assert vgm.verify(tmp_path, seed=0) == []
 

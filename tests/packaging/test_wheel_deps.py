@@ -16,6 +16,9 @@ from email.parser import Parser
 import pytest
 from pkgtestlib import built_dist, clean_env
 
+# building the wheel and resolving its dependencies take tens of seconds
+pytestmark = pytest.mark.slow
+
 GPU_PACKAGE = re.compile(r"^(nvidia-.*|jax-cuda.*|jax_cuda.*|jaxlib-cuda.*|libtpu.*|jax-tpu.*)$")
 GPU_EXTRA = re.compile(r"\[[^\]]*(cuda|tpu|gpu)[^\]]*\]")
 
