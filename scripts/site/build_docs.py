@@ -235,6 +235,7 @@ table { border-collapse: collapse; margin: 1rem 0; width: 100%; font-size: 15px;
 th, td { border: 1px solid var(--line); padding: .3rem .5rem; text-align: left;
   vertical-align: top; }
 th { background: #f0f3f5; }
+td:first-child code { white-space: nowrap; }
 .muted { color: var(--muted); }
 .sig { background: var(--code); padding: .4rem .6rem; border-left: 3px solid var(--accent);
   font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 14px; overflow-x: auto; }
@@ -244,6 +245,13 @@ h1 { margin-top: 0; }
 h2 code, h3 code, h4 code { font-size: .95em; }
 h2 { border-bottom: 1px solid var(--line); padding-bottom: .2rem; margin-top: 2.2rem; }
 footer { margin-top: 3rem; color: var(--muted); font-size: 14px; }
+@media (max-width: 760px) {
+  body { display: block; }
+  nav { width: auto; border-right: none; border-bottom: 1px solid var(--line); padding: 1rem; }
+  nav ul { display: flex; flex-wrap: wrap; gap: .25rem; }
+  main { padding: 1rem; }
+  table { display: block; overflow-x: auto; }
+}
 """
 
 
