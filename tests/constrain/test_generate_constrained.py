@@ -84,3 +84,15 @@ def test_cli_constraint_flags(tiny, tmp_path):
     assert r.exit_code == 0 and 0 <= int(r.stdout.strip()) <= 9, r.output
     r = runner.invoke(app, [*base, "--json-schema", '{"uniqueItems": true, "type": "array"}'])
     assert r.exit_code == 1 and "uniqueItems" in r.output
+
+
+def test_seeded_sampling_with_penalties_and_logprobs(tiny):
+    kw = dict(max_tokens=12, temperature=1.0, seed=7, repeat_penalty=1.3, dry_multiplier=0.8)
+    assert tiny.generate("Once", **kw) == tiny.generate("Once", **kw)
+    ids = tiny.tokenize("Once", add_special=True, parse_special=True)
+    gen = tiny.generation(ids, 6, Sampler(temperature=0.0, n_probs=3))
+    toks = list(gen)
+    assert len(gen.logprobs) == len(toks) == 6
+    for tok, (lp, top) in zip(toks, gen.logprobs, strict=True):
+        assert top[0][0] == tok and abs(top[0][1] - lp) < 1e-5  # greedy picks the best
+        assert top[0][1] >= top[1][1] >= top[2][1]
