@@ -122,3 +122,25 @@ def test_snapshot_restore_in_a_new_process(tiny, engine, tmp_path, fixtures_dir)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert first + eval(out.stdout.strip().splitlines()[-1]) == whole
+
+
+def test_f16_cache_batched_equals_dense(fixtures_dir):
+    # llamacpp numerics: an f16 cache, rounded in attention as ggml does, paged or not.
+    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf", numerics="llamacpp")
+    prompts = [list(range(800, 800 + n)) for n in (5, 21)]
+    want = [list(m.generation(p, 8, GREEDY)) for p in prompts]
+    e = BatchEngine(m, slots=2, page_size=8, chunk=32, n_pages=16)
+    try:
+        assert e.kv.k.dtype == "float16"
+        assert [ids(e, e.submit(Request(p, 8, GREEDY))) for p in prompts] == want
+    finally:
+        e.close()
+
+
+def test_new_lengths_inside_a_bucket_do_not_recompile(engine):
+    from llamay.engine.paged_steps import paged_step
+
+    list(engine.submit(Request(list(range(900, 912)), 3, GREEDY)))
+    size = paged_step._cache_size()
+    list(engine.submit(Request(list(range(950, 964)), 5, GREEDY)))
+    assert paged_step._cache_size() == size
