@@ -10,6 +10,10 @@ import asyncio
 import contextlib
 import hmac
 import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
@@ -124,3 +128,36 @@ def create_app(
     for module in (openai, anthropic, ollama, llamacpp, context):
         app.include_router(module.router)
     return app
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    app: FastAPI, host: str = "127.0.0.1", port: int | None = None, timeout: float = 60.0
+) -> Iterator[str]:
+    """Serve `app` with uvicorn on a background thread until the block ends; yields the
+    base URL (a free port when `port` is None)."""
+    import uvicorn
+
+    port = free_port(host) if port is None else port
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, name="llamay-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the server did not start on {host}:{port}")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -5,8 +5,6 @@ the tiny bert (embeddings, rerank); the official clients talk to it unmodified."
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +13,7 @@ import pytest
 
 import llamay
 from llamay.serve import create_app
+from llamay.serve.app import serve_in_thread
 from llamay.serve.models import Models
 
 
@@ -29,33 +28,11 @@ class Server:
         return self.app.state.llamay
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def running(app) -> Iterator[Server]:
     """`app` served by uvicorn on a free loopback port until the block ends."""
-    import uvicorn
-
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
-    try:
-        yield Server(f"http://127.0.0.1:{port}", app, port)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serve_in_thread(app) as url:
+        yield Server(url, app, int(url.rsplit(":", 1)[1]))
 
 
 @pytest.fixture(scope="session")
