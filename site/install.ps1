@@ -11,7 +11,7 @@
 # Environment: LLAMAY_PREFIX, LLAMAY_PYTHON, LLAMAY_SOURCE, LLAMAY_PIP_ARGS.
 [CmdletBinding()]
 param(
-    [string]$Prefix = $(if ($env:LLAMAY_PREFIX) { $env:LLAMAY_PREFIX } else { Join-Path $env:LOCALAPPDATA 'llamay' }),
+    [string]$Prefix = $env:LLAMAY_PREFIX,
     [string]$Python = $env:LLAMAY_PYTHON,
     [string]$Source = $env:LLAMAY_SOURCE,
     [switch]$DryRun
@@ -44,6 +44,7 @@ $arch = $env:PROCESSOR_ARCHITECTURE
 if ($arch -ne 'AMD64') {
     Fail "llamay needs JAX, which has Windows builds only for x64 (AMD64), not $arch"
 }
+if (-not $Prefix) { $Prefix = Join-Path $env:LOCALAPPDATA 'llamay' }
 
 # -- Python >= 3.12 ----------------------------------------------------------------------
 $pyCmd = $null

@@ -166,6 +166,7 @@ else
 fi
 
 log=$PREFIX/install.log
+set -f # LLAMAY_PIP_ARGS is split into words below, never expanded as file names
 if [ "$DRY_RUN" = 1 ]; then
     # shellcheck disable=SC2086 # LLAMAY_PIP_ARGS is a list of words on purpose
     run "$venv_py" -m pip install $PIP_ARGS "$req"
@@ -176,6 +177,7 @@ else
         die "pip could not install $req (full log: $log)"
     fi
 fi
+set +f
 
 # -- on PATH ---------------------------------------------------------------------------------
 run mkdir -p "$BIN_DIR"

@@ -359,3 +359,25 @@ def test_piped_into_sh_installs_the_released_package(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert f"would run: {tmp_path / 'prefix'}/bin/python -m pip install llamay\n" in r.stdout
+
+
+def test_pip_args_are_words_not_file_names(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "a.whl").write_text("")
+    env = clean_env(HOME=str(tmp_path), LLAMAY_PIP_ARGS=f"--no-index --find-links {tmp_path}/*")
+    r = sh(
+        "sh",
+        str(INSTALL_SH),
+        "--dry-run",
+        "--extra",
+        "cpu",
+        "--source",
+        "llamay",
+        "--python",
+        base_python(),
+        "--prefix",
+        str(tmp_path / "prefix"),
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"pip install --no-index --find-links {tmp_path}/* llamay\n" in r.stdout
