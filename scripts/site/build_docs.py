@@ -1162,6 +1162,28 @@ def check_links(root: Path) -> list[str]:
     return broken
 
 
+def _short(diff: list[str], width: int = 240) -> list[str]:
+    """A unified diff with long lines cut to `width` around where each -/+ pair differs."""
+    out = []
+    for i, line in enumerate(diff):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        other = ""
+        if line.startswith("-") and i + 1 < len(diff) and diff[i + 1].startswith("+"):
+            other = diff[i + 1]
+        elif line.startswith("+") and i > 0 and diff[i - 1].startswith("-"):
+            other = diff[i - 1]
+        pairs = enumerate(zip(line[1:], other[1:], strict=False))
+        at = next((k for k, (a, b) in pairs if a != b), 0)
+        start = max(0, at - width // 3)
+        cut = line[1 + start : 1 + start + width]
+        head = "..." if start else ""
+        tail = "..." if 1 + start + width < len(line) else ""
+        out.append(f"{line[0]}{head}{cut}{tail}")
+    return out
+
+
 def generated_files(root: Path) -> set[str]:
     return {
         str(p.relative_to(root))
@@ -1230,8 +1252,7 @@ def main(argv: list[str] | None = None) -> int:
                                 a, b, f"{rel} (committed)", f"{rel} (generated)", lineterm="", n=1
                             )
                         )
-                        shown = [d if len(d) <= 240 else d[:240] + " ..." for d in diff[:40]]
-                        problems.append(f"{rel}: differs\n" + "\n".join(shown))
+                        problems.append(f"{rel}: differs\n" + "\n".join(_short(diff[:40])))
             if problems:
                 print(
                     "build_docs --check: site/ is out of date:\n" + "\n".join(problems),

@@ -214,3 +214,11 @@ def test_markdown_subset():
     assert '<pre><code class="language-sh">echo &lt;hi&gt;</code></pre>' in out
     assert "<pre><code>indented</code></pre>" in out
     assert "<td><code>1</code></td><td>2</td>" in out
+
+
+def test_drift_report_shows_where_long_lines_differ():
+    a, b = "-" + "x" * 500 + "OLD" + "y" * 500, "+" + "x" * 500 + "NEW" + "y" * 500
+    short = build_docs._short([" context", a, b])
+    assert short[0] == " context"
+    assert "OLD" in short[1] and "NEW" in short[2]
+    assert all(len(s) < 260 for s in short)
