@@ -3,6 +3,7 @@
     python scripts/site/build_docs.py            # (re)write site/
     python scripts/site/build_docs.py --check    # regenerate into a temp dir, fail on any diff
     python scripts/site/build_docs.py --git HEAD # build what HEAD commits (a shared checkout)
+    python scripts/site/build_docs.py --git HEAD --check   # is HEAD's site up to date?
 
 What is generated (every page deterministic: no timestamps, sorted tables):
 
@@ -1193,7 +1194,9 @@ def generated_files(root: Path) -> set[str]:
 
 
 def from_git(rev: str, out: Path, check: bool) -> int:
-    """Export `rev` with `git archive` and run that tree's own build_docs.py on it."""
+    """Export `rev` with `git archive` and run that tree's own build_docs.py on it: write
+    its site into `out`, or with `check`, check that `rev`'s committed site matches its
+    code (what a clean clone's CI sees, whatever the working tree holds)."""
     import subprocess
     import tarfile
 
@@ -1209,7 +1212,8 @@ def from_git(rev: str, out: Path, check: bool) -> int:
         if not script.exists():
             print(f"build_docs: {rev} has no scripts/site/build_docs.py", file=sys.stderr)
             return 1
-        cmd = [sys.executable, str(script), "--out", str(out), *(["--check"] if check else [])]
+        site = Path(tmp) / "site" if check else out
+        cmd = [sys.executable, str(script), "--out", str(site), *(["--check"] if check else [])]
         return subprocess.run(cmd, cwd=tmp).returncode
 
 
@@ -1221,7 +1225,8 @@ def main(argv: list[str] | None = None) -> int:
         "--git",
         metavar="REV",
         help="build from the committed tree of REV (e.g. HEAD) instead of the working tree, "
-        "so the site matches what is committed while others edit a shared checkout",
+        "so the site matches what is committed while others edit a shared checkout; with "
+        "--check, check REV's committed site against REV's code",
     )
     args = ap.parse_args(argv)
     if args.git:
