@@ -22,15 +22,18 @@ PAD_POSITION = 1 << 30  # past any page table: never written, never attended
 
 
 @partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
-def paged_step(cfg, weights, kv, tokens, positions, page_table, last, sampling, params, state):
+def paged_step(
+    cfg, weights, kv, tokens, positions, page_table, last, sampling, params, state, mask=None
+):
     """tokens/positions [B, T], page_table [B, M], last [B] (index in T of each row's
     last fed token), sampling [B] bool (rows that sample now; the others keep their
-    sampler state). Returns (next tokens [B], sampler state, kv)."""
+    sampler state), mask: packed allowed-token bits [B, W] (constraints) or None.
+    Returns (next tokens [B], sampler state, kv)."""
     arch = architecture_of(cfg)
     x, kv, _ = forward(cfg, weights, kv, tokens, positions, page_table=page_table)
     x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
     logits = arch.head(cfg, weights, x_last)[:, 0]
-    nxt, new = sample(logits, params, state)
+    nxt, new = sample(logits, params, state, mask)
 
     def keep(n, o):
         m = sampling.reshape(sampling.shape + (1,) * (n.ndim - 1))

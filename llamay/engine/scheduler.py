@@ -211,10 +211,6 @@ class BatchEngine:
 
     def _enqueue(self, handle: Handle, seq: SeqKV | None = None) -> _Active:
         r = handle.request
-        if r.constraint is not None:
-            raise RequestError(
-                "BatchEngine does not run constrained requests yet (SerialEngine does)"
-            )
         n = len(r.prompt_ids) if seq is None else len(seq.tokens)
         check_prompt(n, self.n_ctx)
         budget = max(0, min(r.max_tokens, self.n_ctx - n))
@@ -338,6 +334,7 @@ class BatchEngine:
             table[i, : len(s.pages)] = s.pages
             last[i] = n - 1
             sampling[i] = n == len(s.pending)
+        mask = self._masks(sampling)
         nxt, self._state, self.kv = paged_step(
             self.cfg,
             self.weights,
@@ -349,6 +346,7 @@ class BatchEngine:
             jnp.asarray(sampling),
             self._params,
             self._state,
+            mask,
         )
         nxt = np.asarray(nxt)
         self.counters["steps"] += 1
@@ -365,16 +363,45 @@ class BatchEngine:
                 with self._lock:
                     self.mgr.cache(a.seq)
             tok = int(nxt[i])
-            if tok in a.stop_ids:
+            con = a.handle.request.constraint
+            if tok in a.stop_ids and (con is None or con.accepting):
                 self.slots[i] = None
                 self._end(a, "stop")
                 continue
+            if con is not None:
+                try:
+                    con.advance(tok)
+                except Exception as exc:
+                    self.slots[i] = None
+                    self._end(a, "error", exc)
+                    continue
             a.seq.tokens.append(tok)
             a.budget -= 1
             a.handle._emit(tok)
-            if a.budget <= 0 or len(a.seq.tokens) >= self.n_ctx:
+            if con is not None and con.done:
+                self.slots[i] = None
+                self._end(a, "stop")
+            elif a.budget <= 0 or len(a.seq.tokens) >= self.n_ctx:
                 self.slots[i] = None
                 self._end(a, "length")
+
+    def _masks(self, sampling: np.ndarray):
+        """Packed allowed-token masks [B, W] when a sampling slot has a constraint (the
+        others allow everything), else None."""
+        cons = {
+            i: a.handle.request.constraint
+            for i, a in enumerate(self.slots)
+            if a is not None and sampling[i] and a.handle.request.constraint is not None
+        }
+        if not cons:
+            return None
+        rows = {i: np.asarray(c.mask(), np.uint32) for i, c in cons.items()}
+        W = max(r.shape[-1] for r in rows.values())
+        mask = np.full((self.n_slots, W), 0xFFFFFFFF, np.uint32)
+        for i, r in rows.items():
+            mask[i] = 0
+            mask[i, : r.shape[-1]] = r
+        return jnp.asarray(mask)
 
     # -- fork / snapshot / restore (on the worker, between steps) ------------------------
 

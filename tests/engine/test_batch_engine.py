@@ -144,3 +144,15 @@ def test_new_lengths_inside_a_bucket_do_not_recompile(engine):
     size = paged_step._cache_size()
     list(engine.submit(Request(list(range(950, 964)), 5, GREEDY)))
     assert paged_step._cache_size() == size
+
+
+def test_constrained_rows_beside_free_ones(tiny, engine):
+    ids_ = tiny.tokenize("Code:", add_special=True, parse_special=True)
+    regex = "[0-9]{3}-[a-z]{2}"
+    want = list(tiny.generation(ids_, 16, GREEDY, tiny.constraint(regex=regex)))
+    free = engine.submit(Request(list(range(40, 60)), 6, GREEDY))
+    h = engine.submit(Request(ids_, 16, GREEDY, constraint=tiny.constraint(regex=regex)))
+    assert ids(engine, h) == want and h.finish_reason == "stop"
+    assert ids(engine, free) == list(tiny.generation(list(range(40, 60)), 6, GREEDY))
+    out = tiny.detokenize(want)
+    assert len(out) == 6 and out[3] == "-"
