@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
                 help="Require this key (Authorization: Bearer or x-api-key).",
             ),
         ] = None,
-        parallel: Annotated[int, typer.Option(min=1, help="Sequences decoded together.")] = 1,
+        parallel: Annotated[int, typer.Option(min=1, help="Sequences decoded together.")] = 8,
         ctx: Annotated[
             int | None, typer.Option("--ctx", "-c", min=1, help="Context length per model.")
         ] = None,

@@ -52,7 +52,7 @@ def create_app(
     max_tokens_limit: int | None = None,
     keep_alive: float = 300.0,
     n_ctx: int | None = None,
-    parallel: int = 1,
+    parallel: int = 8,
     reap_interval: float = 1.0,
 ) -> FastAPI:
     """The server's app. `models`: a `Models` registry or {name: path}; `api_key`: required

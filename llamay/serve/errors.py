@@ -18,6 +18,8 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (E.InvalidModelNameError, 400),
     (E.FetchError, 502),
     (E.ContextOverflowError, 400),
+    (E.KVCacheFullError, 400),
+    (E.SnapshotError, 400),
     (E.ConstraintError, 400),
     (E.ChatTemplateError, 400),
     (E.RequestError, 400),

@@ -26,11 +26,53 @@ from typing import Any
 from llamay.errors import ModelNotFoundError
 
 
-def make_engine(model, parallel: int = 1):
+def make_engine(model, parallel: int = 8):
     """The engine serving one model (the one place where the engine is chosen)."""
-    from llamay.engine.api import SerialEngine
+    return HybridEngine(model, parallel)
 
-    return SerialEngine(model)
+
+class HybridEngine:
+    """Continuous batching (`BatchEngine`, `parallel` slots) for plain requests; a
+    `SerialEngine` beside it for constrained ones, which BatchEngine does not run yet.
+    Both share the model's weights; the serial one starts on first use."""
+
+    def __init__(self, model, parallel: int = 8):
+        from llamay.engine.scheduler import BatchEngine
+
+        self.model = model
+        self.batch = BatchEngine(model, slots=max(1, parallel))
+        self._serial = None
+
+    def _serial_engine(self):
+        if self._serial is None:
+            from llamay.engine.api import SerialEngine
+
+            self._serial = SerialEngine(self.model)
+        return self._serial
+
+    def submit(self, request):
+        if request.constraint is not None:
+            return self._serial_engine().submit(request)
+        return self.batch.submit(request)
+
+    def cancel(self, handle) -> None:
+        engine = self._serial if handle.request.constraint is not None else self.batch
+        if engine is not None:
+            engine.cancel(handle)
+
+    def stats(self) -> dict[str, Any]:
+        out = dict(self.batch.stats())
+        if self._serial is not None:
+            s = self._serial.stats()
+            out["queued"] = out.get("queued", 0) + s["queued"]
+            out["active"] = out.get("active", 0) + s["active"]
+            out["constrained_served"] = s["served"]
+        return out
+
+    def close(self) -> None:
+        self.batch.close()
+        if self._serial is not None:
+            self._serial.close()
 
 
 @dataclass
@@ -91,7 +133,7 @@ class Models:
         *,
         n_ctx: int | None = None,
         numerics: str = "exact",
-        parallel: int = 1,
+        parallel: int = 8,
         default_keep_alive: float = 300.0,
         use_store: bool = True,
         loader: Callable[..., Any] = default_loader,

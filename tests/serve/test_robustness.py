@@ -118,7 +118,10 @@ def test_disconnects_cancel_and_the_engine_goes_idle(server):
     stats = wait_idle(st)
     tiny = stats["tiny"]
     assert tiny.get("queued", 0) == 0 and tiny.get("active", 0) == 0
-    assert tiny.get("pages_used", 0) == 0 and tiny.get("kv_pages_used", 0) == 0
+    # no page is held by a sequence any more (the prefix cache may keep finished prompts)
+    assert tiny.get("pages_held", 0) == 0
+    if "pages_used" in tiny:
+        assert tiny["pages_used"] == tiny.get("pages_cached", 0)
     assert counts[0::2] == [3] * 8
     # role chunk + 40 tokens + finish chunk (+ maybe none) for those that stayed
     assert all(c == 42 for c in counts[1::2])
