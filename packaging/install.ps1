@@ -24,11 +24,18 @@ function Fail([string]$Message) {
     # throw, not exit: under `irm ... | iex` exit would close the user's PowerShell
     throw "[llamay] error: $Message"
 }
+function Invoke-Native([scriptblock]$Block) {
+    # Windows PowerShell 5.1 turns a native program's stderr into errors, which 'Stop' would
+    # make fatal (pip writes warnings there): run native programs with 'Continue' and judge
+    # them by $LASTEXITCODE.
+    $ErrorActionPreference = 'Continue'
+    & $Block
+}
 function Test-Python([string[]]$Command) {
     $exe = $Command[0]
     $rest = @($Command | Select-Object -Skip 1)
     try {
-        & $exe @rest -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>$null | Out-Null
+        Invoke-Native { & $exe @rest -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>$null | Out-Null }
         return $LASTEXITCODE -eq 0
     } catch {
         return $false
@@ -65,7 +72,7 @@ if ($Python) {
 }
 $pyExe = $pyCmd[0]
 $pyArgs = @($pyCmd | Select-Object -Skip 1)
-$pyVersion = & $pyExe @pyArgs -c "import sys; print('.'.join(map(str, sys.version_info[:3])))"
+$pyVersion = Invoke-Native { & $pyExe @pyArgs -c "import sys; print('.'.join(map(str, sys.version_info[:3])))" }
 
 # -- what to install ---------------------------------------------------------------------
 if (-not $Source) {
@@ -94,7 +101,7 @@ if ((Test-Path (Join-Path $Prefix 'pyvenv.cfg')) -and (Test-Path $venvPy)) {
 } elseif ($DryRun) {
     Say "would run: $($pyCmd -join ' ') -m venv $Prefix"
 } else {
-    & $pyExe @pyArgs -m venv $Prefix
+    Invoke-Native { & $pyExe @pyArgs -m venv $Prefix }
     if ($LASTEXITCODE -ne 0) { Fail "could not create an environment in $Prefix" }
 }
 
@@ -107,7 +114,7 @@ if ($DryRun) {
     Say 'dry run: nothing was changed'
     return
 }
-& $venvPy -m pip install --disable-pip-version-check @pipArgs $Source *> $log
+Invoke-Native { & $venvPy -m pip install --disable-pip-version-check @pipArgs $Source *> $log }
 if ($LASTEXITCODE -ne 0) {
     Get-Content $log -Tail 30 | Write-Host
     Fail "pip could not install $Source (full log: $log)"
@@ -115,9 +122,9 @@ if ($LASTEXITCODE -ne 0) {
 
 # -- on PATH -------------------------------------------------------------------------------
 $llamay = Join-Path $scripts 'llamay.exe'
-& $llamay --help *> $null
+Invoke-Native { & $llamay --help *> $null }
 if ($LASTEXITCODE -ne 0) { Fail "installed, but '$llamay --help' fails; see $log" }
-$version = & $venvPy -c "import llamay; print(llamay.__version__)"
+$version = Invoke-Native { & $venvPy -c "import llamay; print(llamay.__version__)" }
 
 $userPath = [Environment]::GetEnvironmentVariable('Path', 'User')
 $parts = @()
