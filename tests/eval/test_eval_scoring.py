@@ -120,3 +120,15 @@ def test_one_compile_per_bucket(tiny_llama_model):
     score(m, ["x"], [" y"], batch=2)
     assert token_logprobs._cache_size() == before
     np.testing.assert_equal(before >= 1, True)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3moe"])
+def test_score_other_families(fixtures_dir, arch):
+    import llamay
+
+    m = llamay.load(fixtures_dir / "tiny" / f"{arch}.gguf")
+    got = score(m, CONTEXTS[:3], CONTINUATIONS[:3], batch=2)
+    for c, x, (lp, greedy) in zip(CONTEXTS, CONTINUATIONS, got, strict=False):
+        ref_lp, ref_greedy = reference(m, *encode_pair(m, c, x))
+        assert lp == pytest.approx(ref_lp, abs=1e-3)
+        assert greedy == ref_greedy

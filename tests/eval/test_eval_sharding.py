@@ -89,3 +89,13 @@ def test_parse_mesh():
             parse_mesh(bad)
     with pytest.raises(RequestError, match="devices"):
         make_mesh({"data": 64, "model": 64})
+
+
+@needs_4
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3moe", "phi3"])
+def test_other_tiny_families_sharded(fixtures_dir, arch):
+    """Sliding windows and softcaps (gemma3), stacked experts (qwen3moe), fused qkv (phi3)."""
+    import llamay
+
+    m = llamay.load(fixtures_dir / "tiny" / f"{arch}.gguf")
+    check_equal(m, "dp=2,tp=2", atol=1e-4)
