@@ -521,6 +521,7 @@ def pull(
     progress: bool = True,
     *,
     insecure: bool = False,
+    update: bool = False,
     events: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
     """Fetch `name` into the store if it is not there; returns the model blob's path.
@@ -528,7 +529,10 @@ def pull(
     A no-op when the manifest and a blob of the recorded size are present. Otherwise the
     model comes from its catalogue entry (or, for a damaged model outside the catalogue,
     from the source its manifest recorded); a registry name `host/ns/name:tag` comes from
-    that registry (plain HTTP for loopback hosts or with `insecure`). Progress goes to
+    that registry (plain HTTP for loopback hosts or with `insecure`); with `update`, a
+    registry name present in the store is checked against the registry, as `ollama pull`
+    does, and a changed model replaces the old (whose blobs no other model uses are removed).
+    Progress goes to
     stderr when `progress`. Raises `InvalidModelNameError`, `ModelNotFoundError` (unknown
     name) or `FetchError`.
 
@@ -539,7 +543,7 @@ def pull(
     """
     token = _events.set(events)
     try:
-        path = _pull_name(name, progress, insecure)
+        path = _pull_name(name, progress, insecure, update)
     finally:
         _events.reset(token)
     if events is not None:
@@ -547,14 +551,17 @@ def pull(
     return path
 
 
-def _pull_name(name: str, progress: bool, insecure: bool) -> Path:
+def _pull_name(name: str, progress: bool, insecure: bool, update: bool) -> Path:
     ref = parse_name(name)
     root = store_dir()
     entry = _read_entry(root, ref)
-    if entry is not None and _blob_ok(entry):
+    if entry is not None and _blob_ok(entry) and not (update and ref.host):
         return entry.path
     if ref.host:
-        return _pull_registry(root, ref, progress, default_scheme(ref.host, insecure))
+        path = _pull_registry(root, ref, progress, default_scheme(ref.host, insecure))
+        if entry is not None:
+            _drop_unreferenced(root, _referenced(entry))
+        return path
     cat = lookup(ref)
     if cat is not None:
         return _pull(root, ref, cat.sha256, cat.size, cat.source, progress)
@@ -729,17 +736,23 @@ def remove(name: str) -> None:
     if entry is None:  # malformed: the manifest goes, blobs stay (gc() collects them)
         _unlink(mpath)
     else:
-        with contextlib.ExitStack() as stack:
-            digests = sorted(_referenced(entry))
-            for d in digests:
-                key = f"sha256-{d.removeprefix('sha256:')}"
-                stack.enter_context(_lock(root, key, f"using {d}", progress=False))
-            _unlink(mpath)
-            in_use = set().union(*(_referenced(m) for m in list_models(root)))
-            for d in digests:
-                if d not in in_use:
-                    _unlink(blob_path(d, root))
+        _drop_unreferenced(root, _referenced(entry), before=lambda: _unlink(mpath))
     _prune_dirs(mpath.parent, manifests)
+
+
+def _drop_unreferenced(
+    root: Path, digests: set[str], before: Callable[[], None] | None = None
+) -> None:
+    """Under their locks (after `before()`), delete those of `digests` no manifest uses."""
+    with contextlib.ExitStack() as stack:
+        for d in sorted(digests):
+            key = f"sha256-{d.removeprefix('sha256:')}"
+            stack.enter_context(_lock(root, key, f"using {d}", progress=False))
+        if before is not None:
+            before()
+        in_use = set().union(*(_referenced(m) for m in list_models(root)))
+        for d in sorted(digests - in_use):
+            _unlink(blob_path(d, root))
 
 
 def _prune_dirs(parent: Path, manifests: Path) -> None:

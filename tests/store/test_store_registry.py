@@ -371,3 +371,20 @@ def test_gc_refuses_while_a_manifest_is_malformed(env, fake_model) -> None:
     with pytest.raises(FetchError, match="not collecting garbage.*broken"):
         store.gc(grace_s=0)
     assert path.is_file()
+
+
+def test_update_replaces_a_changed_model(env, registry, tiny_gguf) -> None:
+    repo = _repo()
+    old = registry.push_model(repo, "latest", tiny_gguf, params={"temperature": 0.1})
+    name = f"{registry.host}/{repo}:latest"
+    store.pull(name, progress=False)
+    assert store.pull(name, progress=False, update=True) == env.home / "blobs" / (
+        f"sha256-{old.model().hex}"
+    )  # unchanged: nothing to do but compare
+    new = registry.push_model(repo, "latest", tiny_gguf, params={"temperature": 0.9})
+    path = store.pull(name, progress=False, update=True)
+    [entry] = store.list_models()
+    assert entry.manifest == new and path == entry.path
+    old_params = old.layer(media.PARAMS).hex
+    assert not (env.home / "blobs" / f"sha256-{old_params}").exists()  # dropped
+    assert json.loads(entry.layer_path(media.PARAMS).read_text()) == {"temperature": 0.9}
