@@ -1,5 +1,6 @@
 """Store commands of the `llamay` CLI: `list` (ours and, marked, Ollama's), `rm`, `cp`, `gc`,
-`create` (from a Modelfile), `run` (with a model's layers applied) and `modelfile`.
+`create` (from a Modelfile), `run` (with a model's layers applied), `modelfile` and `ps`
+(the models a running server has loaded).
 
 `register(app)` adds them to the Typer app; its `list` replaces the plain one in `main.py`.
 """
@@ -176,6 +177,49 @@ def modelfile(
         raise _fail(exc) from None
 
 
+def _server_url(host: str | None) -> str:
+    import os
+
+    from llamay_cli.serve_cmds import DEFAULT_PORT
+
+    url = host or os.environ.get("LLAMAY_HOST") or f"127.0.0.1:{DEFAULT_PORT}"
+    return url if "://" in url else f"http://{url}"
+
+
+def ps(
+    host: Annotated[
+        str | None,
+        typer.Option(help="The server (default $LLAMAY_HOST, else 127.0.0.1:<serve's port>)."),
+    ] = None,
+) -> None:
+    """List the models loaded in a running `llamay serve` (its /api/ps)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = _server_url(host) + "/api/ps"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            models = json.loads(r.read()).get("models", [])
+    except (urllib.error.URLError, OSError, ValueError, AttributeError) as e:
+        _err(f"error: no llamay server answered at {url} ({e}); start one with `llamay serve`")
+        raise typer.Exit(code=1) from None
+    rows = [
+        (
+            m.get("name", "?"),
+            str(m.get("digest", ""))[:12],
+            _size(int(m.get("size") or 0)),
+            str(m.get("context_length", "")),
+            str(m.get("expires_at", "")),
+        )
+        for m in models
+    ]
+    width = max([28] + [len(r[0]) + 2 for r in rows])
+    print(f"{'NAME':<{width}}{'ID':<14}{'SIZE':<10}{'CONTEXT':<9}UNTIL")
+    for name, ident, size, ctx, until in rows:
+        print(f"{name:<{width}}{ident:<14}{size:<10}{ctx:<9}{until}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the store commands to `app` (replacing a `list` registered before)."""
     app.registered_commands[:] = [c for c in app.registered_commands if c.name != "list"]
@@ -186,3 +230,4 @@ def register(app: typer.Typer) -> None:
     app.command("create")(create)
     app.command("run")(run)
     app.command("modelfile")(modelfile)
+    app.command("ps")(ps)

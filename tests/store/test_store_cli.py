@@ -44,3 +44,55 @@ def test_list_rm_cp_gc(env, fake_model, monkeypatch, tmp_path) -> None:
     assert not orphan.exists()
     r = _run("rm", "other/copy:v2")
     assert r.exit_code == 0 and env.files() == []
+
+
+def test_ps_asks_a_running_server(monkeypatch) -> None:
+    import http.server
+    import json
+    import threading
+
+    class Api(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            assert self.path == "/api/ps"
+            body = json.dumps(
+                {
+                    "models": [
+                        {
+                            "name": "smollm2:135m",
+                            "digest": "b179c9523d0e6a0f98a3",
+                            "size": 98_362_432,
+                            "context_length": 2048,
+                            "expires_at": "2026-01-01T00:05:00Z",
+                        }
+                    ]
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("LLAMAY_HOST", f"127.0.0.1:{server.server_address[1]}")
+        r = _run("ps")
+        assert r.exit_code == 0, r.output
+        lines = r.stdout.splitlines()
+        assert lines[0].split() == ["NAME", "ID", "SIZE", "CONTEXT", "UNTIL"]
+        assert lines[1].split() == [
+            "smollm2:135m",
+            "b179c9523d0e",
+            "98.4",
+            "MB",
+            "2048",
+            "2026-01-01T00:05:00Z",
+        ]
+    finally:
+        server.shutdown()
+        server.server_close()
+    r = _run("ps", "--host", f"127.0.0.1:{server.server_address[1]}")
+    assert r.exit_code == 1 and "no llamay server answered" in r.stderr
