@@ -68,6 +68,12 @@ def load(
     import llamay
 
     om = resolve(name, root) if root is not None else resolve_anywhere(name)
+    if om.ignored_layers:
+        warnings.warn(
+            f"{om.name}: layers llamay does not use yet are ignored: "
+            + ", ".join(om.ignored_layers),
+            stacklevel=2,
+        )
     defaults = om.sampler_defaults()
     if load_kwargs.get("n_ctx") is None and defaults.n_ctx is not None:
         load_kwargs["n_ctx"] = defaults.n_ctx

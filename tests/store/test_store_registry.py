@@ -388,3 +388,28 @@ def test_update_replaces_a_changed_model(env, registry, tiny_gguf) -> None:
     old_params = old.layer(media.PARAMS).hex
     assert not (env.home / "blobs" / f"sha256-{old_params}").exists()  # dropped
     assert json.loads(entry.layer_path(media.PARAMS).read_text()) == {"temperature": 0.9}
+
+
+def test_manifest_without_a_model_layer_is_refused(env, registry) -> None:
+    repo = _repo()
+    params = registry.push_blob(repo, b'{"temperature":1}', media.PARAMS)
+    config = registry.push_blob(repo, b"{}", media.CONFIG)
+    registry.push_manifest(repo, "latest", Manifest(config=config, layers=(params,)))
+    with pytest.raises(FetchError, match="no model layer"):
+        store.pull(f"{registry.host}/{repo}:latest", progress=False)
+    assert env.files() == []
+
+
+def test_unknown_layers_are_kept_and_reported(env, registry, tiny_gguf, monkeypatch) -> None:
+    import llamay.ollama as ollama
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(env.home.parent / "no-ollama-here"))
+    repo = _repo()
+    pushed = registry.push_model(repo, "latest", tiny_gguf)
+    projector = registry.push_blob(repo, b"not really a projector", media.PROJECTOR)
+    man = Manifest(config=pushed.config, layers=(*pushed.layers, projector))
+    registry.push_manifest(repo, "vision", man)
+    name = f"{registry.host}/{repo}:vision"
+    store.pull(name, progress=False)
+    assert (env.home / "blobs" / f"sha256-{projector.hex}").is_file()
+    assert ollama.resolve_anywhere(name).ignored_layers == (media.PROJECTOR,)
