@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llamay.errors import RequestError
+from llamay.eval.scoring import batch_rows, run_step
 
 
 @dataclass
@@ -72,17 +73,12 @@ def perplexity(
 ) -> PerplexityResult:
     """Perplexity of `text` in chunks of `ctx` tokens; `progress(done, total, ppl)` after
     each batch."""
-    from llamay.model.score import token_logprobs
-    from llamay.model.sharding import data_size, fetch, put_batch
-
     if ctx < 4 or ctx % 2:
         raise RequestError(f"--ctx must be an even number of at least 4, not {ctx}")
     if ctx > model.n_ctx:
         raise RequestError(f"--ctx {ctx} exceeds the model's context of {model.n_ctx} tokens")
     n_tokens, chunks = chunks_of(model, text, ctx, max_chunks)
-    mesh = getattr(model, "mesh", None)
-    dp = data_size(mesh)
-    batch = -(-max(1, batch) // dp) * dp
+    batch = batch_rows(model, batch)
     first = ctx // 2
     n = len(chunks)
     positions = np.broadcast_to(np.arange(ctx, dtype=np.int32), (batch, ctx))
@@ -95,17 +91,8 @@ def perplexity(
         targets = np.zeros((batch, ctx), np.int32)
         tokens[:k] = rows
         targets[:k, :-1] = rows[:, 1:]
-        lp, _ = token_logprobs(
-            model.config,
-            model.weights,
-            put_batch(tokens, mesh),
-            put_batch(positions, mesh),
-            put_batch(targets, mesh),
-            kv_dtype=model.runtime.kv_dtype,
-            head_from=first,
-            mesh=mesh,
-        )
-        nll[start : start + k] = -fetch(lp)[:k, :-1]
+        lp, _ = run_step(model, tokens, positions, targets, head_from=first)
+        nll[start : start + k] = -lp[:k, :-1]
         for i in range(start, start + k):
             running.append(math.exp(nll[: i + 1].mean()))
         if progress:

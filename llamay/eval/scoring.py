@@ -78,6 +78,34 @@ def _batches(order: list[int], batch: int):
         yield order[i : i + batch]
 
 
+def batch_rows(model, batch: int) -> int:
+    """`batch` rounded up to a multiple of the model's data-parallel size."""
+    from llamay.model.sharding import data_size
+
+    dp = data_size(getattr(model, "mesh", None))
+    return -(-max(1, batch) // dp) * dp
+
+
+def run_step(model, tokens, positions, targets, head_from: int = 0):
+    """One jitted scoring step over host arrays [B, T] (on the model's mesh, if any):
+    (log-probabilities, greedy flags) as numpy [B, T - head_from]."""
+    from llamay.model.score import token_logprobs
+    from llamay.model.sharding import fetch, put_batch
+
+    mesh = getattr(model, "mesh", None)
+    lp, greedy = token_logprobs(
+        model.config,
+        model.weights,
+        put_batch(tokens, mesh),
+        put_batch(positions, mesh),
+        put_batch(targets, mesh),
+        kv_dtype=model.runtime.kv_dtype,
+        head_from=head_from,
+        mesh=mesh,
+    )
+    return fetch(lp), fetch(greedy)
+
+
 def score_rows(
     model,
     rows: Sequence[Row],
@@ -85,14 +113,9 @@ def score_rows(
     progress: Callable[[int, int], None] | None = None,
 ) -> list[tuple[float, bool]]:
     """(sum of log-probabilities of each row's last `n_scored` targets, all greedy)."""
-    from llamay.model.score import token_logprobs
-    from llamay.model.sharding import data_size, fetch, put_batch
-
     if not model.config.causal:
         raise RequestError(f"{model.config.arch} is an encoder; only decoders score text")
-    mesh = getattr(model, "mesh", None)
-    dp = data_size(mesh)
-    batch = -(-max(1, batch) // dp) * dp
+    batch = batch_rows(model, batch)
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i].tokens))
     out: list[tuple[float, bool]] = [(0.0, False)] * len(rows)
     done = 0
@@ -105,16 +128,7 @@ def score_rows(
             t = rows[i].tokens
             n = len(t) - 1
             tokens[r, :n], targets[r, :n], positions[r, :n] = t[:-1], t[1:], np.arange(n)
-        lp, greedy = token_logprobs(
-            model.config,
-            model.weights,
-            put_batch(tokens, mesh),
-            put_batch(positions, mesh),
-            put_batch(targets, mesh),
-            kv_dtype=model.runtime.kv_dtype,
-            mesh=mesh,
-        )
-        lp, greedy = fetch(lp), fetch(greedy)
+        lp, greedy = run_step(model, tokens, positions, targets)
         for r, i in enumerate(idx):
             n, k = len(rows[i].tokens) - 1, rows[i].n_scored
             out[i] = (
