@@ -35,6 +35,12 @@ def _resolve_all(models: dict[str, str]) -> dict[str, Path]:
 
 
 def register(app: typer.Typer) -> None:
+    """Add `serve` and `chat` to the `llamay` app."""
+    register_serve(app)
+    register_chat(app)
+
+
+def register_serve(app: typer.Typer) -> None:
     @app.command()
     def serve(
         model: Annotated[
@@ -103,3 +109,191 @@ def register(app: typer.Typer) -> None:
             file=sys.stderr,
         )
         uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+# --- llamay chat ------------------------------------------------------------------------
+
+CHAT_HELP = """commands:
+  /bye              leave
+  /clear            forget the conversation (the system prompt stays)
+  /save NAME        save the conversation
+  /load NAME        load a saved conversation
+  /system TEXT      set the system prompt
+  /help             this text
+end a line with \\ to continue on the next one, or wrap lines in \"\"\" ... \"\"\".
+Ctrl-C stops an answer; Ctrl-D leaves."""
+
+
+def _chats_dir() -> Path:
+    from llamay.store import store_dir
+
+    return store_dir() / "chats"
+
+
+def _chat_path(name: str) -> Path:
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
+        raise ValueError("a conversation name is letters, digits, '_', '.', '-'")
+    return _chats_dir() / f"{name}.json"
+
+
+class ChatSession:
+    """One terminal conversation over an engine and the model's chat template."""
+
+    def __init__(self, model, engine, sampler, max_tokens: int, system: str | None = None):
+        self.model, self.engine, self.sampler = model, engine, sampler
+        self.max_tokens = max_tokens
+        self.system = system
+        self.history: list[dict] = []
+
+    def messages(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.history
+
+    def answer(self, text: str, out) -> str:
+        """Stream the reply to `text` into `out`; Ctrl-C stops it (the partial reply is
+        kept)."""
+        from llamay.engine.api import Request
+        from llamay.tok import IncrementalDecoder
+
+        self.history.append({"role": "user", "content": text})
+        prompt = self.model.tokenizer.apply_chat_template(self.messages())
+        ids = self.model.tokenize(prompt, add_special=True, parse_special=True)
+        handle = self.engine.submit(Request(ids, self.max_tokens, self.sampler))
+        dec = IncrementalDecoder(self.model.tokenizer)
+        parts: list[str] = []
+        try:
+            for ev in handle:
+                piece = dec.feed(ev.token_id)
+                if piece:
+                    parts.append(piece)
+                    out.write(piece)
+                    out.flush()
+            tail = dec.flush()
+            parts.append(tail)
+            out.write(tail)
+        except KeyboardInterrupt:
+            self.engine.cancel(handle)
+            out.write(" [stopped]")
+        out.write("\n")
+        out.flush()
+        reply = "".join(parts)
+        self.history.append({"role": "assistant", "content": reply})
+        return reply
+
+    def save(self, name: str) -> Path:
+        import json
+
+        path = _chat_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ids = self.model.tokenize(
+            self.model.tokenizer.apply_chat_template(self.messages(), add_generation_prompt=False)
+            if self.history
+            else "",
+            add_special=bool(self.history),
+            parse_special=True,
+        )
+        path.write_text(
+            json.dumps({"system": self.system, "messages": self.history, "tokens": ids})
+        )
+        return path
+
+    def load(self, name: str) -> None:
+        import json
+
+        data = json.loads(_chat_path(name).read_text())
+        self.system = data.get("system")
+        self.history = list(data.get("messages", []))
+
+
+def _read_input(prompt: str) -> str | None:
+    """One user turn: a line, lines joined by a trailing backslash, or a \"\"\" block."""
+    try:
+        line = input(prompt)
+    except EOFError:
+        return None
+    if line.strip().startswith('"""'):
+        lines = [line.strip()[3:]]
+        while not lines[-1].rstrip().endswith('"""'):
+            try:
+                lines.append(input("... "))
+            except EOFError:
+                break
+        lines[-1] = lines[-1].rstrip().removesuffix('"""')
+        return "\n".join(lines).strip("\n")
+    lines = [line]
+    while lines[-1].endswith("\\"):
+        lines[-1] = lines[-1][:-1]
+        try:
+            lines.append(input("... "))
+        except EOFError:
+            break
+    return "\n".join(lines)
+
+
+def chat_loop(session: ChatSession, out=sys.stdout) -> None:
+    print("type /help for commands, /bye to leave", file=sys.stderr, flush=True)
+    while True:
+        try:
+            text = _read_input(">>> ")
+        except KeyboardInterrupt:
+            out.write("\n(use /bye or Ctrl-D to leave)\n")
+            continue
+        if text is None or text.strip() == "/bye":
+            return
+        cmd, _, arg = text.strip().partition(" ")
+        try:
+            if cmd == "/help":
+                out.write(CHAT_HELP + "\n")
+            elif cmd == "/clear":
+                session.history.clear()
+                out.write("cleared\n")
+            elif cmd == "/save":
+                out.write(f"saved to {session.save(arg.strip())}\n")
+            elif cmd == "/load":
+                session.load(arg.strip())
+                out.write(f"loaded {arg.strip()} ({len(session.history)} messages)\n")
+            elif cmd == "/system":
+                session.system = arg.strip() or None
+                out.write("system prompt set\n")
+            elif cmd.startswith("/") and " " not in cmd and len(cmd) > 1:
+                out.write(f"unknown command {cmd} (try /help)\n")
+            elif text.strip():
+                session.answer(text, out)
+        except (ValueError, OSError) as exc:
+            out.write(f"error: {exc}\n")
+        out.flush()
+
+
+def register_chat(app: typer.Typer) -> None:
+    @app.command()
+    def chat(
+        model: Annotated[
+            str, typer.Option("--model", "-m", help="A .gguf path or a store name.")
+        ] = "smollm2:135m",
+        system: Annotated[
+            str | None, typer.Option("--system", "-s", help="A system prompt.")
+        ] = None,
+        max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1)] = 512,
+        temperature: Annotated[float, typer.Option("--temperature", "--temp", min=0.0)] = 0.8,
+        seed: Annotated[int | None, typer.Option("--seed")] = None,
+        ctx: Annotated[int | None, typer.Option("--ctx", "-c", min=1)] = None,
+    ) -> None:
+        """Chat with MODEL in the terminal (streaming; /help for commands)."""
+        import llamay
+        from llamay.errors import LlamayError
+        from llamay.sample import Sampler
+        from llamay.serve.models import make_engine
+
+        try:
+            m = llamay.load(model, n_ctx=ctx)
+            sampler = Sampler(temperature=temperature, seed=seed)
+        except (LlamayError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(code=1) from None
+        engine = make_engine(m, parallel=1)
+        try:
+            chat_loop(ChatSession(m, engine, sampler, max_tokens, system))
+        finally:
+            engine.close()

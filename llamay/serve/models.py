@@ -40,7 +40,10 @@ class HybridEngine:
         from llamay.engine.scheduler import BatchEngine
 
         self.model = model
-        self.batch = BatchEngine(model, slots=max(1, parallel))
+        slots, page = max(1, parallel), 16
+        # the scheduler's default pool, but never too small for one full context
+        n_pages = max(slots * -(-min(model.n_ctx, 1024) // page), -(-model.n_ctx // page)) + 1
+        self.batch = BatchEngine(model, slots=slots, page_size=page, n_pages=n_pages)
         self._serial = None
 
     def _serial_engine(self):

@@ -1,0 +1,144 @@
+"""`llamay chat` driven through a pseudo-terminal: a streamed greedy answer equal to
+`Model.generate` for the template, history across turns, multi-line input, /save, /clear,
+/load, Ctrl-C stopping an answer without leaving, /bye."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.serve.conftest import chat_prompt, greedy
+
+pytestmark = pytest.mark.slow
+
+
+class Term:
+    """A command on a fresh pseudo-terminal that is its controlling terminal (so Ctrl-C
+    there is a SIGINT), started without forking this multi-threaded process by hand."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        import shutil
+        import subprocess
+
+        master, slave = pty.openpty()
+        setsid = shutil.which("setsid")
+        if setsid is None:
+            pytest.skip("setsid (util-linux) is needed to give the chat a controlling tty")
+        self.proc = subprocess.Popen(
+            [setsid, "-c", *argv], stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+        )
+        os.close(slave)
+        self.pid, self.fd, self.buf = self.proc.pid, master, ""
+
+    def read_until(self, marker: str, timeout: float = 180.0) -> str:
+        deadline = time.monotonic() + timeout
+        while marker not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {marker!r}; got {self.buf[-2000:]!r}")
+            ready, _, _ = select.select([self.fd], [], [], min(left, 1.0))
+            if ready:
+                try:
+                    data = os.read(self.fd, 4096)
+                except OSError:
+                    raise AssertionError(f"the chat ended; output {self.buf[-2000:]!r}") from None
+                self.buf += data.decode("utf-8", "replace").replace("\r\n", "\n")
+        head, _, self.buf = self.buf.partition(marker)
+        return head
+
+    def send(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def close(self) -> int:
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            os.close(self.fd)
+
+
+@pytest.fixture
+def term(tiny_paths, serve_home):
+    env = {**os.environ, "LLAMAY_HOME": str(serve_home), "TERM": "dumb", "COLUMNS": "200"}
+    argv = [
+        sys.executable,
+        "-m",
+        "llamay_cli.main",
+        "chat",
+        "-m",
+        str(tiny_paths["tiny"]),
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+    ]
+    t = Term(argv, env)
+    yield t
+    try:
+        os.kill(t.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_chat_session(term, tiny):
+    term.read_until(">>> ")
+    term.send("Hello there\n")
+    first = term.read_until(">>> ")
+    msgs = [{"role": "user", "content": "Hello there"}]
+    reply = greedy(tiny, chat_prompt(tiny, msgs), 8)
+    assert first.split("\n", 1)[1].rstrip("\n") == reply  # after the echoed input line
+    # multi-line input: a trailing backslash continues the turn
+    term.send("line one\\\n")
+    term.read_until("... ")
+    term.send("line two\n")
+    second = term.read_until(">>> ")
+    msgs += [
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "line one\nline two"},
+    ]
+    assert second.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
+    term.send("/save conv1\n")
+    assert "saved to" in term.read_until(">>> ")
+    term.send("/clear\n")
+    assert "cleared" in term.read_until(">>> ")
+    term.send("/load conv1\n")
+    assert "loaded conv1 (4 messages)" in term.read_until(">>> ")
+    term.send("/bye\n")
+    assert term.close() == 0
+
+
+def test_ctrl_c_stops_an_answer_not_the_chat(tiny_paths, serve_home):
+    env = {**os.environ, "LLAMAY_HOME": str(serve_home), "TERM": "dumb"}
+    argv = [
+        sys.executable,
+        "-m",
+        "llamay_cli.main",
+        "chat",
+        "-m",
+        str(tiny_paths["tiny"]),
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "1500",
+    ]
+    t = Term(argv, env)
+    try:
+        t.read_until(">>> ")
+        t.send("Tell me everything\n")
+        t.read_until("Tell me everything\n")
+        time.sleep(3.0)  # let it stream a while
+        t.send("\x03")
+        out = t.read_until(">>> ", timeout=60)
+        assert "[stopped]" in out
+        t.send("/bye\n")
+        assert t.close() == 0
+    finally:
+        try:
+            os.kill(t.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
