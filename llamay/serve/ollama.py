@@ -549,6 +549,55 @@ async def pull(body: NameRequest, request: Request):
     return _ndjson_response(lines())
 
 
+class CreateRequest(_Open):
+    model: str = Field(min_length=1)
+    modelfile: str | None = None
+    from_: str | None = Field(None, alias="from")
+    template: str | None = None
+    system: str | None = None
+    parameters: dict[str, Any] | None = None
+    license: str | list[str] | None = None
+    stream: bool = True
+
+
+def _modelfile(body: CreateRequest) -> str:
+    if body.modelfile is not None:
+        return body.modelfile
+    if not body.from_:
+        raise ApiError(400, "give from (a model name) or modelfile")
+    lines = [f"FROM {body.from_}"]
+    if body.template is not None:
+        lines.append(f'TEMPLATE """{body.template}"""')
+    if body.system is not None:
+        lines.append(f'SYSTEM """{body.system}"""')
+    for k, v in (body.parameters or {}).items():
+        for item in v if isinstance(v, list) else [v]:
+            lines.append(f"PARAMETER {k} {json.dumps(item) if isinstance(item, str) else item}")
+    for text in [body.license] if isinstance(body.license, str) else body.license or []:
+        lines.append(f'LICENSE """{text}"""')
+    return "\n".join(lines) + "\n"
+
+
+@router.post("/api/create", summary="Create a model from another one (Ollama)")
+async def create(body: CreateRequest):
+    from llamay.store import create as store_create
+    from llamay.store.modelfile import parse as parse_modelfile
+
+    text = _modelfile(body)
+    base = parse_modelfile(text).base
+    if base.lower().endswith(".gguf") or base.startswith(("/", ".", "~")) or "\\" in base:
+        raise ApiError(400, "FROM must name a model over HTTP, not a file path on the server")
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, lambda: store_create(body.model, text, progress=False))
+    if not body.stream:
+        return {"status": "success"}
+
+    async def lines():
+        yield ndjson({"status": "success"})
+
+    return _ndjson_response(lines())
+
+
 @router.delete("/api/delete", summary="Delete a model from the store (Ollama)")
 async def delete(body: NameRequest, request: Request):
     from llamay.store import remove

@@ -140,3 +140,37 @@ def test_errors_are_ollama_shaped(client):
     with pytest.raises(ollama.ResponseError) as e:
         client.delete("nope:latest")
     assert e.value.status_code == 404
+
+
+def test_store_endpoints(tiny_paths, serve_home):
+    """create/copy/delete/pull over a server that serves the (temporary) store."""
+    from llamay.serve import create_app
+    from llamay.serve.models import Models
+    from llamay.store import create as store_create
+    from tests.serve.conftest import running
+
+    store_create("tinystore", f"FROM {tiny_paths['tiny']}\n", progress=False)
+    app = create_app(Models({}, use_store=True, default_keep_alive=-1))
+    with running(app) as s:
+        c = ollama.Client(host=s.url)
+        assert "tinystore:latest" in [m.model for m in c.list().models]
+        r = c.generate(model="tinystore", prompt="Hi", options={"temperature": 0, "num_predict": 3})
+        assert r.eval_count == 3
+        c.create(model="tinysys", from_="tinystore", system="Be brief.")
+        assert "tinysys:latest" in [m.model for m in c.list().models]
+        c.copy("tinystore", "tinycopy")
+        assert "tinycopy:latest" in [m.model for m in c.list().models]
+        c.delete("tinycopy")
+        assert "tinycopy:latest" not in [m.model for m in c.list().models]
+        with pytest.raises(ollama.ResponseError):
+            c.create(model="evil", from_="/etc/passwd.gguf")
+        # a pull from an unreachable loopback registry reports the error in the stream
+        import httpx
+
+        lines = httpx.post(
+            s.url + "/api/pull",
+            json={"model": "127.0.0.1:9/ns/none:latest", "insecure": True},
+            timeout=60,
+        ).text
+        last = json.loads(lines.strip().splitlines()[-1])
+        assert "error" in last

@@ -28,8 +28,8 @@ def fuzz_server(tiny_paths, serve_home):
         yield s
 
 
-# pulling reaches the network; deleting and copying change the store
-SKIP = re.compile(r"^/api/(pull|delete|copy)$")
+# pulling reaches the network; creating, deleting and copying change the store
+SKIP = re.compile(r"^/api/(pull|delete|copy|create)$")
 
 
 @pytest.mark.slow
