@@ -143,3 +143,23 @@ def test_command_line(tiny_llama_model, fixtures_dir, task_dir, offline_env, tmp
         want = tiny_llama_model.score([a[0] for a in args], [a[1] for a in args])
         got = [float(resp[0][0]) for resp in r["resps"]]
         assert got == pytest.approx([w[0] for w in want], abs=1e-4)
+
+
+@pytest.mark.skipif(
+    __import__("jax").device_count() < 4, reason="needs 4 devices (XLA_FLAGS as `make test`)"
+)
+def test_adapter_on_a_mesh(tiny_llama_model, fixtures_dir):
+    """model_args dp=2,tp=2: the same log-likelihoods from the sharded model."""
+    from lm_eval.api.instance import Instance
+
+    from llamay.eval.lm_eval_adapter import LlamayLM
+
+    lm = LlamayLM.create_from_arg_string(
+        f"model={fixtures_dir / 'tiny' / 'llama.gguf'},dp=2,tp=2", {"batch_size": 2}
+    )
+    assert lm.model.mesh.shape == {"data": 2, "model": 2} and lm.batch_size == 2
+    pairs = [(d["question"], " " + c) for d in MC for c in d["choices"]]
+    reqs = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
+    got = lm.loglikelihood(reqs)
+    want = tiny_llama_model.score([p[0] for p in pairs], [p[1] for p in pairs])
+    assert [g[0] for g in got] == pytest.approx([w[0] for w in want], abs=1e-4)
