@@ -87,6 +87,8 @@ class Known:
     size: int = 0
     modified: datetime | None = None
     digest: str = ""
+    #: The store manifest's extra layers by media type (template, system, params) → blob.
+    layers: dict[str, Path] = field(default_factory=dict)
 
     @property
     def created(self) -> int:
@@ -171,8 +173,15 @@ class Models:
                 entries = list_models()
             except Exception:  # an unreadable store lists nothing rather than failing
                 entries = []
+            from llamay.store import manifest as media
+
             for e in entries:
-                out.setdefault(e.name, Known(e.name, e.path, e.size, e.modified, e.digest))
+                layers = {}
+                for mt in (media.TEMPLATE, media.SYSTEM, media.PARAMS):
+                    p = e.layer_path(mt)
+                    if p is not None:
+                        layers[mt] = p
+                out.setdefault(e.name, Known(e.name, e.path, e.size, e.modified, e.digest, layers))
         return list(out.values())
 
     def find(self, name: str | None) -> Known:

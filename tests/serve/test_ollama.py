@@ -142,7 +142,7 @@ def test_errors_are_ollama_shaped(client):
     assert e.value.status_code == 404
 
 
-def test_store_endpoints(tiny_paths, serve_home):
+def test_store_endpoints(tiny_paths, serve_home, tiny):
     """create/copy/delete/pull over a server that serves the (temporary) store."""
     from llamay.serve import create_app
     from llamay.serve.models import Models
@@ -156,8 +156,19 @@ def test_store_endpoints(tiny_paths, serve_home):
         assert "tinystore:latest" in [m.model for m in c.list().models]
         r = c.generate(model="tinystore", prompt="Hi", options={"temperature": 0, "num_predict": 3})
         assert r.eval_count == 3
-        c.create(model="tinysys", from_="tinystore", system="Be brief.")
+        c.create(
+            model="tinysys",
+            from_="tinystore",
+            system="Be brief.",
+            parameters={"temperature": 0, "num_predict": 4},
+        )
         assert "tinysys:latest" in [m.model for m in c.list().models]
+        # the model's own system prompt and parameters apply
+        r = c.chat(model="tinysys", messages=[{"role": "user", "content": "Hi"}])
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        assert r.message.content == greedy(tiny, chat_prompt(tiny, msgs), 4)
+        shown = c.show("tinysys")
+        assert "temperature" in shown.parameters
         c.copy("tinystore", "tinycopy")
         assert "tinycopy:latest" in [m.model for m in c.list().models]
         c.delete("tinycopy")
