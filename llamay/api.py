@@ -1,8 +1,8 @@
 """The Python API research scripts use: `llamay.load(...)` and `Model`.
 
-    m = llamay.load("smollm2:135m")          # or a path to a .gguf
-    m.generate("Once upon a time", max_tokens=32, temperature=0)
-    m.logits(m.tokenize("The capital of France is"))   # numpy [T, vocab] float32
+m = llamay.load("smollm2:135m")          # or a path to a .gguf
+m.generate("Once upon a time", max_tokens=32, temperature=0)
+m.logits(m.tokenize("The capital of France is"))   # numpy [T, vocab] float32
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from llamay.sample import Sampler
 from llamay.tok import IncrementalDecoder, Tokenizer
 
 NUMERICS = ("exact", "llamacpp")
+# The KV cache of each numerics: llama.cpp's default cache is F16, and attention
+# against an f16 cache rounds as ggml does (see `llamay.arch.layers.attention`).
+KV_DTYPES = {"exact": jnp.float32, "llamacpp": jnp.float16}
 
 
 class Model:
@@ -36,22 +39,17 @@ class Model:
     def __init__(self, path: str | os.PathLike, numerics: str = "exact", n_ctx: int | None = None):
         if numerics not in NUMERICS:
             raise RequestError(f"numerics must be one of {NUMERICS}, not {numerics!r}")
-        if numerics == "llamacpp":
-            raise RequestError(
-                'numerics="llamacpp" (int8-rounded activations, f16 KV) is not implemented '
-                'yet; use numerics="exact"'
-            )
         enable_compilation_cache()
         self.path = Path(path)
         self.numerics = numerics
         self.gguf = GGUFFile(self.path)
         self.arch = get_architecture(self.gguf.architecture)
-        self.config = self.arch.config(self.gguf.metadata)
+        self.config = dataclasses.replace(self.arch.config(self.gguf.metadata), numerics=numerics)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-        self.weights = bind(self.gguf, self.arch, self.config.n_layers)
+        self.weights = bind(self.gguf, self.arch, self.config.n_layers, numerics)
         ctx = self.config.context_length
         self.n_ctx = min(n_ctx or ctx, ctx)
-        self.runtime = Runtime(self.config, self.weights, self.n_ctx, jnp.float32)
+        self.runtime = Runtime(self.config, self.weights, self.n_ctx, KV_DTYPES[numerics])
 
     # -- text <-> ids ----------------------------------------------------------------
 
@@ -112,7 +110,8 @@ class Model:
         check_prompt(len(ids), self.n_ctx + 1)
         cfg = self.config
         slots = bucket(len(ids))
-        kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, jnp.float32)
+        kv_dtype = self.runtime.kv_dtype
+        kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
         tokens, positions = padded_batch(ids, slots)
         logits, hs, _ = logits_step(cfg, self.weights, kv, tokens, positions, hidden=hidden)
         n = len(ids)
@@ -121,8 +120,9 @@ class Model:
 
     # -- generation ---------------------------------------------------------------------
 
-    def generation(self, prompt_ids, max_tokens: int = 128, sampler: Sampler | None = None,
-                   constraint=None):
+    def generation(
+        self, prompt_ids, max_tokens: int = 128, sampler: Sampler | None = None, constraint=None
+    ):
         """The token-level generator (an iterator of ids with a `finish_reason`);
         `constraint` (see `constraint()`) masks every step."""
         sampler = sampler or Sampler()
@@ -144,9 +144,16 @@ class Model:
             self._pieces += [b""] * max(0, getattr(self.config, "vocab", 0) - len(self._pieces))
         return self._pieces
 
-    def constraint(self, json_schema=None, grammar: str | None = None, regex: str | None = None,
-                   choices=None, json: bool = False, lenient: bool = False,
-                   after: str | None = None):
+    def constraint(
+        self,
+        json_schema=None,
+        grammar: str | None = None,
+        regex: str | None = None,
+        choices=None,
+        json: bool = False,
+        lenient: bool = False,
+        after: str | None = None,
+    ):
         """A structured-output constraint for `generation()`, or None: a JSON schema (dict
         or text), a GBNF `grammar`, a `regex`, a list of `choices`, or `json` (any JSON);
         `after` starts it once that text has been generated (e.g. "</think>").
@@ -154,9 +161,17 @@ class Model:
         from llamay import constrain
         from llamay.errors import ConstraintError
 
-        given = [k for k, v in (("json_schema", json_schema), ("grammar", grammar),
-                                ("regex", regex), ("choices", choices), ("json", json or None))
-                 if v is not None]
+        given = [
+            k
+            for k, v in (
+                ("json_schema", json_schema),
+                ("grammar", grammar),
+                ("regex", regex),
+                ("choices", choices),
+                ("json", json or None),
+            )
+            if v is not None
+        ]
         if not given:
             return None
         if len(given) > 1:
@@ -167,8 +182,12 @@ class Model:
             from llamay.tok.vocab import ATTR_CONTROL
 
             special = np.flatnonzero(self.tokenizer.vocab.attrs & ATTR_CONTROL).tolist()
-            c = make_choices(self.token_pieces()[:n_vocab], self.tokenizer.stop_ids,
-                             [str(x) for x in choices], special_ids=special)
+            c = make_choices(
+                self.token_pieces()[:n_vocab],
+                self.tokenizer.stop_ids,
+                [str(x) for x in choices],
+                special_ids=special,
+            )
         else:
             lltok = constrain.lltokenizer_for(self.tokenizer, n_vocab)
             if json_schema is not None:
@@ -232,13 +251,24 @@ class Model:
 
     def __repr__(self) -> str:
         c = self.config
-        return f"Model({str(self.path)!r}, arch={c.arch!r}, layers={c.n_layers}, n_ctx={self.n_ctx})"
+        return (
+            f"Model({str(self.path)!r}, arch={c.arch!r}, layers={c.n_layers}, n_ctx={self.n_ctx})"
+        )
 
 
-def load(path_or_name: str | os.PathLike, numerics: str = "exact", n_ctx: int | None = None,
-         progress: bool = True) -> Model:
+def load(
+    path_or_name: str | os.PathLike,
+    numerics: str = "exact",
+    n_ctx: int | None = None,
+    progress: bool = True,
+) -> Model:
     """Load a model from a `.gguf` path or a store name (fetched on first use)."""
     from llamay.store import resolve
 
-    return Model(resolve(str(path_or_name), progress=progress) if not Path(path_or_name).is_file()
-                 else path_or_name, numerics=numerics, n_ctx=n_ctx)
+    return Model(
+        resolve(str(path_or_name), progress=progress)
+        if not Path(path_or_name).is_file()
+        else path_or_name,
+        numerics=numerics,
+        n_ctx=n_ctx,
+    )

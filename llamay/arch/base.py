@@ -128,6 +128,7 @@ class Config:
     n_experts_used: int = 0
     expert_ffn: int = 0
     pooling: str = "none"  # encoders: "none" | "mean" | "cls" | "last"
+    numerics: str = "exact"  # "exact" | "llamacpp" (as llama.cpp's CPU backend rounds)
     impl: Architecture | None = None  # a research variant of the family (see module doc)
 
     @property

@@ -26,9 +26,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from llamay.arch import ggml_ops
 from llamay.arch.base import Architecture, Config, TensorSpec
 from llamay.arch.layers import (
-    ACTIVATIONS,
+    activation,
     apply_rope,
     glu,
     linear,
@@ -45,7 +46,7 @@ def sub_norm(cfg: Config, w: dict, role: str, x: jax.Array) -> jax.Array:
     """The norm bound under `role` (with bias `role_b` if bound); x as is when absent."""
     if role not in w:
         return x
-    return norm(cfg.norm, x, w[role], w.get(role + "_b"), cfg.eps)
+    return norm(cfg.norm, x, w[role], w.get(role + "_b"), cfg.eps, cfg.numerics)
 
 
 def is_local(cfg: Config, layer: jax.Array) -> jax.Array | bool:
@@ -62,9 +63,9 @@ def _qk_norm(cfg: Config, lw: dict, role: str, x: jax.Array, n: int) -> jax.Arra
     w = lw.get(role)
     per_head = w is not None and w.shape[-1] == cfg.head_dim
     if w is not None and not per_head:
-        x = rms_norm(x, w, cfg.eps)
+        x = rms_norm(x, w, cfg.eps, cfg.numerics)
     x = x.reshape(B, T, n, cfg.head_dim)
-    return rms_norm(x, w, cfg.eps) if per_head else x
+    return rms_norm(x, w, cfg.eps, cfg.numerics) if per_head else x
 
 
 def project_qkv(cfg: Config, lw: dict, h: jax.Array):
@@ -89,12 +90,13 @@ def self_attention(cfg: Config, lw: dict, h, positions, k_cache, v_cache, layer)
     q, k, v = project_qkv(cfg, lw, h)
     local = is_local(cfg, layer)
     if cfg.rope is not None:
-        cos, sin = rope_angles(positions, cfg.rope, lw.get("rope_freqs"))
+        num, n_pos = cfg.numerics, k_cache.shape[1]
+        cos, sin = rope_angles(positions, cfg.rope, lw.get("rope_freqs"), num, n_pos)
         if cfg.rope_swa is not None:
-            cos_l, sin_l = rope_angles(positions, cfg.rope_swa)
+            cos_l, sin_l = rope_angles(positions, cfg.rope_swa, None, num, n_pos)
             cos, sin = jnp.where(local, cos_l, cos), jnp.where(local, sin_l, sin)
-        q = apply_rope(q, cos, sin, cfg.rope.kind)
-        k = apply_rope(k, cos, sin, cfg.rope.kind)
+        q = apply_rope(q, cos, sin, cfg.rope.kind, num)
+        k = apply_rope(k, cos, sin, cfg.rope.kind, num)
     k_cache = write_kv(k_cache, k, positions)
     v_cache = write_kv(v_cache, v, positions)
     window = jnp.where(local, cfg.window, 0) if cfg.swa_pattern else None
@@ -107,6 +109,8 @@ def self_attention(cfg: Config, lw: dict, h, positions, k_cache, v_cache, layer)
         window=window,
         softcap=cfg.attn_softcap,
         causal=cfg.causal,
+        numerics=cfg.numerics,
+        q_prescaled=cfg.arch in ggml_ops.Q_PRESCALED,
     )
     return o, k_cache, v_cache
 
@@ -124,8 +128,8 @@ def mlp(cfg: Config, lw: dict, h: jax.Array, layer) -> jax.Array:
             cfg.act,
         )
     if cfg.gated:
-        return glu(h, lw.get("w_gate"), lw["w_up"], lw["w_down"], cfg.act)
-    up = ACTIVATIONS[cfg.act](linear(h, lw["w_up"], lw.get("w_up_b")))
+        return glu(h, lw.get("w_gate"), lw["w_up"], lw["w_down"], cfg.act, cfg.numerics)
+    up = activation(cfg.act, linear(h, lw["w_up"], lw.get("w_up_b")), cfg.numerics)
     return linear(up, lw["w_down"], lw.get("w_down_b"))
 
 

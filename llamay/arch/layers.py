@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from llamay.arch import ggml_ops
 from llamay.arch.base import Rope
 from llamay.quant import MixedQTensor, QTensor, qmatmul
 
@@ -22,9 +23,11 @@ F32 = jnp.float32
 # -- norms and activations ------------------------------------------------------------
 
 
-def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
+def rms_norm(x: jax.Array, w: jax.Array | None, eps: float, numerics: str = "exact") -> jax.Array:
     """x / sqrt(mean(x²) + eps) · w (weights used as stored: GGUF gemma norms already
-    carry the +1)."""
+    carry the +1). numerics "llamacpp": as ggml rounds it (`ggml_ops`)."""
+    if numerics == "llamacpp":
+        return ggml_ops.rms_norm(x, w, eps)
     x = x.astype(F32)
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
     return y if w is None else y * w
@@ -39,11 +42,13 @@ def layer_norm(x: jax.Array, w: jax.Array | None, b: jax.Array | None, eps: floa
     return y if b is None else y + b
 
 
-def norm(kind: str, x: jax.Array, w, b, eps: float) -> jax.Array:
+def norm(kind: str, x: jax.Array, w, b, eps: float, numerics: str = "exact") -> jax.Array:
     """RMSNorm ("rms", no bias) or LayerNorm ("layer", optional bias)."""
     if kind == "rms":
-        return rms_norm(x, w, eps)
+        return rms_norm(x, w, eps, numerics)
     if kind == "layer":
+        if numerics == "llamacpp":
+            return ggml_ops.layer_norm(x, w, b, eps)
         return layer_norm(x, w, b, eps)
     raise ValueError(f"unknown norm kind {kind!r}")
 
@@ -54,6 +59,13 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
 
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu": gelu_tanh}
+
+
+def activation(name: str, x: jax.Array, numerics: str = "exact") -> jax.Array:
+    """ACTIVATIONS[name](x); numerics "llamacpp": as ggml computes it (`ggml_ops`)."""
+    if numerics == "llamacpp":
+        return ggml_ops.silu(x) if name == "silu" else ggml_ops.gelu(x)
+    return ACTIVATIONS[name](x)
 
 
 def softcap(x: jax.Array, cap: float) -> jax.Array:
@@ -74,12 +86,21 @@ def _yarn_corr_dim(n_rot: int, orig_ctx: int, n_rotations: float, base):
     return n_rot * math.log(orig_ctx / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
-def rope_angles(positions: jax.Array, rope: Rope, freq_factors: jax.Array | None = None):
+def rope_angles(
+    positions: jax.Array,
+    rope: Rope,
+    freq_factors: jax.Array | None = None,
+    numerics: str = "exact",
+    n_pos: int = 0,
+):
     """cos/sin for positions [...]: each [..., n_rot/2], as llama.cpp's ggml_rope_ext.
 
     θ_i = pos · base^(−2i/n_rot) / freq_factors[i], then linear or YaRN scaling;
     YaRN also scales cos and sin by its magnitude correction.
+    numerics "llamacpp": as ggml computes them (`ggml_ops`), for positions < n_pos.
     """
+    if numerics == "llamacpp":
+        return ggml_ops.rope_angles(positions, rope, freq_factors, n_pos)
     n_rot, base = rope.n_rot, rope.base
     i = np.arange(0, n_rot, 2, dtype=np.float64)
     inv = jnp.asarray(base ** (-i / n_rot), F32)
@@ -99,12 +120,16 @@ def rope_angles(positions: jax.Array, rope: Rope, freq_factors: jax.Array | None
     return jnp.cos(theta) * mscale, jnp.sin(theta) * mscale
 
 
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, kind: str) -> jax.Array:
+def apply_rope(
+    x: jax.Array, cos: jax.Array, sin: jax.Array, kind: str, numerics: str = "exact"
+) -> jax.Array:
     """Rotate the first n_rot dims of x [B, T, H, D] by the angles [B, T, n_rot/2].
 
     kind "norm": pairs (2i, 2i+1) (llama.cpp's LLAMA_ROPE_TYPE_NORM);
     kind "neox": pairs (i, i + n_rot/2).
     """
+    if numerics == "llamacpp":
+        return ggml_ops.apply_rope(x, cos, sin, kind)
     half = cos.shape[-1]
     n_rot = 2 * half
     rot, rest = x[..., :n_rot].astype(F32), x[..., n_rot:]
@@ -143,6 +168,8 @@ def attention(
     window: jax.Array | int | None = None,
     softcap: float | None = None,
     causal: bool = True,
+    numerics: str = "exact",
+    q_prescaled: bool = False,
 ) -> jax.Array:
     """Grouped-query attention of q [B, T, H, D] over a cache [B, S, K, D] whose slot j
     holds position j. Key j is visible from a query at position i iff j <= i (causal)
@@ -150,7 +177,22 @@ def attention(
     (encoder) attention sees every slot up to the row's last real query position
     (queries at positions >= S are padding). Scores are scaled, softcapped, then masked.
     Returns [B, T, H, D] in f32.
+
+    numerics "llamacpp" (an f16 cache): as ggml computes it (`ggml_ops.attention`);
+    `q_prescaled` says whether llama.cpp's graph scales q before q·K (equal in exact math).
     """
+    if numerics == "llamacpp":
+        return ggml_ops.attention(
+            q,
+            k_cache,
+            v_cache,
+            q_pos,
+            scale=scale,
+            window=window,
+            softcap=softcap,
+            causal=causal,
+            q_prescaled=q_prescaled,
+        )
     B, T, H, D = q.shape
     S, K = k_cache.shape[1], k_cache.shape[2]
     G = H // K
@@ -178,7 +220,7 @@ def attention(
 # -- MLPs ------------------------------------------------------------------------------
 
 
-def glu(x: jax.Array, w_gate, w_up, w_down, act: str = "silu") -> jax.Array:
+def glu(x: jax.Array, w_gate, w_up, w_down, act: str = "silu", numerics: str = "exact"):
     """down(act(gate·x) ⊙ up·x); with `w_gate` None, `w_up` is fused [gate | up]
     (phi3's ffn_up: the first half of its outputs is the gate)."""
     if w_gate is None:
@@ -186,6 +228,9 @@ def glu(x: jax.Array, w_gate, w_up, w_down, act: str = "silu") -> jax.Array:
         g, u = jnp.split(gu, 2, axis=-1)
     else:
         g, u = qmatmul(x, w_gate), qmatmul(x, w_up)
+    if numerics == "llamacpp":
+        glued = ggml_ops.swiglu(g, u) if act == "silu" else ggml_ops.geglu(g, u)
+        return qmatmul(glued, w_down)
     return qmatmul(ACTIVATIONS[act](g) * u, w_down)
 
 

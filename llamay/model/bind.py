@@ -25,14 +25,14 @@ def _small(gf: GGUFFile, name: str) -> np.ndarray:
     return dequantize(gf.raw(name), info.ggml_type).reshape(info.shape)
 
 
-def _single(gf: GGUFFile, name: str):
+def _single(gf: GGUFFile, name: str, numerics: str):
     info = gf.tensors[name]
     if len(info.ne) == 1:
         return jnp.asarray(_small(gf, name))
-    return QTensor.from_raw(gf.raw(name), info.ggml_type)
+    return QTensor.from_raw(gf.raw(name), info.ggml_type, numerics)
 
 
-def _stacked(gf: GGUFFile, names: list[str]):
+def _stacked(gf: GGUFFile, names: list[str], numerics: str):
     infos = [gf.tensors[n] for n in names]
     shapes = {i.shape for i in infos}
     if len(shapes) != 1:
@@ -41,11 +41,11 @@ def _stacked(gf: GGUFFile, names: list[str]):
         return jnp.asarray(np.stack([_small(gf, n) for n in names]))
     types = list(dict.fromkeys(i.ggml_type for i in infos))
     if len(types) == 1:
-        return QTensor.from_raw(np.stack([gf.raw(n) for n in names]), types[0])
+        return QTensor.from_raw(np.stack([gf.raw(n) for n in names]), types[0], numerics)
     stacks, which, index = [], [], []
     for t in types:
         members = [n for n, i in zip(names, infos, strict=True) if i.ggml_type == t]
-        stacks.append(QTensor.from_raw(np.stack([gf.raw(n) for n in members]), t))
+        stacks.append(QTensor.from_raw(np.stack([gf.raw(n) for n in members]), t, numerics))
     seen: dict = {}
     for info in infos:
         which.append(types.index(info.ggml_type))
@@ -54,8 +54,14 @@ def _stacked(gf: GGUFFile, names: list[str]):
     return MixedQTensor(tuple(stacks), jnp.asarray(which, jnp.int32), jnp.asarray(index, jnp.int32))
 
 
-def bind(gf: GGUFFile, arch: Architecture, n_layers: int) -> dict[str, Any]:
-    """The weight pytree: {role: tensor, ..., "layers": {role: stacked tensor}}."""
+def bind(
+    gf: GGUFFile, arch: Architecture, n_layers: int, numerics: str = "exact"
+) -> dict[str, Any]:
+    """The weight pytree: {role: tensor, ..., "layers": {role: stacked tensor}}.
+
+    `numerics` ("exact" or "llamacpp") is stored in every QTensor: it decides how
+    `qmatmul` computes with that weight (see `llamay.quant.qtensor`).
+    """
     weights: dict[str, Any] = {}
     layers: dict[str, Any] = {}
     for spec in arch.tensors:
@@ -69,8 +75,8 @@ def bind(gf: GGUFFile, arch: Architecture, n_layers: int) -> dict[str, Any]:
                 "which the file lacks"
             )
         if spec.per_layer:
-            layers[spec.role] = _stacked(gf, names)
+            layers[spec.role] = _stacked(gf, names, numerics)
         else:
-            weights[spec.role] = _single(gf, names[0])
+            weights[spec.role] = _single(gf, names[0], numerics)
     weights["layers"] = layers
     return weights

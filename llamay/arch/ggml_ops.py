@@ -1,0 +1,309 @@
+"""The shared layers as llama.cpp's CPU backend computes them (numerics="llamacpp").
+
+`llamay.arch.layers` dispatches here when a config's numerics is "llamacpp". Each
+function reproduces one ggml op of the x86 AVX-512 build bit for bit (see
+`llamay.quant.ggml_float` for why bit for bit, and how XLA is kept from fusing):
+
+- `rms_norm`: ggml_compute_forward_rms_norm_f32: Σx² of the f32 squares in double,
+  mean = (float)(sum / n), scale = 1.0f / sqrtf(mean + eps), y = x·scale·w.
+- `rope_angles` / `apply_rope`: ggml_rope_cache_init + rotate_pairs: θ advanced by
+  repeated f32 multiplication with powf(base, -2/n_dims), cosf/sinf correctly rounded
+  (a host table over the cache's positions), and the rotation as GCC contracts it:
+  fma(x0, cos, -(x1·sin)) and fma(x0, sin, x1·cos).
+- `attention`: an F16 KV cache (flash attention off, llama.cpp's default): q rounded
+  to f16; K·q and P·V as llamafile's tinyBLAS sums them for a batch of tokens (16
+  lanes, chunk after chunk, then `_mm512_reduce_add_ps`) or as ggml_vec_dot_f16 does
+  for one token (4 accumulators of 16 lanes); the softmax of ggml_soft_max_f32
+  (scores·scale, ggml_v_expf, per-16 sums in double, times (float)(1.0/sum)), the
+  probabilities rounded to f16.
+- `swiglu`: ggml_vec_swiglu_f32: x / (1 + ggml_v_expf(-x)) · g.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from llamay.quant.ggml_float import (
+    div_pair as _div_pair,
+)
+from llamay.quant.ggml_float import (
+    dot_f16_sgemm,
+    dot_f16_vec,
+    dsum,
+    fma,
+    opaque,
+    recip_pair,
+    reduce16,
+    silu,
+    v_expf,
+)
+
+F32 = jnp.float32
+
+
+def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
+    x = x.astype(F32)
+    hi, lo = dsum(opaque(x * x))
+    mean = _div_pair(hi, lo, x.shape[-1])
+    scale = 1.0 / opaque(jnp.sqrt(mean + np.float32(eps)))
+    y = x * scale[..., None]
+    return y if w is None else y * w
+
+
+def layer_norm(x: jax.Array, w: jax.Array | None, b: jax.Array | None, eps: float) -> jax.Array:
+    """ggml_compute_forward_norm_f32 (then ggml_mul by w and ggml_add of b): mean =
+    (float)Σx / n in f32; y = x - mean; variance = (float)(Σ(per-16 reduce of y²) / n);
+    y·(1.0f / sqrtf(variance + eps))."""
+    x = x.astype(F32)
+    n = x.shape[-1]
+    hi, lo = dsum(x)
+    mean = (hi + lo) / opaque(jnp.full(hi.shape, n, F32))
+    y = x - mean[..., None]
+    sq = opaque(y * y)
+    if n % 16 == 0:
+        sq = reduce16(sq.reshape(*sq.shape[:-1], n // 16, 16))
+    hi, lo = dsum(sq)
+    var = _div_pair(hi, lo, n)
+    y = y * (1.0 / opaque(jnp.sqrt(var + np.float32(eps))))[..., None]
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = (opaque(y) if w is not None else y) + b
+    return y
+
+
+# -- rope ------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def _rope_table(rope, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [n_pos, n_rot/2] for positions 0..n_pos-1, as ggml_rope_cache_init makes them."""
+    f32 = np.float32
+    n_dims = rope.n_rot
+    theta_scale = f32(np.power(np.float64(f32(rope.base)), np.float64(f32(-2.0) / f32(n_dims))))
+    freq_scale = f32(rope.freq_scale)
+    yarn = rope.scaling == "yarn" and rope.freq_scale != 1.0
+    mscale = f32(rope.attn_factor)
+    if yarn:
+        corr = _yarn_corr_dims(n_dims, rope.orig_ctx, rope.base, rope.beta_fast, rope.beta_slow)
+        mscale = f32(
+            mscale * f32(f32(1.0) + f32(0.1) * f32(np.log(np.float64(f32(1.0) / freq_scale))))
+        )
+    theta = np.arange(n_pos).astype(f32)
+    cos = np.empty((n_pos, n_dims // 2), f32)
+    sin = np.empty((n_pos, n_dims // 2), f32)
+    with np.errstate(over="ignore"):
+        for i in range(n_dims // 2):
+            extrap = theta
+            interp = (freq_scale * extrap).astype(f32)
+            t = interp
+            if yarn:
+                y = f32((f32(i) - corr[0]) / max(f32(0.001), f32(corr[1] - corr[0])))
+                ramp = f32(1) - f32(min(1, max(0, y)))
+                t = (interp * (f32(1) - ramp) + extrap * ramp).astype(f32)
+            cos[:, i] = (np.cos(t.astype(np.float64)).astype(f32) * mscale).astype(f32)
+            sin[:, i] = (np.sin(t.astype(np.float64)).astype(f32) * mscale).astype(f32)
+            theta = (theta * theta_scale).astype(f32)
+    return cos, sin
+
+
+def _yarn_corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow):
+    def dim(n_rot):
+        return n_dims * np.log(n_ctx_orig / (n_rot * 2 * np.pi)) / (2 * np.log(base))
+
+    start = max(0.0, np.floor(dim(beta_fast)))
+    end = min(n_dims - 1.0, np.ceil(dim(beta_slow)))
+    return np.float32(start), np.float32(end)
+
+
+def rope_angles(positions: jax.Array, rope, freq_factors: jax.Array | None, n_pos: int):
+    """cos/sin [..., n_rot/2] for positions [...] (< n_pos; others are padding)."""
+    if freq_factors is not None:
+        # llama-3 style divisors are weights, unknown on the host: θ/ff in f32 and XLA's
+        # cos/sin (within an ulp of ggml's, not bit for bit).
+        f32 = np.float32
+        ts = f32(np.power(np.float64(f32(rope.base)), np.float64(f32(-2.0) / f32(rope.n_rot))))
+        theta = positions.astype(F32)
+        thetas = []
+        for _ in range(rope.n_rot // 2):
+            thetas.append(theta)
+            theta = theta * ts
+        t = jnp.stack(thetas, axis=-1) / freq_factors.astype(F32) * np.float32(rope.freq_scale)
+        return jnp.cos(t) * np.float32(rope.attn_factor), jnp.sin(t) * np.float32(rope.attn_factor)
+    cos, sin = _rope_table(rope, n_pos)
+    idx = jnp.clip(positions, 0, n_pos - 1)
+    return jnp.take(jnp.asarray(cos), idx, axis=0), jnp.take(jnp.asarray(sin), idx, axis=0)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, kind: str) -> jax.Array:
+    """x [B, T, H, D] rotated as ggml's rotate_pairs (GCC fuses the first product)."""
+    half = cos.shape[-1]
+    n_rot = 2 * half
+    rot, rest = x[..., :n_rot].astype(F32), x[..., n_rot:].astype(F32)
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    if kind == "norm":
+        pairs = rot.reshape(*rot.shape[:-1], half, 2)
+        x0, x1 = pairs[..., 0], pairs[..., 1]
+    elif kind == "neox":
+        x0, x1 = rot[..., :half], rot[..., half:]
+    else:
+        raise ValueError(f"unknown rope kind {kind!r}")
+    d0 = fma(x0, c, -opaque(x1 * s))
+    d1 = fma(x0, s, opaque(x1 * c))
+    if kind == "norm":
+        out = jnp.stack([d0, d1], axis=-1).reshape(rot.shape)
+    else:
+        out = jnp.concatenate([d0, d1], axis=-1)
+    return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+
+
+# -- attention -------------------------------------------------------------------------
+
+
+# llama.cpp graphs that multiply q by the attention scale before K·q (kq_scale 1.0)
+Q_PRESCALED = frozenset({"gemma2", "gemma3", "phi3"})
+
+
+def _f32_scale(scale: float, head_dim: int) -> np.float32:
+    """The scale as llama.cpp computes it in f32: 1.0f / sqrtf(head_dim) by default."""
+    default = np.float32(1.0) / np.sqrt(np.float32(head_dim))
+    return default if abs(scale - head_dim**-0.5) < 1e-12 else np.float32(scale)
+
+
+def attention(
+    q,
+    k_cache,
+    v_cache,
+    q_pos,
+    *,
+    scale,
+    window=None,
+    softcap=None,
+    causal=True,
+    q_prescaled=False,
+):
+    """`layers.attention` over an f16 cache, as ggml computes it (module doc).
+
+    q_prescaled: llama.cpp's graph scales q before K·q (`Q_PRESCALED` families)."""
+    B, T, H, D = q.shape
+    S, K = k_cache.shape[1], k_cache.shape[2]
+    G = H // K
+    batched = T > 1  # llamafile's sgemm serves >= 2 tokens; one token takes vec_dot
+    kq_scale = _f32_scale(scale, D)
+    if q_prescaled:
+        q = opaque(q.astype(F32) * kq_scale)
+        kq_scale = np.float32(1.0)
+    q16 = q.astype(jnp.float16).astype(F32).reshape(B, T, K, G, D)
+    kc = k_cache.astype(F32)
+    qk = q16[:, :, :, :, None, :]  # [B, T, K, G, 1, D]
+    kk = jnp.transpose(kc, (0, 2, 1, 3))[:, None, :, None, :, :]  # [B, 1, K, 1, S, D]
+    dot = dot_f16_sgemm if batched and D % 16 == 0 else dot_f16_vec
+    scores = dot(qk, kk)  # [B, T, K, G, S]
+    scores = jnp.transpose(scores, (0, 2, 3, 1, 4))  # [B, K, G, T, S]
+    if softcap:  # ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap (tanh not bit for bit)
+        capped = jnp.tanh(opaque(scores * (np.float32(1) / np.float32(softcap))))
+        scores = opaque(capped * np.float32(softcap))
+    wp = opaque(scores * kq_scale)
+    j = jnp.arange(S)[None, None, :]
+    i = q_pos[:, :, None]
+    if causal:
+        visible = j <= i
+    else:
+        last = jnp.max(jnp.where(q_pos < S, q_pos, -1), axis=1)
+        visible = jnp.broadcast_to(j <= last[:, None, None], (B, T, S))
+    if window is not None:
+        w = jnp.asarray(window)
+        visible = visible & ((w <= 0) | (i - j < w))
+    visible = visible[:, None, None, :, :]
+    mx = jnp.max(jnp.where(visible, wp, -jnp.inf), axis=-1, keepdims=True)
+    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
+    e = jnp.where(visible, v_expf(jnp.where(visible, wp - mx, -200.0)), 0.0)
+    chunk = reduce16(e.reshape(*e.shape[:-1], S // 16, 16))  # [B, K, G, T, S/16]
+    hi, lo = dsum(chunk)
+    inv = jnp.where(hi > 0, recip_pair(hi, lo), 0.0)  # rows with no visible key: padding
+    p16 = (e * inv[..., None]).astype(jnp.float16).astype(F32)  # [B, K, G, T, S]
+    out = _pv(p16, v_cache.astype(F32), batched)  # [B, K, G, T, D]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H, D)
+
+
+def _pv(p: jax.Array, v: jax.Array, batched: bool) -> jax.Array:
+    """Σ_s p[..., s]·v[s, d] in ggml's order: p [B, K, G, T, S], v [B, S, K, D]."""
+    B, K, G, T, S = p.shape
+    D = v.shape[-1]
+    n = S // 16
+    pc = jnp.moveaxis(p.reshape(B, K, G, T, n, 16), 4, 0)  # [n, B, K, G, T, 16]
+    vc = jnp.transpose(v.reshape(B, n, 16, K, D), (1, 0, 3, 4, 2))  # [n, B, K, D, 16]
+
+    def prod(pi, vi):  # -> [B, K, G, T, D, 16]
+        return pi[:, :, :, :, None, :] * vi[:, :, None, None, :, :]
+
+    if batched:
+
+        def step(acc, xs):
+            return acc + prod(*xs), None
+
+        acc, _ = jax.lax.scan(step, prod(pc[0], vc[0]), (pc[1:], vc[1:]))
+        return reduce16(acc)
+    # ggml_vec_dot_f16 over llama.cpp's n_kv (a multiple of 256): chunk c goes to
+    # accumulator c % 4, in order; zero padding to a multiple of 64 changes no sum.
+    pad = -n % 4
+    if pad:
+        pc = jnp.concatenate([pc, jnp.zeros((pad, *pc.shape[1:]), pc.dtype)])
+        vc = jnp.concatenate([vc, jnp.zeros((pad, *vc.shape[1:]), vc.dtype)])
+    n4 = (n + pad) // 4
+    pc4 = pc.reshape(n4, 4, *pc.shape[1:])
+    vc4 = vc.reshape(n4, 4, *vc.shape[1:])
+
+    def step4(accs, xs):
+        pi, vi = xs
+        return tuple(accs[j] + prod(pi[j], vi[j]) for j in range(4)), None
+
+    init = tuple(prod(pc4[0, j], vc4[0, j]) for j in range(4))
+    accs, _ = jax.lax.scan(step4, init, (pc4[1:], vc4[1:]))
+    return reduce16((accs[0] + accs[2]) + (accs[1] + accs[3]))
+
+
+def swiglu(g: jax.Array, u: jax.Array) -> jax.Array:
+    return silu(g) * u
+
+
+# -- GELU: ggml's f16 lookup table (GGML_GELU_FP16) --------------------------------------------
+
+
+@functools.cache
+def _gelu_table() -> np.ndarray:
+    """ggml_table_gelu_f16: f16(ggml_gelu_f32(x)) for every f16 bit pattern x, as f32.
+
+    ggml_gelu_f32 = 0.5f·x·(1.0f + tanhf(SQRT_2_OVER_PI·x·(1.0f + GELU_COEF_A·x·x))), with
+    GCC's contraction of 1.0f + (A·x)·x into an fma; tanhf taken correctly rounded.
+    """
+    f32, f64 = np.float32, np.float64
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(f32)
+    with np.errstate(all="ignore"):
+        ax = (f32(0.044715) * x).astype(f32)
+        inner = (ax.astype(f64) * x + 1.0).astype(f32)  # fma(A·x, x, 1)
+        t = ((f32(0.79788456080286535587989211986876) * x).astype(f32) * inner).astype(f32)
+        th = np.tanh(t.astype(f64)).astype(f32)
+        y = ((f32(0.5) * x).astype(f32) * (f32(1) + th).astype(f32)).astype(f32)
+    return y.astype(np.float16).astype(f32)
+
+
+def _gelu_lookup(x: jax.Array) -> jax.Array:
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float16), jnp.uint16).astype(jnp.int32)
+    return jnp.take(jnp.asarray(_gelu_table()), bits)
+
+
+def gelu(x: jax.Array) -> jax.Array:
+    """ggml_vec_gelu_f32: 0 below -10, x above 10, else the f16 table at f16(x)."""
+    x = x.astype(F32)
+    return jnp.where(x <= -10.0, 0.0, jnp.where(x >= 10.0, x, _gelu_lookup(x)))
+
+
+def geglu(x: jax.Array, g: jax.Array) -> jax.Array:
+    """ggml_vec_geglu_f32: gelu(x)·g with ggml's table (x·g above 10)."""
+    x = x.astype(F32)
+    return jnp.where(x <= -10.0, 0.0, jnp.where(x >= 10.0, x, _gelu_lookup(x)) * g)
