@@ -213,7 +213,7 @@ async def generate(cid: str, body: Generate, request: Request):
             "id": ctx.id,
             "finish_reason": g.finish_reason,
             "n_tokens": len(ctx.tokens),
-            "usage": g.usage(),
+            "usage": {**g.usage(), "cached_tokens": g.cached_tokens},
             "tokens": g.token_ids,
         }
 

@@ -277,7 +277,9 @@ async def metrics(request: Request):
     stats = _engine_stats(st)
     queued = sum(int(s.get("queued", 0)) for _, s in stats)
     pages = sum(int(s.get("pages_used", s.get("kv_pages_used", 0))) for _, s in stats)
+    held = sum(int(s.get("pages_held", 0)) for _, s in stats)
     rows += [
+        ("llamay_kv_pages_held", "gauge", "KV pages held by live sequences", held),
         ("llamacpp:requests_deferred", "gauge", "Requests waiting for a slot", queued),
         ("llamay_kv_pages_used", "gauge", "KV cache pages in use", pages),
     ]

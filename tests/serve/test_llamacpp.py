@@ -143,3 +143,21 @@ def test_context_api(http, tiny):
     assert http.get(f"/v1/contexts/{restored['id']}").status_code == 404
     assert http.delete("/v1/snapshots/s1").status_code == 204
     assert http.post("/v1/contexts", json={"snapshot": "../x"}).status_code == 400
+
+
+def test_forked_contexts_reuse_the_prefix(http, tiny):
+    text = " ".join(f"word{i}" for i in range(40))
+    c = http.post("/v1/contexts", json={"model": "tiny", "text": text}).json()
+    assert c["n_tokens"] >= 40
+    a, b = http.post(f"/v1/contexts/{c['id']}/fork", json={"n": 2}).json()["data"]
+    ga = http.post(
+        f"/v1/contexts/{a['id']}/generate", json={"max_tokens": 3, "temperature": 0}
+    ).json()
+    gb = http.post(
+        f"/v1/contexts/{b['id']}/generate", json={"max_tokens": 3, "temperature": 0}
+    ).json()
+    assert ga["tokens"] == gb["tokens"]
+    # the second fork's prompt came (in whole pages) from the prefix cache
+    assert gb["usage"]["cached_tokens"] >= 16
+    text = http.get("/metrics").text
+    assert "llamay_kv_pages_held 0" in text

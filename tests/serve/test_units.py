@@ -1,0 +1,101 @@
+"""The serve room's small pieces, without a server: stop-string hold-back, tool-call
+parsing, keep-alive durations, error statuses and bodies, `-m` parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamay import errors as E
+from llamay.serve.core import _held_back
+from llamay.serve.errors import ApiError, error_body, family_of, to_http_status
+from llamay.serve.ollama import keep_alive_seconds
+from llamay.serve.tools import call_schema, parse_calls, pick
+
+
+@pytest.mark.parametrize(
+    ("text", "stops", "n"),
+    [
+        ("hello wor", ["world"], 3),
+        ("hello", ["xyz"], 0),
+        ("ab", ["abc", "b"], 2),
+        ("a\n", ["\n\n"], 1),
+        ("", ["x"], 0),
+        ("abcab", ["abcabd"], 5),
+    ],
+)
+def test_held_back(text, stops, n):
+    assert _held_back(text, stops) == n
+
+
+def test_parse_calls():
+    names = {"get_weather"}
+    tagged = (
+        'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    )
+    assert parse_calls(tagged, names) == [{"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    bare = '{"name": "get_weather", "parameters": "{\\"city\\": \\"Rome\\"}"}'
+    assert parse_calls(bare, names) == [{"name": "get_weather", "arguments": {"city": "Rome"}}]
+    assert parse_calls('{"name": "other", "arguments": {}}', names) is None
+    assert parse_calls("just text", names) is None
+    assert parse_calls("<tool_call>{broken</tool_call>", names) is None
+
+
+def test_call_schema_and_pick():
+    fs = [{"name": "a", "parameters": {"type": "object"}}, {"name": "b"}]
+    assert call_schema(fs[:1])["properties"]["name"] == {"const": "a"}
+    assert len(call_schema(fs)["anyOf"]) == 2
+    assert pick(fs, "b") == [fs[1]]
+    with pytest.raises(E.RequestError, match="'c'"):
+        pick(fs, "c")
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (None, None),
+        (0, 0.0),
+        (-1, -1.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("-1", -1.0),
+        ("250ms", 0.25),
+        ("10", 10.0),
+    ],
+)
+def test_keep_alive(value, seconds):
+    assert keep_alive_seconds(value) == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "5 minutes", "m5", ""])
+def test_keep_alive_bad(bad):
+    with pytest.raises(ApiError):
+        keep_alive_seconds(bad)
+
+
+def test_statuses_and_bodies():
+    assert to_http_status(E.ModelNotFoundError("x")) == 404
+    assert to_http_status(E.ContextOverflowError("x")) == 400
+    assert to_http_status(E.GrammarSyntaxError("x")) == 400
+    assert to_http_status(E.FetchError("x")) == 502
+    assert to_http_status(ApiError(418, "tea")) == 418
+    assert to_http_status(RuntimeError("x")) == 500
+    assert family_of("/v1/messages/count_tokens") == "anthropic"
+    assert family_of("/v1/chat/completions") == "openai"
+    assert family_of("/api/chat") == "ollama"
+    assert family_of("/completion") == "llamacpp"
+    assert error_body("ollama", 400, "m") == {"error": "m"}
+    assert error_body("anthropic", 404, "m")["error"]["type"] == "not_found_error"
+    assert error_body("openai", 400, "m", "p")["error"]["param"] == "p"
+    assert error_body("llamacpp", 400, "m")["error"]["code"] == 400
+
+
+def test_parse_models(tmp_path):
+    from llamay_cli.serve_cmds import parse_models
+
+    f = tmp_path / "my-model.gguf"
+    f.write_bytes(b"")
+    assert parse_models([f"x={f}", str(f), "smollm2:135m"]) == {
+        "x": str(f),
+        "my-model": str(f),
+        "smollm2:135m": "smollm2:135m",
+    }
