@@ -188,10 +188,10 @@ def top_n_sigma(x, p: SamplingParams):
 
 
 def top_k(x, p: SamplingParams):
-    """llama_sampler_top_k: the k best (k <= 0 disables), at least min_keep."""
+    """llama_sampler_top_k: the k best (k <= 0 disables; min_keep does not apply)."""
     V = x.shape[-1]
     on = p.top_k > 0
-    k = jnp.where(on, jnp.minimum(jnp.maximum(p.top_k, p.min_keep), V), 1)
+    k = jnp.where(on, jnp.minimum(p.top_k, V), 1)
     thr = _cut(x, lambda vals: k)
     return jnp.where(~on[:, None] | (x >= thr), x, NEG)
 

@@ -313,9 +313,14 @@ class SamplerState:
 
 
 def seed_keys(samplers: list[Sampler]) -> jax.Array:
-    """One PRNG key per slot; an unseeded sampler draws its seed from the OS."""
+    """One PRNG key per slot (threefry key data [B, 2] uint32: the seed's high and low 32
+    bits, as `jax.random.key(seed)` for seeds below 2**32); an unseeded sampler draws
+    its seed from the OS. Built in numpy, so thousands of slots cost nothing."""
     seeds = [
         s.seed if s.seed is not None else int(np.random.SeedSequence().entropy % 2**63)
         for s in samplers
     ]
-    return jnp.stack([jax.random.key_data(jax.random.key(sd)) for sd in seeds])
+    u = np.array([sd % 2**64 for sd in seeds], np.uint64)
+    return jnp.asarray(
+        np.stack([u >> np.uint64(32), u & np.uint64(0xFFFFFFFF)], -1).astype(np.uint32)
+    )

@@ -335,3 +335,59 @@ def test_cuts_beyond_the_sorted_view_fall_back_to_a_full_sort():
     assert n > VIEW
     x = run_final(lg, Sampler(**{**OFF, "top_p": 0.6}, samplers=["top_p"]))
     assert abs(len(kept(x)) - n) <= 1  # float32 cumulative sums may differ at the boundary
+
+
+# A few orders (each compiles once): llama.cpp's default, reversed, and a shuffle.
+ORDERS = [
+    ("penalties", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"),
+    ("temperature", "xtc", "min_p", "top_p", "typ_p", "top_k", "top_n_sigma", "penalties"),
+    ("top_p", "penalties", "temperature", "top_k", "xtc", "typ_p", "min_p", "top_n_sigma"),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    order=st.sampled_from(ORDERS),
+    top_k=st.integers(0, 20),
+    top_p=st.sampled_from([1.0, 0.5, 0.9]),
+    min_p=st.sampled_from([0.0, 0.05, 0.2]),
+    typical_p=st.sampled_from([1.0, 0.5, 0.9]),
+    top_n_sigma=st.sampled_from([-1.0, 1.0, 2.0]),
+    xtc=st.sampled_from([0.0, 1.0]),
+    temp=st.sampled_from([0.0, 0.7, 1.3]),
+    dyn=st.sampled_from([0.0, 0.5]),
+    min_keep=st.integers(0, 3),
+)
+def test_chain_matches_llamacpp_sorted_array_reference(
+    seed, order, top_k, top_p, min_p, typical_p, top_n_sigma, xtc, temp, dyn, min_keep
+):
+    """The device chain (vocabulary order, thresholds) against a restatement of llama.cpp's
+    chain over a shrinking sorted candidate array, any order, any combination."""
+    from llamacpp_reference import chain
+
+    rng = np.random.default_rng(seed)
+    lg = rng.normal(0, 2, 48).astype(np.float32)
+    hist = rng.integers(0, 48, 10).tolist()
+    s = Sampler(
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        typical_p=typical_p,
+        top_n_sigma=top_n_sigma,
+        xtc_probability=xtc,
+        xtc_threshold=0.1,
+        dynatemp_range=dyn,
+        repeat_penalty=1.2,
+        frequency_penalty=0.1,
+        presence_penalty=0.2,
+        min_keep=min_keep,
+        samplers=order,
+    )
+    want = chain(lg, s, hist)
+    got = run_final(lg, s, history=hist)
+    assert kept(got) == set(want), (sorted(kept(got)), sorted(want))
+    np.testing.assert_allclose(
+        [got[i] for i in sorted(want)], [want[i] for i in sorted(want)], rtol=2e-5, atol=2e-5
+    )
