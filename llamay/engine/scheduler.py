@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -56,6 +57,20 @@ class _Active:
     fresh: bool = True  # sampler state not yet seeded in its slot
     prompt_cached: bool = False
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class _Plan:
+    """One step's inputs (host arrays) and the slots they were built for."""
+
+    rows: list  # the slot occupants when planned
+    live: np.ndarray  # [B] bool
+    feed: list[int]  # tokens each slot feeds
+    tokens: np.ndarray  # [B, T]
+    positions: np.ndarray  # [B, T]
+    table: np.ndarray  # [B, M]
+    last: np.ndarray  # [B]
+    sampling: np.ndarray  # [B] bool
 
 
 def model_digest(path: Path) -> str:
@@ -101,7 +116,7 @@ class BatchEngine:
         self._vocab = getattr(cfg, "vocab", None)
         self._params: SamplingParams | None = None
         self._state: SamplerState | None = None
-        self._plan = None
+        self._sampler_plan = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -264,7 +279,7 @@ class BatchEngine:
         while self.waiting and None in self.slots:
             a = self.waiting[0]
             plan = a.sampler.plan
-            if self._plan is not None and plan != self._plan and any(self.slots):
+            if self._sampler_plan is not None and plan != self._sampler_plan and any(self.slots):
                 return  # the batch shares one sampler plan: wait for it to drain
             if a.budget <= 0 and a.seq is None:
                 self.waiting.popleft()
@@ -281,7 +296,7 @@ class BatchEngine:
             self.waiting.popleft()
             slot = self.slots.index(None)
             self.slots[slot] = a
-            self._plan = plan
+            self._sampler_plan = plan
             a.fresh = True
 
     def _refresh_params(self) -> None:
@@ -308,55 +323,99 @@ class BatchEngine:
                 self.slots[i].fresh = False
 
     def _step(self) -> None:
+        """Run steps; while every slot is decoding (and nothing is waiting), dispatch
+        the next step, fed from this one's tokens on device, before reading this one's
+        back, so the device works while the host does the bookkeeping."""
+        plan = self._plan()
+        nxt = self._dispatch(plan)
+        while True:
+            ahead = None
+            if self._steady(plan):
+                nxt_plan = self._plan(after=plan)
+                ahead = (nxt_plan, self._dispatch(nxt_plan, nxt[:, None]))
+            self._complete(plan, np.asarray(nxt))
+            if ahead is None:
+                return
+            plan, nxt = ahead
+            if self._inbox.qsize() or self.waiting:  # let the loop admit and take commands
+                self._complete(plan, np.asarray(nxt))
+                return
+
+    def _steady(self, plan: _Plan) -> bool:
+        return (
+            bool(plan.sampling[plan.live].all())
+            and plan.tokens.shape[1] == 1
+            and not self._inbox.qsize()
+            and not self.waiting
+            and all(
+                a.handle.request.constraint is None and a.budget >= 2 and not a.handle.cancelled
+                for a in plan.rows
+                if a is not None
+            )
+        )
+
+    def _plan(self, after: _Plan | None = None) -> _Plan:
+        """The next step's inputs. With `after` (a step in flight whose sampled tokens
+        feed this one on device): one token per slot, past what `after` fed."""
         B, ps = self.n_slots, self.page_size
+        rows = list(self.slots)
+        live = np.array([a is not None for a in rows])
+        done = [0] * B if after is None else after.feed
         feed = [0] * B
-        for i, a in enumerate(self.slots):
+        for i, a in enumerate(rows):
             if a is not None:
-                feed[i] = min(len(a.seq.pending), self.chunk)
+                feed[i] = 1 if after is not None else min(len(a.seq.pending), self.chunk)
         T = 1 if max(feed) <= 1 else bucket(max(feed), 16)
         with self._lock:
-            for i, a in enumerate(self.slots):
+            for i, a in enumerate(rows):
                 if a is not None:
-                    self.mgr.ensure(a.seq, a.seq.n_cached + feed[i])
-        pages = max(len(a.seq.pages) for a in self.slots if a is not None)
+                    self.mgr.ensure(a.seq, a.seq.n_cached + done[i] + feed[i])
+        pages = max(len(a.seq.pages) for a in rows if a is not None)
         M = bucket(pages, max(1, MIN_VIEW // ps))  # few page-table shapes, few compiles
         tokens = np.zeros((B, T), np.int32)
         positions = np.full((B, T), PAD_POSITION, np.int32)
         table = np.zeros((B, M), np.int32)
         last = np.zeros(B, np.int32)
         sampling = np.zeros(B, bool)
-        for i, a in enumerate(self.slots):
+        for i, a in enumerate(rows):
             if a is None:
                 continue
-            s, n = a.seq, feed[i]
-            tokens[i, :n] = s.pending[:n]
-            positions[i, :n] = np.arange(s.n_cached, s.n_cached + n)
+            s, n, start = a.seq, feed[i], a.seq.n_cached + done[i]
+            if after is None:
+                tokens[i, :n] = s.pending[:n]
+            positions[i, :n] = np.arange(start, start + n)
             table[i, : len(s.pages)] = s.pages
             last[i] = n - 1
-            sampling[i] = n == len(s.pending)
-        mask = self._masks(sampling)
+            sampling[i] = after is not None or n == len(s.pending)
+        return _Plan(rows, live, feed, tokens, positions, table, last, sampling)
+
+    def _dispatch(self, plan: _Plan, tokens: jax.Array | None = None) -> jax.Array:
+        mask = self._masks(plan.sampling)
         nxt, self._state, self.kv = paged_step(
             self.cfg,
             self.weights,
             self.kv,
-            jnp.asarray(tokens),
-            jnp.asarray(positions),
-            jnp.asarray(table),
-            jnp.asarray(last),
-            jnp.asarray(sampling),
+            jnp.asarray(plan.tokens) if tokens is None else tokens,
+            jnp.asarray(plan.positions),
+            jnp.asarray(plan.table),
+            jnp.asarray(plan.last),
+            jnp.asarray(plan.sampling),
             self._params,
             self._state,
             mask,
         )
-        nxt = np.asarray(nxt)
         self.counters["steps"] += 1
-        self.counters["computed_tokens"] += sum(feed)
-        for i, a in enumerate(self.slots):
-            if a is None:
-                continue
+        return nxt
+
+    def _complete(self, plan: _Plan, nxt: np.ndarray) -> None:
+        """Commit a finished step: positions fed, tokens sampled, requests ended."""
+        for i, a in enumerate(plan.rows):
+            if a is None or self.slots[i] is not a:
+                continue  # ended while this step was in flight: its result is moot
+            self.counters["computed_tokens"] += plan.feed[i]
             with self._lock:
-                self.mgr.commit(a.seq, feed[i])
-            if not sampling[i]:
+                self.mgr.commit(a.seq, plan.feed[i])
+            if not plan.sampling[i]:
                 continue
             if not a.prompt_cached:
                 a.prompt_cached = True
