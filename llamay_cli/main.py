@@ -178,6 +178,7 @@ def show(
 
     try:
         info = summary(resolve(model))
+        info.update(_layers(model))
     except LlamayError as exc:
         raise _fail(exc) from None
     if as_json:
@@ -199,6 +200,31 @@ def show(
     ]
     for k, v in rows:
         print(f"{k:>18}  {v}")
+    for key in ("system", "parameters", "template", "license"):
+        if info.get(key):
+            text = info[key] if isinstance(info[key], str) else json.dumps(info[key])
+            print(f"\n{key}:\n" + "\n".join("  " + line for line in text.splitlines()))
+
+
+def _layers(model: str) -> dict:
+    """Template/system/params/license layers of a store or Ollama model (as `ollama show`);
+    nothing for a plain .gguf path or a model without layers."""
+    from pathlib import Path
+
+    from llamay.ollama import resolve_anywhere
+
+    if Path(model).expanduser().is_file():
+        return {}
+    try:
+        om = resolve_anywhere(model)
+    except LlamayError:
+        return {}
+    return {
+        "template": om.template,
+        "system": om.system,
+        "parameters": om.params or None,
+        "license": "\n\n".join(om.license) or None,
+    }
 
 
 @app.command()

@@ -285,3 +285,27 @@ def test_store_resolve_falls_back_to_ollama(layout, tiny, tmp_path, monkeypatch)
     assert not (tmp_path / "llamay-home").exists()  # nothing copied, nothing written
     with pytest.raises(ModelNotFoundError, match="unknown model 'someone/other:latest'"):
         store.resolve("someone/other", progress=False)
+
+
+def test_cli_show_includes_ollama_layers(layout, tiny, tmp_path, monkeypatch) -> None:
+    """`llamay show` of an Ollama model lists its template, system, params and license
+    layers, as `ollama show` does; the GGUF facts come from the blob."""
+    from llamay_cli.main import app
+
+    monkeypatch.setenv("LLAMAY_HOME", str(tmp_path / "llamay-home"))
+    layout.model(
+        (HOST, "library", "tiny", "latest"),
+        tiny,
+        template=CHATML,
+        system="Be brief.",
+        params=PARAMS,
+        license="MIT-ish",
+    )
+    r = CliRunner().invoke(app, ["show", "tiny", "--json"])
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.stdout)
+    assert info["architecture"] == "llama"
+    assert (info["template"], info["system"], info["license"]) == (CHATML, "Be brief.", "MIT-ish")
+    assert info["parameters"] == PARAMS
+    text = CliRunner().invoke(app, ["show", "tiny"]).stdout
+    assert "system:\n  Be brief." in text and "license:\n  MIT-ish" in text
