@@ -241,3 +241,60 @@ def test_errors_are_openai_shaped(client):
         client.chat.completions.create(model="bert", messages=MSGS, max_tokens=1)
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model="tiny", input="x")
+
+
+def test_responses_api(client, tiny):
+    r = client.responses.create(
+        model="tiny",
+        input="Name three colours.",
+        max_output_tokens=8,
+        temperature=0,
+        instructions="Be brief.",
+    )
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name three colours."},
+    ]
+    want = greedy(tiny, chat_prompt(tiny, msgs), 8)
+    assert r.output_text == want
+    assert r.usage.output_tokens == 8 and r.status == "incomplete"
+    events = list(
+        client.responses.create(
+            model="tiny",
+            input="Name three colours.",
+            max_output_tokens=8,
+            temperature=0,
+            instructions="Be brief.",
+            stream=True,
+        )
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-1] == "response.incomplete"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == want
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_responses_forced_function_call(client):
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "weather",
+        "parameters": WEATHER["function"]["parameters"],
+    }
+    r = client.responses.create(
+        model="tiny",
+        input="Weather in Oslo?",
+        tools=[tool],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=60,
+        temperature=0,
+    )
+    call = r.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), tool["parameters"])
