@@ -19,7 +19,7 @@ import numpy as np
 from llamay.arch import Architecture, get_architecture
 from llamay.arch.layers import pool
 from llamay.engine import Generation, Runtime, check_prompt, padded_batch
-from llamay.errors import RequestError
+from llamay.errors import ConstraintIncompleteError, RequestError
 from llamay.gguf import GGUFFile
 from llamay.kv import bucket, new_dense_kv
 from llamay.model import bind, logits_step
@@ -237,7 +237,16 @@ class Model:
         ids = self.tokenize(prompt, add_special=True, parse_special=True)
         gen = self.generation(ids, max_tokens, sampler, con)
         pieces = self._stream_text(gen)
-        return pieces if stream else "".join(pieces)
+        if stream:
+            return pieces
+        out = []
+        try:
+            for piece in pieces:
+                out.append(piece)
+        except ConstraintIncompleteError as e:
+            e.partial = "".join(out)
+            raise
+        return "".join(out)
 
     def _stream_text(self, gen: Generation) -> Iterator[str]:
         dec = IncrementalDecoder(self.tokenizer)
@@ -248,6 +257,13 @@ class Model:
         tail = dec.flush()
         if tail:
             yield tail
+        con = gen.constraint
+        if con is not None and not con.accepting:
+            raise ConstraintIncompleteError(
+                f"the output stopped ({gen.finish_reason}) after {gen.n_generated} tokens "
+                "before the constraint was satisfied; raise max_tokens (the text so far is "
+                "in this error's `partial`)"
+            )
 
     def __repr__(self) -> str:
         c = self.config

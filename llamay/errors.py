@@ -135,3 +135,10 @@ class GrammarSyntaxError(ConstraintError):
 class UnsupportedConstraintError(ConstraintError):
     """A schema keyword or grammar feature that cannot be enforced; the message names it
     (pass lenient=True to drop it, and the result says what was dropped)."""
+
+
+class ConstraintIncompleteError(ConstraintError):
+    """Generation ended (token budget, context) before the constraint was satisfied;
+    `partial` holds the text generated so far."""
+
+    partial: str = ""

@@ -96,3 +96,13 @@ def test_seeded_sampling_with_penalties_and_logprobs(tiny):
     for tok, (lp, top) in zip(toks, gen.logprobs, strict=True):
         assert top[0][0] == tok and abs(top[0][1] - lp) < 1e-5  # greedy picks the best
         assert top[0][1] >= top[1][1] >= top[2][1]
+
+
+def test_budget_exhausted_inside_a_constraint_is_an_error(tiny):
+    from llamay.errors import ConstraintIncompleteError
+
+    with pytest.raises(ConstraintIncompleteError, match="max_tokens") as e:
+        tiny.generate("x", max_tokens=3, regex="[a-z]{80}", seed=0)
+    assert len(e.value.partial) >= 1 and e.value.partial.isalpha()
+    with pytest.raises(ConstraintIncompleteError):
+        list(tiny.generate("x", max_tokens=3, regex="[a-z]{80}", seed=0, stream=True))
