@@ -143,11 +143,7 @@ def _stop_reason(g: TextGen) -> str:
 
 
 def _blocks(text: str, forced, names: set[str]) -> list[dict]:
-    calls = (
-        [T.forced_call(text)]
-        if forced is not None
-        else (T.parse_calls(text, names) if names else None)
-    )
+    calls = T.calls_in(text, forced is not None, names)
     if calls:
         return [
             {

@@ -258,11 +258,7 @@ def _oa_reason(reason: str | None) -> str:
 def _message_of(gen: TextGen, text: str, forced: bool, names: set[str]) -> tuple[dict, str]:
     import json
 
-    calls = None
-    if forced:
-        calls = [T.forced_call(text)]
-    elif names:
-        calls = T.parse_calls(text, names)
+    calls = T.calls_in(text, forced, names)
     if calls:
         tool_calls = [
             {
@@ -721,11 +717,7 @@ async def responses(body: ResponsesRequest, request: Request):
     created = int(time.time())
 
     def output_items(text: str) -> list[dict]:
-        calls = (
-            [T.forced_call(text)]
-            if forced is not None
-            else (T.parse_calls(text, names) if names else None)
-        )
+        calls = T.calls_in(text, forced is not None, names)
         if calls:
             return [
                 {

@@ -93,3 +93,11 @@ def forced_call(text: str) -> dict:
 
 def call_id(prefix: str = "call_") -> str:
     return prefix + uuid.uuid4().hex[:24]
+
+
+def calls_in(text: str, forced: bool, names: set[str]) -> list[dict] | None:
+    """The tool calls in a generation's text: the one forced call, the calls recognised
+    among `names`, or None (plain text)."""
+    if forced:
+        return [forced_call(text)]
+    return parse_calls(text, names) if names else None

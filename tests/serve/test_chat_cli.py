@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import pty
 import select
-import signal
 import sys
 import time
 
@@ -63,29 +62,36 @@ class Term:
 
 
 @pytest.fixture
-def term(tiny_paths, serve_home):
-    env = {**os.environ, "LLAMAY_HOME": str(serve_home), "TERM": "dumb", "COLUMNS": "200"}
-    argv = [
-        sys.executable,
-        "-m",
-        "llamay_cli.main",
-        "chat",
-        "-m",
-        str(tiny_paths["tiny"]),
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "8",
-    ]
-    t = Term(argv, env)
-    yield t
-    try:
-        os.kill(t.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def chat(tiny_paths, serve_home):
+    """Start `llamay chat` on the tiny llama (greedy) with a token budget."""
+    started: list[Term] = []
+
+    def start(max_tokens: int) -> Term:
+        env = {**os.environ, "LLAMAY_HOME": str(serve_home), "TERM": "dumb"}
+        argv = [
+            sys.executable,
+            "-m",
+            "llamay_cli.main",
+            "chat",
+            "-m",
+            str(tiny_paths["tiny"]),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            str(max_tokens),
+        ]
+        started.append(Term(argv, env))
+        return started[-1]
+
+    yield start
+    for t in started:
+        if t.proc.poll() is None:
+            t.proc.kill()
+            t.proc.wait(timeout=30)
 
 
-def test_chat_session(term, tiny):
+def test_chat_session(chat, tiny):
+    term = chat(8)
     term.read_until(">>> ")
     term.send("Hello there\n")
     first = term.read_until(">>> ")
@@ -112,33 +118,14 @@ def test_chat_session(term, tiny):
     assert term.close() == 0
 
 
-def test_ctrl_c_stops_an_answer_not_the_chat(tiny_paths, serve_home):
-    env = {**os.environ, "LLAMAY_HOME": str(serve_home), "TERM": "dumb"}
-    argv = [
-        sys.executable,
-        "-m",
-        "llamay_cli.main",
-        "chat",
-        "-m",
-        str(tiny_paths["tiny"]),
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "1500",
-    ]
-    t = Term(argv, env)
-    try:
-        t.read_until(">>> ")
-        t.send("Tell me everything\n")
-        t.read_until("Tell me everything\n")
-        time.sleep(3.0)  # let it stream a while
-        t.send("\x03")
-        out = t.read_until(">>> ", timeout=60)
-        assert "[stopped]" in out
-        t.send("/bye\n")
-        assert t.close() == 0
-    finally:
-        try:
-            os.kill(t.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def test_ctrl_c_stops_an_answer_not_the_chat(chat):
+    t = chat(1500)
+    t.read_until(">>> ")
+    t.send("Tell me everything\n")
+    t.read_until("Tell me everything\n")
+    time.sleep(3.0)  # let it stream a while
+    t.send("\x03")
+    out = t.read_until(">>> ", timeout=60)
+    assert "[stopped]" in out
+    t.send("/bye\n")
+    assert t.close() == 0
