@@ -104,6 +104,7 @@ class Loaded:
     load_seconds: float = 0.0
     expires_at: float | None = None  # None: never
     busy: int = 0  # requests in flight
+    last_get: float = field(default_factory=time.time)
 
     @property
     def name(self) -> str:
@@ -142,6 +143,7 @@ class Models:
         default_keep_alive: float = 300.0,
         use_store: bool = True,
         loader: Callable[..., Any] = default_loader,
+        engine_factory: Callable[..., Any] | None = None,
     ):
         self.configured = {k: Path(v) for k, v in (configured or {}).items()}
         self.n_ctx = n_ctx
@@ -150,6 +152,7 @@ class Models:
         self.default_keep_alive = default_keep_alive
         self.use_store = use_store
         self.loader = loader
+        self.engine_factory = engine_factory or make_engine
         self.loaded: dict[str, Loaded] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -221,10 +224,11 @@ class Models:
                 model = await loop.run_in_executor(
                     None, self.loader, known.path, self.n_ctx, self.numerics
                 )
-                engine = make_engine(model, self.parallel)
+                engine = self.engine_factory(model, self.parallel)
                 lm = Loaded(known, model, engine, load_seconds=time.perf_counter() - t0)
                 self.loaded[known.name] = lm
             lm.expires_at = self._expiry(keep_alive)
+            lm.last_get = time.time()
             return lm
 
     def touch(self, lm: Loaded, keep_alive: float | None = None) -> None:
@@ -237,12 +241,30 @@ class Models:
         await asyncio.get_running_loop().run_in_executor(None, lm.engine.close)
         return True
 
+    #: A model handed out this recently is not reaped (its request may not have started).
+    GRACE_S = 2.0
+
     async def reap(self) -> None:
         """Unload every idle model whose keep-alive has run out."""
         now = time.time()
         for name, lm in list(self.loaded.items()):
-            if lm.busy == 0 and lm.expires_at is not None and lm.expires_at <= now:
+            if (
+                lm.busy == 0
+                and lm.expires_at is not None
+                and lm.expires_at <= now
+                and now - lm.last_get >= self.GRACE_S
+            ):
                 await self.unload(name)
+
+    async def unload_when_idle(self, name: str) -> bool:
+        """Unload `name` now if nothing uses it, else as soon as its requests end."""
+        lm = self.loaded.get(name)
+        if lm is None:
+            return False
+        if lm.busy:
+            lm.expires_at = time.time()
+            return True
+        return await self.unload(name)
 
     async def close(self) -> None:
         for name in list(self.loaded):

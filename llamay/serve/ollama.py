@@ -308,7 +308,7 @@ async def generate(body: GenerateRequest, request: Request):
         # Ollama: an empty prompt loads (or, with keep_alive 0, unloads) the model.
         if ka == 0:
             known = st.models.find(body.model)
-            await st.models.unload(known.name)
+            await st.models.unload_when_idle(known.name)
             return {
                 "model": known.name,
                 "created_at": _now(),
@@ -393,7 +393,7 @@ async def chat(body: ChatRequest, request: Request):
     if not body.messages:
         if ka == 0:
             known = st.models.find(body.model)
-            await st.models.unload(known.name)
+            await st.models.unload_when_idle(known.name)
             reason = "unload"
         else:
             known = (await st.models.get(body.model, ka)).known

@@ -99,3 +99,58 @@ def test_parse_models(tmp_path):
         "my-model": str(f),
         "smollm2:135m": "smollm2:135m",
     }
+
+
+def test_models_load_once_keep_alive_and_unload(tmp_path):
+    import asyncio
+
+    from llamay.serve.models import Models
+
+    loads, closed = [], []
+
+    class FakeEngine:
+        def __init__(self, model, parallel):
+            self.model = model
+
+        def close(self):
+            closed.append(self.model)
+
+    def loader(path, n_ctx, numerics):
+        loads.append(path)
+        return f"model:{path.name}"
+
+    f = tmp_path / "a.gguf"
+    f.write_bytes(b"")
+
+    async def main():
+        ms = Models(
+            {"a": f},
+            use_store=False,
+            default_keep_alive=0.05,
+            loader=loader,
+            engine_factory=FakeEngine,
+        )
+        ms.GRACE_S = 0.0
+        one, two = await asyncio.gather(ms.get("a"), ms.get("a:latest"))
+        assert one is two and len(loads) == 1
+        assert (await ms.get(None)) is one  # the default model
+        one.busy = 1
+        await asyncio.sleep(0.1)
+        await ms.reap()
+        assert "a" in ms.loaded  # busy: kept
+        one.busy = 0
+        await ms.reap()
+        assert "a" not in ms.loaded and closed == ["model:a.gguf"]
+        lm = await ms.get("a", keep_alive=-1)  # forever
+        await asyncio.sleep(0.1)
+        await ms.reap()
+        assert ms.loaded["a"] is lm and len(loads) == 2
+        lm.busy = 1
+        assert await ms.unload_when_idle("a") and "a" in ms.loaded
+        lm.busy = 0
+        await ms.reap()
+        assert "a" not in ms.loaded
+        with pytest.raises(E.ModelNotFoundError, match="'b'"):
+            ms.find("b")
+
+    asyncio.run(main())
