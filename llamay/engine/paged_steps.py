@@ -23,23 +23,30 @@ PAD_POSITION = 1 << 30  # past any page table: never written, never attended
 
 @partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
 def paged_step(
-    cfg, weights, kv, tokens, positions, page_table, last, sampling, params, state, mask=None
+    cfg, weights, kv, tokens, positions, page_table, last, sampling, slots, params, state, mask=None
 ):
-    """tokens/positions [B, T], page_table [B, M], last [B] (index in T of each row's
-    last fed token), sampling [B] bool (rows that sample now; the others keep their
-    sampler state), mask: packed allowed-token bits [B, W] (constraints) or None.
-    Returns (next tokens [B], sampler state, kv)."""
+    """One step over R packed rows: tokens/positions [R, T], page_table [R, M], last [R]
+    (index in T of each row's last fed token), sampling [R] bool (rows that sample now),
+    slots [R] (each row's engine slot; padding rows: out of range), params and state per
+    engine slot (rows not sampling keep theirs), mask: packed allowed-token bits [R, W]
+    (constraints) or None. Returns (next tokens [R], sampler state, kv)."""
     arch = architecture_of(cfg)
     x, kv, _ = forward(cfg, weights, kv, tokens, positions, page_table=page_table)
     x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
     logits = arch.head(cfg, weights, x_last)[:, 0]
-    nxt, new = sample(logits, params, state, mask)
 
-    def keep(n, o):
+    def take(a):
+        return jnp.take(a, slots, axis=0, mode="clip")
+
+    p = jax.tree_util.tree_map(take, params)
+    st = jax.tree_util.tree_map(take, state)
+    nxt, new = sample(logits, p, st, mask)
+
+    def put(full, n, o):
         m = sampling.reshape(sampling.shape + (1,) * (n.ndim - 1))
-        return jnp.where(m, n, o)
+        return full.at[slots].set(jnp.where(m, n, o), mode="drop")
 
-    return nxt, jax.tree_util.tree_map(keep, new, state), kv
+    return nxt, jax.tree_util.tree_map(put, state, new, st), kv
 
 
 def set_rows(params: SamplingParams | object, rows, new):

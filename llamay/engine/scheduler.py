@@ -61,16 +61,17 @@ class _Active:
 
 @dataclass(eq=False)
 class _Plan:
-    """One step's inputs (host arrays) and the slots they were built for."""
+    """One step's inputs (host arrays, R packed rows) and the slots they were built for."""
 
+    idx: list[int]  # the engine slot of each real row
     rows: list  # the slot occupants when planned
-    live: np.ndarray  # [B] bool
-    feed: list[int]  # tokens each slot feeds
-    tokens: np.ndarray  # [B, T]
-    positions: np.ndarray  # [B, T]
-    table: np.ndarray  # [B, M]
-    last: np.ndarray  # [B]
-    sampling: np.ndarray  # [B] bool
+    feed: list[int]  # tokens each real row feeds
+    tokens: np.ndarray  # [R, T]
+    positions: np.ndarray  # [R, T]
+    table: np.ndarray  # [R, M]
+    last: np.ndarray  # [R]
+    sampling: np.ndarray  # [R] bool
+    slots: np.ndarray  # [R] engine slot per row (padding: out of range)
 
 
 def model_digest(path: Path) -> str:
@@ -323,15 +324,25 @@ class BatchEngine:
                 self.slots[i].fresh = False
 
     def _step(self) -> None:
-        """Run steps; while every slot is decoding (and nothing is waiting), dispatch
-        the next step, fed from this one's tokens on device, before reading this one's
+        """One iteration: a decode step for the slots decoding and a prefill step for
+        those with a prompt chunk to feed, each over just its rows (packed, the row
+        count bucketed). While every slot decodes (and nothing waits), the next step is
+        dispatched, fed from this one's tokens on device, before this one is read
         back, so the device works while the host does the bookkeeping."""
-        plan = self._plan()
-        nxt = self._dispatch(plan)
+        busy = [i for i, a in enumerate(self.slots) if a is not None]
+        decode = [i for i in busy if len(self.slots[i].seq.pending) == 1]
+        prefill = [i for i in busy if len(self.slots[i].seq.pending) > 1]
+        plans = [self._plan(g) for g in (decode, prefill) if g]
+        outs = [self._dispatch(p) for p in plans]
+        if len(plans) == 2 or not decode:
+            for p, nxt in zip(plans, outs, strict=True):
+                self._complete(p, np.asarray(nxt))
+            return
+        plan, nxt = plans[0], outs[0]
         while True:
             ahead = None
             if self._steady(plan):
-                nxt_plan = self._plan(after=plan)
+                nxt_plan = self._plan(plan.idx, after=plan)
                 ahead = (nxt_plan, self._dispatch(nxt_plan, nxt[:, None]))
             self._complete(plan, np.asarray(nxt))
             if ahead is None:
@@ -343,54 +354,53 @@ class BatchEngine:
 
     def _steady(self, plan: _Plan) -> bool:
         return (
-            bool(plan.sampling[plan.live].all())
-            and plan.tokens.shape[1] == 1
+            plan.tokens.shape[1] == 1
             and not self._inbox.qsize()
             and not self.waiting
             and all(
-                a.handle.request.constraint is None and a.budget >= 2 and not a.handle.cancelled
-                for a in plan.rows
-                if a is not None
+                self.slots[i] is a
+                and a.handle.request.constraint is None
+                and a.budget >= 2
+                and not a.handle.cancelled
+                for i, a in zip(plan.idx, plan.rows, strict=False)
             )
         )
 
-    def _plan(self, after: _Plan | None = None) -> _Plan:
-        """The next step's inputs. With `after` (a step in flight whose sampled tokens
-        feed this one on device): one token per slot, past what `after` fed."""
-        B, ps = self.n_slots, self.page_size
-        rows = list(self.slots)
-        live = np.array([a is not None for a in rows])
-        done = [0] * B if after is None else after.feed
-        feed = [0] * B
-        for i, a in enumerate(rows):
-            if a is not None:
-                feed[i] = 1 if after is not None else min(len(a.seq.pending), self.chunk)
+    def _plan(self, idx: list[int], after: _Plan | None = None) -> _Plan:
+        """Inputs of a step over slots `idx`. With `after` (a step over the same slots
+        in flight, whose sampled tokens feed this one on device): one token per slot,
+        past what `after` fed."""
+        ps = self.page_size
+        rows = [self.slots[i] for i in idx]
+        R = bucket(len(rows), 1)
+        done = [0] * len(rows) if after is None else after.feed
+        if after is not None:
+            feed = [1] * len(rows)
+        else:
+            feed = [min(len(a.seq.pending), self.chunk) for a in rows]
         T = 1 if max(feed) <= 1 else bucket(max(feed), 16)
         with self._lock:
-            for i, a in enumerate(rows):
-                if a is not None:
-                    self.mgr.ensure(a.seq, a.seq.n_cached + done[i] + feed[i])
-        pages = max(len(a.seq.pages) for a in rows if a is not None)
-        M = bucket(pages, max(1, MIN_VIEW // ps))  # few page-table shapes, few compiles
-        tokens = np.zeros((B, T), np.int32)
-        positions = np.full((B, T), PAD_POSITION, np.int32)
-        table = np.zeros((B, M), np.int32)
-        last = np.zeros(B, np.int32)
-        sampling = np.zeros(B, bool)
-        for i, a in enumerate(rows):
-            if a is None:
-                continue
-            s, n, start = a.seq, feed[i], a.seq.n_cached + done[i]
+            for j, a in enumerate(rows):
+                self.mgr.ensure(a.seq, a.seq.n_cached + done[j] + feed[j])
+        M = bucket(max(len(a.seq.pages) for a in rows), max(1, MIN_VIEW // ps))
+        tokens = np.zeros((R, T), np.int32)
+        positions = np.full((R, T), PAD_POSITION, np.int32)
+        table = np.zeros((R, M), np.int32)
+        last = np.zeros(R, np.int32)
+        sampling = np.zeros(R, bool)
+        slots = np.full(R, self.n_slots, np.int32)  # padding rows: out of range
+        slots[: len(idx)] = idx
+        for j, a in enumerate(rows):
+            s, n, start = a.seq, feed[j], a.seq.n_cached + done[j]
             if after is None:
-                tokens[i, :n] = s.pending[:n]
-            positions[i, :n] = np.arange(start, start + n)
-            table[i, : len(s.pages)] = s.pages
-            last[i] = n - 1
-            sampling[i] = after is not None or n == len(s.pending)
-        return _Plan(rows, live, feed, tokens, positions, table, last, sampling)
+                tokens[j, :n] = s.pending[:n]
+            positions[j, :n] = np.arange(start, start + n)
+            table[j, : len(s.pages)] = s.pages
+            last[j] = n - 1
+            sampling[j] = after is not None or n == len(s.pending)
+        return _Plan(list(idx), rows, feed, tokens, positions, table, last, sampling, slots)
 
     def _dispatch(self, plan: _Plan, tokens: jax.Array | None = None) -> jax.Array:
-        mask = self._masks(plan.sampling)
         nxt, self._state, self.kv = paged_step(
             self.cfg,
             self.weights,
@@ -400,28 +410,29 @@ class BatchEngine:
             jnp.asarray(plan.table),
             jnp.asarray(plan.last),
             jnp.asarray(plan.sampling),
+            jnp.asarray(plan.slots),
             self._params,
             self._state,
-            mask,
+            self._masks(plan),
         )
         self.counters["steps"] += 1
         return nxt
 
     def _complete(self, plan: _Plan, nxt: np.ndarray) -> None:
         """Commit a finished step: positions fed, tokens sampled, requests ended."""
-        for i, a in enumerate(plan.rows):
-            if a is None or self.slots[i] is not a:
+        for j, (i, a) in enumerate(zip(plan.idx, plan.rows, strict=True)):
+            if self.slots[i] is not a:
                 continue  # ended while this step was in flight: its result is moot
-            self.counters["computed_tokens"] += plan.feed[i]
+            self.counters["computed_tokens"] += plan.feed[j]
             with self._lock:
-                self.mgr.commit(a.seq, plan.feed[i])
-            if not plan.sampling[i]:
+                self.mgr.commit(a.seq, plan.feed[j])
+            if not plan.sampling[j]:
                 continue
             if not a.prompt_cached:
                 a.prompt_cached = True
                 with self._lock:
                     self.mgr.cache(a.seq)
-            tok = int(nxt[i])
+            tok = int(nxt[j])
             con = a.handle.request.constraint
             if tok in a.stop_ids and (con is None or con.accepting):
                 self.slots[i] = None
@@ -444,22 +455,22 @@ class BatchEngine:
                 self.slots[i] = None
                 self._end(a, "length")
 
-    def _masks(self, sampling: np.ndarray):
-        """Packed allowed-token masks [B, W] when a sampling slot has a constraint (the
+    def _masks(self, plan: _Plan):
+        """Packed allowed-token masks [R, W] when a sampling row has a constraint (the
         others allow everything), else None."""
         cons = {
-            i: a.handle.request.constraint
-            for i, a in enumerate(self.slots)
-            if a is not None and sampling[i] and a.handle.request.constraint is not None
+            j: a.handle.request.constraint
+            for j, a in enumerate(plan.rows)
+            if plan.sampling[j] and a.handle.request.constraint is not None
         }
         if not cons:
             return None
-        rows = {i: np.asarray(c.mask(), np.uint32) for i, c in cons.items()}
-        W = max(r.shape[-1] for r in rows.values())
-        mask = np.full((self.n_slots, W), 0xFFFFFFFF, np.uint32)
-        for i, r in rows.items():
-            mask[i] = 0
-            mask[i, : r.shape[-1]] = r
+        got = {j: np.asarray(c.mask(), np.uint32) for j, c in cons.items()}
+        W = max(r.shape[-1] for r in got.values())
+        mask = np.full((len(plan.slots), W), 0xFFFFFFFF, np.uint32)
+        for j, r in got.items():
+            mask[j] = 0
+            mask[j, : r.shape[-1]] = r
         return jnp.asarray(mask)
 
     # -- fork / snapshot / restore (on the worker, between steps) ------------------------
