@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -192,6 +193,11 @@ class Model:
             lltok = constrain.lltokenizer_for(self.tokenizer, n_vocab)
             if json_schema is not None:
                 c = constrain.json_schema(lltok, json_schema, lenient=lenient)
+                if c.dropped:  # lenient: say what is not enforced (also in `c.dropped`)
+                    warnings.warn(
+                        "JSON schema (lenient): not enforced: " + "; ".join(c.dropped),
+                        stacklevel=3,
+                    )
             elif grammar is not None:
                 c = constrain.gbnf(lltok, grammar, token_id=self.tokenizer.token_to_id)
             elif regex is not None:

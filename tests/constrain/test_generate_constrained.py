@@ -106,3 +106,10 @@ def test_budget_exhausted_inside_a_constraint_is_an_error(tiny):
     assert len(e.value.partial) >= 1 and e.value.partial.isalpha()
     with pytest.raises(ConstraintIncompleteError):
         list(tiny.generate("x", max_tokens=3, regex="[a-z]{80}", seed=0, stream=True))
+
+
+def test_lenient_schema_warns_what_it_drops(tiny):
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 2}
+    with pytest.warns(UserWarning, match="uniqueItems"):
+        c = tiny.constraint(json_schema=schema, lenient=True)
+    assert any("uniqueItems" in d for d in c.dropped)
