@@ -306,7 +306,7 @@ class BatchEngine:
             return
         fill = active[0].sampler
         samplers = [a.sampler if a is not None else fill for a in self.slots]
-        key = tuple(id(s) for s in samplers)
+        key = tuple(samplers)  # by value: equal samplers, equal params
         if self._params is None or key != getattr(self, "_params_key", None):
             pieces = self.model.token_pieces() if any(s.uses_dry for s in samplers) else None
             vocab = self._vocab or (len(pieces) if pieces else None)

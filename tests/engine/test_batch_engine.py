@@ -156,3 +156,13 @@ def test_constrained_rows_beside_free_ones(tiny, engine):
     assert ids(engine, free) == list(tiny.generation(list(range(40, 60)), 6, GREEDY))
     out = tiny.detokenize(want)
     assert len(out) == 6 and out[3] == "-"
+
+
+def test_per_slot_seeded_samplers_equal_dense(tiny, engine):
+    from llamay.sample import Sampler
+
+    prompts = [list(range(1500, 1507)), list(range(1600, 1619))]
+    samplers = [Sampler(temperature=0.9, seed=1), Sampler(temperature=0.7, top_k=5, seed=2)]
+    want = [list(tiny.generation(p, 8, s)) for p, s in zip(prompts, samplers, strict=True)]
+    hs = [engine.submit(Request(p, 8, s)) for p, s in zip(prompts, samplers, strict=True)]
+    assert [ids(engine, h) for h in hs] == want
