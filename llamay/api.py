@@ -135,7 +135,11 @@ class Model:
             frozenset(self.tokenizer.stop_ids),
             constraint=constraint,
             pieces=self.token_pieces() if sampler.uses_dry else None,
+            encode=self._encode_plain if sampler.uses_dry else None,
         )
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special=False, parse_special=False)
 
     def token_pieces(self) -> list[bytes]:
         """Every token's bytes (cached): DRY's sequence breakers and lexicon constraints."""

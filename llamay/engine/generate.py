@@ -8,7 +8,7 @@ token id per row, the only device→host transfer per step.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import jax
@@ -77,6 +77,7 @@ class Generation:
     stop_ids: frozenset[int]
     constraint: Constraint | None = None
     pieces: Sequence[bytes] | None = None  # token bytes, for DRY's sequence breakers
+    encode: Callable[[str], list[int]] | None = None  # for breakers spanning tokens
     finish_reason: str | None = None
     n_generated: int = field(default=0)
     mask_seconds: float = 0.0
@@ -90,7 +91,7 @@ class Generation:
         slots = cache_slots(n + max(budget, 1), rt.n_ctx)
         kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, rt.kv_dtype)
         vocab = getattr(cfg, "vocab", None) or (len(self.pieces) if self.pieces else None)
-        params = SamplingParams.stack([self.sampler], vocab, self.pieces)
+        params = SamplingParams.stack([self.sampler], vocab, self.pieces, self.encode)
         state = SamplerState.init([self.sampler], [self.prompt_ids])
         tokens, positions = padded_batch(self.prompt_ids, slots)
         last = jnp.asarray([n - 1], jnp.int32)

@@ -133,7 +133,22 @@ def dry_penalty(p: SamplingParams, hist, count) -> jax.Array:
     dist = (R - 1) - jnp.arange(R)[None, :]  # 0 = newest
     in_win = dist < M[:, None]
     is_brk = jnp.take_along_axis(p.dry_breakers, jnp.maximum(hist, 0), axis=-1) & (hist >= 0)
-    rep_limit = jnp.min(jnp.where(is_brk & in_win, dist, M[:, None]), axis=-1)
+    hit, longest = is_brk & in_win, jnp.zeros((B, R), jnp.int32)
+    if p.dry_tails is not None:  # breakers spread over tokens: a head, then its tail
+        head, tail = p.dry_tails[:, :, 0], p.dry_tails[:, :, 1:]
+        n_tail = jnp.sum(tail >= 0, -1)  # [B, NT]
+        m = (hist[:, None, :] == head[:, :, None]) & (head[:, :, None] >= 0)
+        for o in range(tail.shape[-1]):
+            newer = jnp.roll(hist, -(1 + o), axis=-1)  # the token 1 + o after position j
+            ok = (newer[:, None, :] == tail[:, :, o, None]) & (dist[:, None, :] >= 1 + o)
+            m &= (o >= n_tail)[:, :, None] | ok
+        m &= (n_tail[:, :, None] <= dist[:, None, :]) & in_win[:, None, :]
+        hit |= jnp.any(m, 1)
+        longest = jnp.maximum(longest, jnp.max(jnp.where(m, n_tail[:, :, None], 0), 1))
+    # llama.cpp: the newest breaker found limits repeats to the text after it
+    newest = jnp.min(jnp.where(hit, dist, R), axis=-1)  # [B]
+    at = jnp.take_along_axis(longest, jnp.clip(R - 1 - newest, 0, R - 1)[:, None], -1)[:, 0]
+    rep_limit = jnp.where(newest < R, newest - at, M)
     enabled &= rep_limit >= allowed
 
     # Match lengths by extending every candidate end position one step back at a time.

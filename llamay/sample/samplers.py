@@ -12,10 +12,11 @@ mode) and the number of log-probabilities returned; slots of one batch share it.
 
 Deviations from llama.cpp, named: the token history is a ring of `HISTORY` ids, so
 `repeat_last_n` / `dry_penalty_last_n` of -1 ("the whole context") mean the last
-`HISTORY` tokens, and larger windows are refused; a DRY sequence breaker is every
-token whose text contains a breaker string (llama.cpp also matches breakers spread
-over several tokens); the random draw uses JAX's PRNG, not mt19937, so seeded runs
-are reproducible within llamay but do not repeat llama.cpp's draws.
+`HISTORY` tokens, and larger windows are refused; DRY sequence breakers spread over
+several tokens are matched only when `SamplingParams.stack` is given the tokenizer's
+`encode` (otherwise just the tokens containing a whole breaker break sequences); the
+random draw uses JAX's PRNG, not mt19937, so seeded runs are reproducible within
+llamay but do not repeat llama.cpp's draws.
 """
 
 from __future__ import annotations
@@ -163,8 +164,46 @@ GREEDY = Sampler(temperature=0.0)
 
 def dry_breaker_table(pieces: Sequence[bytes], breakers: Sequence[str]) -> np.ndarray:
     """bool[V]: the tokens whose text contains a sequence-breaker string."""
-    needles = [b.encode() for b in breakers]
+    needles = [b.encode()[:DRY_MAX_CHARS] for b in breakers]
     return np.array([any(n in p for n in needles) for p in pieces], bool)
+
+
+DRY_MAX_CHARS, DRY_MAX_TAIL = 40, 20  # llama.cpp's clamps on breakers and their tails
+
+
+def dry_restart_sequences(pieces: Sequence[bytes], breakers: Sequence[str], encode):
+    """llama.cpp's get_overlapping_token_sequences for breakers spread over tokens: for a
+    token whose text ends with the start of a breaker (without containing it), the head
+    token and the tokens of the rest of the breaker. Returns a set of (head, tail)."""
+    out = set()
+    for b in breakers:
+        needle = b.encode()[:DRY_MAX_CHARS]
+        for tok, w in enumerate(pieces):
+            if not w or needle in w:
+                continue
+            pos = w.find(needle[:1])
+            while pos >= 0:
+                n = len(w) - pos
+                if n < len(needle) and w[pos:] == needle[:n]:
+                    rest = needle[n:].decode("utf-8", "ignore")
+                    tail = tuple(encode(rest))[:DRY_MAX_TAIL] if rest else ()
+                    if tail:
+                        out.add((tok, tail))
+                pos = w.find(needle[:1], pos + 1)
+    return out
+
+
+def _tail_table(per_slot: list[set]) -> np.ndarray:
+    """[B, NT, 1 + LT] int32: head id, then tail ids; -1 pads (NT, LT rounded up to 2^k)."""
+    nt = max(1, max(len(x) for x in per_slot))
+    lt = max(1, max((len(t) for x in per_slot for _, t in x), default=1))
+    nt, lt = 1 << (nt - 1).bit_length(), 1 << (lt - 1).bit_length()
+    table = np.full((len(per_slot), nt, 1 + lt), -1, np.int32)
+    for i, entries in enumerate(per_slot):
+        for k, (head, tail) in enumerate(sorted(entries)):
+            table[i, k, 0] = head
+            table[i, k, 1 : 1 + len(tail)] = tail
+    return table
 
 
 _F32_FIELDS = (
@@ -216,6 +255,7 @@ class SamplingParams:
     dry_penalty_last_n: jax.Array
     logit_bias: jax.Array | None  # [B, V] f32, or None when no slot has a bias
     dry_breakers: jax.Array | None  # [B, V] bool, or None when no slot uses DRY
+    dry_tails: jax.Array | None  # [B, NT, 1 + LT] int32 multi-token breakers, or None
     order: tuple[str, ...] = field(metadata=dict(static=True), default=DEFAULT_ORDER)
     n_probs: int = field(metadata=dict(static=True), default=0)
 
@@ -224,9 +264,12 @@ class SamplingParams:
         samplers: list[Sampler],
         vocab_size: int | None = None,
         pieces: Sequence[bytes] | None = None,
+        encode=None,
     ) -> SamplingParams:
         """The slots' samplers as arrays. `vocab_size` is needed for logit_bias and DRY;
-        `pieces` (each token's bytes) for DRY's sequence breakers."""
+        `pieces` (each token's bytes) for DRY's sequence breakers, and `encode` (text ->
+        ids) for breakers that span tokens (without it only tokens containing a whole
+        breaker break sequences)."""
         plans = {s.plan for s in samplers}
         if len(plans) != 1:
             raise RequestError(
@@ -241,7 +284,7 @@ class SamplingParams:
             f: jnp.asarray(np.array([getattr(s, f) for s in samplers], np.int32))
             for f in _I32_FIELDS
         }
-        bias = breakers = None
+        bias = breakers = tails = None
         if any(s.logit_bias for s in samplers):
             if vocab_size is None:
                 raise RequestError("logit_bias needs the vocabulary size")
@@ -267,8 +310,22 @@ class SamplingParams:
                 for s in samplers
             ]
             breakers = jnp.asarray(np.stack(tables))
+            if encode is not None:
+                seqs = [
+                    dry_restart_sequences(pieces, s.dry_sequence_breakers, encode)
+                    if s.uses_dry
+                    else set()
+                    for s in samplers
+                ]
+                if any(seqs):
+                    tails = jnp.asarray(_tail_table(seqs))
         return SamplingParams(
-            **arr, logit_bias=bias, dry_breakers=breakers, order=order, n_probs=n_probs
+            **arr,
+            logit_bias=bias,
+            dry_breakers=breakers,
+            dry_tails=tails,
+            order=order,
+            n_probs=n_probs,
         )
 
 

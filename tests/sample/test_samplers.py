@@ -391,3 +391,32 @@ def test_chain_matches_llamacpp_sorted_array_reference(
     np.testing.assert_allclose(
         [got[i] for i in sorted(want)], [want[i] for i in sorted(want)], rtol=2e-5, atol=2e-5
     )
+
+
+def test_dry_breaker_spread_over_tokens():
+    # breaker "ab": "xa" ends with its start, so "xa" followed by "b" is a restart
+    # sequence (llama.cpp's get_overlapping_token_sequences); "ab" itself is a single-token
+    # breaker. History z xa b c q y z xa b c q: the newest breaker starts 3 tokens back
+    # and spans 2, so repeats are capped at 3 - 1 = 2 tokens; the earlier "z xa b c q"
+    # matches 5 tokens, capped to 2, so y (which followed it) gets 1.75^(2 - 1).
+    pieces = [b"a", b"b", b"c", b"xa", b"ab", b"q", b"y", b"z"]
+    ids = {p.decode(): i for i, p in enumerate(pieces)}
+    z, xa, b, c, q, y = (ids[k] for k in ("z", "xa", "b", "c", "q", "y"))
+    hist = [z, xa, b, c, q, y, z, xa, b, c, q]
+    s = Sampler(
+        **OFF,
+        dry_multiplier=1.0,
+        dry_allowed_length=1,
+        dry_sequence_breakers=("ab",),
+        samplers=["dry"],
+    )
+    p = SamplingParams.stack([s], len(pieces), pieces, encode=lambda t: [ids[ch] for ch in t])
+    assert p.dry_tails is not None
+    out = np.asarray(final_jit(jnp.zeros((1, len(pieces))), p, SamplerState.init([s], [hist])))
+    want = np.zeros(len(pieces))
+    want[y] = -(1.75 ** (2 - 1))
+    np.testing.assert_allclose(out[0], want, rtol=1e-6)
+    # without the tokenizer's encode only whole-breaker tokens count: the match is 5 long
+    x = run_final(np.zeros(len(pieces)), s, history=hist, pieces=pieces)
+    want[y] = -(1.75 ** (5 - 1))
+    np.testing.assert_allclose(x, want, rtol=1e-6)
