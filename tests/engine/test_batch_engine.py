@@ -166,3 +166,15 @@ def test_per_slot_seeded_samplers_equal_dense(tiny, engine):
     want = [list(tiny.generation(p, 8, s)) for p, s in zip(prompts, samplers, strict=True)]
     hs = [engine.submit(Request(p, 8, s)) for p, s in zip(prompts, samplers, strict=True)]
     assert [ids(engine, h) for h in hs] == want
+
+
+def test_sliding_window_family_batched_equals_dense(fixtures_dir):
+    # gemma3's tiny file: window 8, five local layers per global one; prompts past it.
+    m = llamay.load(fixtures_dir / "tiny" / "gemma3.gguf")
+    prompts = [list(range(100, 105)), list(range(100, 130))]
+    want = [list(m.generation(p, 8, GREEDY)) for p in prompts]
+    e = BatchEngine(m, slots=2, page_size=8, chunk=32, n_pages=32)
+    try:
+        assert [ids(e, e.submit(Request(p, 8, GREEDY))) for p in prompts] == want
+    finally:
+        e.close()
