@@ -8,8 +8,10 @@
     h.finish_reason, h.usage
 
 `SerialEngine` runs one request at a time on a worker thread over `Model.generation`;
-the scheduler of the state-engine issue implements the same interface with continuous
-batching, paging, prefix sharing, fork and snapshots.
+`llamay.engine.scheduler.BatchEngine` implements the same interface with continuous
+batching over a paged KV pool and prefix sharing, and adds `fork`, `snapshot`,
+`restore` and `release` (for requests submitted with `keep=True`); its `stats()` adds
+pages total/free/used/cached/held and computed / cache-hit token counts.
 """
 
 from __future__ import annotations
