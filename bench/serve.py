@@ -4,8 +4,8 @@ concurrency with requests/s, generated tokens/s and time-to-first-token percenti
     .venv/bin/python -m bench.serve [-m PATH_OR_NAME] [-c 8 32] [-r 2] [-n 32] [--url URL]
 
 Without `--url` it starts a server on 127.0.0.1 (a free port) in this process over the
-model; with it, it drives that server (model name `-m`). One warm-up request first
-(compilation). No assertions: numbers for notes and comparisons.
+model; with it, it drives that server (model name `-m`). A warm-up round at the same
+concurrency first (compilation). No assertions: numbers for notes and comparisons.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ async def _run(url: str, model: str, concurrency: int, per_client: int, n: int) 
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
-        await _one(client, model, 2, -1)  # warm-up: compile prefill and decode
+        # warm-up at the same concurrency: compiles the step shapes the run will use
+        await asyncio.gather(*(_one(client, model, 4, -1 - w) for w in range(concurrency)))
         t0 = time.perf_counter()
 
         async def worker(w: int):

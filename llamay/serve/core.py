@@ -139,15 +139,19 @@ class TextGen:
             self.t_end = time.perf_counter()
             lm.busy -= 1
             return
-        handle = engine.submit(
-            Request(
-                self.prompt_ids,
-                self.max_tokens,
-                self.sampler,
-                stop_ids=self.stop_ids,
-                constraint=self.constraint,
+        try:
+            handle = engine.submit(
+                Request(
+                    self.prompt_ids,
+                    self.max_tokens,
+                    self.sampler,
+                    stop_ids=self.stop_ids,
+                    constraint=self.constraint,
+                )
             )
-        )
+        except BaseException:
+            lm.busy -= 1
+            raise
         self.handle = handle
         dec = IncrementalDecoder(tok)
         pending = ""

@@ -27,7 +27,13 @@ from llamay.errors import ModelNotFoundError
 
 
 def make_engine(model, parallel: int = 8):
-    """The engine serving one model (the one place where the engine is chosen)."""
+    """The engine serving one model (the one place where the engine is chosen):
+    continuous batching, or one request at a time with `LLAMAY_SERVE_ENGINE=serial`
+    (for comparisons)."""
+    if os.environ.get("LLAMAY_SERVE_ENGINE", "batch") == "serial":
+        from llamay.engine.api import SerialEngine
+
+        return SerialEngine(model)
     return HybridEngine(model, parallel)
 
 
