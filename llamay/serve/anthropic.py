@@ -160,6 +160,9 @@ def _blocks(text: str, forced, names: set[str]) -> list[dict]:
 @router.post("/v1/messages", summary="Create a message (Anthropic)")
 async def messages(body: MessagesRequest, request: Request):
     st: ServerState = state(request)
+    thinking = (body.model_extra or {}).get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):
+        raise ApiError(400, "thinking: extended thinking is not supported by this server yet")
     lm = await st.models.get(body.model)
     ids, tools, forced = _prompt_ids(lm, body)
     names = {t["function"]["name"] for t in tools or []}

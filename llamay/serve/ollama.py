@@ -225,6 +225,11 @@ def _layers(k: Known) -> tuple[str | None, str | None, dict[str, Any]]:
     return text(media.SYSTEM), text(media.TEMPLATE), params
 
 
+def _no_thinking(think) -> None:
+    if think not in (None, False, ""):
+        raise ApiError(400, "think: thinking mode is not supported by this server yet")
+
+
 def _format(fmt: str | dict[str, Any] | None) -> dict[str, Any]:
     if fmt is None or fmt == "":
         return {}
@@ -303,6 +308,7 @@ async def generate(body: GenerateRequest, request: Request):
         raise ApiError(400, "images are not supported (text models only)")
     if body.suffix:
         raise ApiError(400, "suffix (fill-in-the-middle) is not supported")
+    _no_thinking(body.think)
     ka = keep_alive_seconds(body.keep_alive)
     if not body.prompt and not body.context:
         # Ollama: an empty prompt loads (or, with keep_alive 0, unloads) the model.
@@ -389,6 +395,7 @@ def _chat_messages(body: ChatRequest) -> list[dict]:
 async def chat(body: ChatRequest, request: Request):
     st: ServerState = state(request)
     t0 = time.perf_counter()
+    _no_thinking(body.think)
     ka = keep_alive_seconds(body.keep_alive)
     if not body.messages:
         if ka == 0:

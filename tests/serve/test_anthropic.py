@@ -170,6 +170,13 @@ def test_errors_are_anthropic_shaped(client):
         client.messages.create(model="nope", max_tokens=4, messages=MSGS)
     assert e.value.body["type"] == "error"
     assert e.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError, match="thinking"):
+        client.messages.create(
+            model="tiny",
+            max_tokens=64,
+            messages=MSGS,
+            thinking={"type": "enabled", "budget_tokens": 32},
+        )
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="tiny", max_tokens=0, messages=MSGS)
     assert e.value.body["error"]["type"] == "invalid_request_error"

@@ -138,6 +138,9 @@ def test_errors_are_ollama_shaped(client):
         client.generate(model="tiny", prompt="hi", keep_alive="soon")
     assert e.value.status_code == 400
     with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="tiny", messages=MSGS, think=True)
+    assert e.value.status_code == 400 and "think" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
         client.delete("nope:latest")
     assert e.value.status_code == 404
 
