@@ -282,3 +282,36 @@ async def primed(agen: AsyncIterator[str]) -> AsyncIterator[str]:
             await agen.aclose()
 
     return rest()
+
+
+async def token_logprobs(
+    lm: Loaded, prompt_ids: list[int], token_ids: list[int], top: int
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Each generated token's log-probability under the model, with the `top` most likely
+    alternatives: one forward pass over prompt + completion, off the event loop (the
+    model's own distribution, before sampler transforms, as OpenAI reports it)."""
+    import asyncio
+
+    import numpy as np
+
+    if not token_ids:
+        return []
+
+    def run():
+        logits = lm.model.logits(list(prompt_ids) + list(token_ids))
+        rows = np.asarray(
+            logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(token_ids)], np.float64
+        )
+        rows = rows - rows.max(axis=1, keepdims=True)
+        logp = rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
+        out = []
+        for row, tok in zip(logp, token_ids, strict=True):
+            alts: list[tuple[int, float]] = []
+            if top:
+                idx = np.argpartition(-row, top - 1)[:top]
+                idx = idx[np.argsort(-row[idx])]
+                alts = [(int(i), float(row[i])) for i in idx]
+            out.append((float(row[tok]), alts))
+        return out
+
+    return await asyncio.get_running_loop().run_in_executor(None, run)

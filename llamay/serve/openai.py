@@ -26,6 +26,7 @@ from llamay.serve.core import (
     make_sampler,
     primed,
     sse,
+    token_logprobs,
 )
 from llamay.serve.errors import ApiError, error_body, not_found, to_http_status
 from llamay.serve.state import ServerState, state
@@ -127,8 +128,10 @@ class EmbeddingRequest(_Open):
 
 
 def _sampler(body: _Sampling, index: int = 0):
-    if body.logprobs not in (None, False, 0):
-        raise ApiError(400, "logprobs are not supported by this server yet", param="logprobs")
+    if body.logprobs not in (None, False) and body.stream:
+        raise ApiError(
+            400, "logprobs with stream are not supported yet (ask without stream)", param="logprobs"
+        )
     bias = []
     for k, v in (body.logit_bias or {}).items():
         try:
@@ -272,6 +275,42 @@ def _message_of(gen: TextGen, text: str, forced: bool, names: set[str]) -> tuple
     return {"role": "assistant", "content": text}, _oa_reason(gen.finish_reason)
 
 
+def _piece(lm, token_id: int) -> tuple[str, list[int]]:
+    raw = lm.model.tokenizer.token_to_piece(token_id)
+    return raw.decode("utf-8", "replace"), list(raw)
+
+
+async def _chat_logprobs(lm, g: TextGen, top: int) -> dict:
+    rows = await token_logprobs(lm, g.prompt_ids, g.token_ids, top)
+    content = []
+    for tok, (lp, alts) in zip(g.token_ids, rows, strict=True):
+        text, raw = _piece(lm, tok)
+        tops = []
+        for i, alp in alts:
+            t, b = _piece(lm, i)
+            tops.append({"token": t, "logprob": alp, "bytes": b})
+        content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": tops})
+    return {"content": content, "refusal": None}
+
+
+async def _legacy_logprobs(lm, g: TextGen, n: Any) -> dict:
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 20:
+        raise ApiError(400, "logprobs must be an integer in [0, 20]", param="logprobs")
+    rows = await token_logprobs(lm, g.prompt_ids, g.token_ids, n)
+    tokens, offsets, pos = [], [], 0
+    for tok in g.token_ids:
+        text, _ = _piece(lm, tok)
+        tokens.append(text)
+        offsets.append(pos)
+        pos += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp for lp, _ in rows],
+        "top_logprobs": [{_piece(lm, i)[0]: a for i, a in alts} for _, alts in rows],
+        "text_offset": offsets,
+    }
+
+
 def _usage(gens: list[TextGen]) -> dict[str, Any]:
     p = gens[0].prompt_tokens if gens else 0
     c = sum(g.completion_tokens for g in gens)
@@ -290,6 +329,10 @@ def _usage(gens: list[TextGen]) -> dict[str, Any]:
 @router.post("/v1/chat/completions", summary="Create a chat completion")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     st: ServerState = state(request)
+    if body.logprobs not in (None, True, False):
+        raise ApiError(400, "logprobs must be true or false", param="logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     lm = await st.models.get(body.model)
     template_tools, forced = _tool_plan(body)
     names = {t["function"]["name"] for t in template_tools or []}
@@ -315,7 +358,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         choices = []
         for i, (g, t) in enumerate(zip(gens, texts, strict=True)):
             msg, reason = _message_of(g, t, forced is not None, names)
-            choices.append({"index": i, "message": msg, "finish_reason": reason, "logprobs": None})
+            lp = await _chat_logprobs(lm, g, body.top_logprobs or 0) if body.logprobs else None
+            choices.append({"index": i, "message": msg, "finish_reason": reason, "logprobs": lp})
         return {
             "id": cid,
             "object": "chat.completion",
@@ -421,6 +465,9 @@ async def completions(body: CompletionRequest, request: Request):
         raise ApiError(400, "suffix (fill-in-the-middle) is not supported", param="suffix")
     if body.best_of not in (None, body.n):
         raise ApiError(400, "best_of other than n is not supported", param="best_of")
+    lp = body.logprobs
+    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
+        raise ApiError(400, "logprobs must be an integer in [0, 20]", param="logprobs")
     lm = await st.models.get(body.model)
     prompts = _prompts(lm, body.prompt)
     _check_ids(lm, prompts)
@@ -447,7 +494,9 @@ async def completions(body: CompletionRequest, request: Request):
                 "index": i,
                 "text": echo(g) + t,
                 "finish_reason": _oa_reason(g.finish_reason),
-                "logprobs": None,
+                "logprobs": await _legacy_logprobs(lm, g, body.logprobs)
+                if body.logprobs is not None
+                else None,
             }
             for i, (g, t) in enumerate(zip(gens, texts, strict=True))
         ]

@@ -298,3 +298,27 @@ def test_responses_forced_function_call(client):
     call = r.output[0]
     assert call.type == "function_call" and call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), tool["parameters"])
+
+
+def test_logprobs(client, tiny):
+    r = client.chat.completions.create(
+        model="tiny", messages=MSGS, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    for c in content:
+        assert c.logprob <= 0 and len(c.top_logprobs) == 3
+        assert c.top_logprobs[0].token == c.token  # greedy took the most likely token
+        assert c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-6)
+        assert c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
+    legacy = client.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=4, temperature=0, logprobs=2
+    )
+    lp = legacy.choices[0].logprobs
+    assert len(lp.tokens) == 4 and len(lp.top_logprobs[0]) == 2
+    assert "".join(lp.tokens) == legacy.choices[0].text
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="tiny", messages=MSGS, max_tokens=2, logprobs=True, stream=True
+        )
