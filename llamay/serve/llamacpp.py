@@ -20,6 +20,7 @@ from llamay.serve.core import (
     make_sampler,
     primed,
     sse,
+    token_logprobs,
 )
 from llamay.serve.errors import ApiError, error_body, to_http_status
 from llamay.serve.models import Loaded
@@ -156,8 +157,8 @@ def _bias(raw) -> tuple:
 @router.post("/completions", include_in_schema=False)
 async def completion(body: CompletionRequest, request: Request):
     st: ServerState = state(request)
-    if body.n_probs:
-        raise ApiError(400, "n_probs (token probabilities) is not supported by this server yet")
+    if body.n_probs and body.stream:
+        raise ApiError(400, "n_probs with stream is not supported yet (ask without stream)")
     lm = await st.models.get(body.model)
     ids = _prompt_ids(lm, body.prompt)
     extras = body.model_extra or {}
@@ -192,7 +193,10 @@ async def completion(body: CompletionRequest, request: Request):
         }
 
     if not body.stream:
-        return final(await g.collect(request))
+        out = final(await g.collect(request))
+        if body.n_probs:
+            out["completion_probabilities"] = await _probs(lm, g, body.n_probs)
+        return out
 
     async def events():
         async for delta in g.stream():
@@ -203,6 +207,20 @@ async def completion(body: CompletionRequest, request: Request):
         return sse(error_body("llamacpp", to_http_status(exc), str(exc)))
 
     return EventStream(guarded(await primed(events()), on_error), media_type="text/event-stream")
+
+
+async def _probs(lm: Loaded, g: TextGen, n: int) -> list[dict[str, Any]]:
+    tok = lm.model.tokenizer
+
+    def entry(i: int, lp: float) -> dict[str, Any]:
+        raw = tok.token_to_piece(i)
+        return {"id": i, "token": raw.decode("utf-8", "replace"), "bytes": list(raw), "logprob": lp}
+
+    rows = await token_logprobs(lm, g.prompt_ids, g.token_ids, min(n, 64))
+    return [
+        {**entry(t, lp), "top_logprobs": [entry(i, a) for i, a in alts]}
+        for t, (lp, alts) in zip(g.token_ids, rows, strict=True)
+    ]
 
 
 @router.post("/tokenize", summary="Tokenize text (llama.cpp)")

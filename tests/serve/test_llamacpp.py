@@ -29,6 +29,15 @@ def test_completion_equals_generate(http, tiny):
     assert body["timings"]["predicted_n"] == 8
 
 
+def test_completion_n_probs(http):
+    r = http.post(
+        "/completion", json={"prompt": "The sea", "n_predict": 3, "temperature": 0, "n_probs": 2}
+    ).json()
+    probs = r["completion_probabilities"]
+    assert len(probs) == 3
+    assert all(p["top_logprobs"][0]["id"] == p["id"] and len(p["top_logprobs"]) == 2 for p in probs)
+
+
 def test_completion_stream(http, tiny):
     with http.stream(
         "POST",
