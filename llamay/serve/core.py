@@ -315,3 +315,34 @@ async def token_logprobs(
         return out
 
     return await asyncio.get_running_loop().run_in_executor(None, run)
+
+
+async def merged(gens: Sequence[TextGen]) -> AsyncIterator[tuple[int, str | None]]:
+    """Several generations at once, as (index, delta) in arrival order; (index, None) when
+    that one ends. Closing this stops (and so cancels) the ones still running."""
+    import asyncio
+
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, g: TextGen) -> None:
+        try:
+            async for delta in g.stream():
+                q.put_nowait((i, delta))
+            q.put_nowait((i, None))
+        except Exception as exc:  # noqa: BLE001 - re-raised by the consumer
+            q.put_nowait((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await q.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                left -= 1
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -24,6 +24,7 @@ from llamay.serve.core import (
     encode_prompt,
     guarded,
     make_sampler,
+    merged,
     primed,
     sse,
     token_logprobs,
@@ -385,41 +386,28 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             obj["usage"] = usage
         return sse(obj)
 
+    def choice(i: int, delta: dict, reason: str | None = None) -> dict:
+        return {"index": i, "delta": delta, "finish_reason": reason, "logprobs": None}
+
     async def events():
-        for i, g in enumerate(gens):
-            yield chunk(
-                [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "finish_reason": None,
-                        "logprobs": None,
-                    }
-                ]
-            )
-            if buffered:
-                text = await g.collect()
-                msg, reason = _message_of(g, text, forced is not None, names)
+        for i in range(len(gens)):
+            yield chunk([choice(i, {"role": "assistant", "content": ""})])
+        if buffered:  # tool calls are recognised in the whole text
+            for i, g in enumerate(gens):
+                msg, reason = _message_of(g, await g.collect(), forced is not None, names)
                 delta = {k: v for k, v in msg.items() if k != "role"}
                 if "tool_calls" in delta:
                     delta["tool_calls"] = [
                         {"index": j, **c} for j, c in enumerate(delta["tool_calls"])
                     ]
-                yield chunk([{"index": i, "delta": delta, "finish_reason": None, "logprobs": None}])
-            else:
-                async for delta in g.stream():
-                    yield chunk(
-                        [
-                            {
-                                "index": i,
-                                "delta": {"content": delta},
-                                "finish_reason": None,
-                                "logprobs": None,
-                            }
-                        ]
-                    )
-                reason = _oa_reason(g.finish_reason)
-            yield chunk([{"index": i, "delta": {}, "finish_reason": reason, "logprobs": None}])
+                yield chunk([choice(i, delta)])
+                yield chunk([choice(i, {}, reason)])
+        else:
+            async for i, delta in merged(gens):
+                if delta is None:
+                    yield chunk([choice(i, {}, _oa_reason(gens[i].finish_reason))])
+                elif delta:
+                    yield chunk([choice(i, {"content": delta})])
         if include_usage:
             yield chunk([], _usage(gens))
         yield sse("[DONE]")
@@ -525,24 +513,18 @@ async def completions(body: CompletionRequest, request: Request):
             obj["usage"] = use
         return sse(obj)
 
+    def choice(i: int, text: str, reason: str | None = None) -> dict:
+        return {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
+
     async def events():
-        for i, g in enumerate(gens):
-            if body.echo:
-                yield chunk(
-                    [{"index": i, "text": echo(g), "finish_reason": None, "logprobs": None}]
-                )
-            async for delta in g.stream():
-                yield chunk([{"index": i, "text": delta, "finish_reason": None, "logprobs": None}])
-            yield chunk(
-                [
-                    {
-                        "index": i,
-                        "text": "",
-                        "finish_reason": _oa_reason(g.finish_reason),
-                        "logprobs": None,
-                    }
-                ]
-            )
+        if body.echo:
+            for i, g in enumerate(gens):
+                yield chunk([choice(i, echo(g))])
+        async for i, delta in merged(gens):
+            if delta is None:
+                yield chunk([choice(i, "", _oa_reason(gens[i].finish_reason))])
+            elif delta:
+                yield chunk([choice(i, delta)])
         if include_usage:
             yield chunk([], usage())
         yield sse("[DONE]")

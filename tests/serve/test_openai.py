@@ -93,6 +93,20 @@ def test_n_and_seed(client):
     )
     assert [c.message.content for c in r.choices] == [c.message.content for c in again.choices]
     assert r.usage.completion_tokens == sum(6 for _ in r.choices)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=MSGS, max_tokens=6, temperature=1.0, n=3, seed=7, stream=True
+        )
+    )
+    texts = ["", "", ""]
+    reasons = {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                reasons[ch.index] = ch.finish_reason
+    assert texts == [c.message.content for c in r.choices]
+    assert reasons == {0: "length", 1: "length", 2: "length"}
 
 
 def test_logit_bias_bans_the_greedy_token(client, tiny):
