@@ -23,54 +23,64 @@ from llamay.arch import layers
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class PagedLayer:
-    """One layer's pages [P, page_size, K, D] and the batch's page tables [B, M]
-    (entry m of row b: the page holding positions m·ps .. m·ps+ps-1; 0 = null page)."""
+    """The page pool K or V — one layer's pages [P, page_size, K, D], or the whole
+    pool [L, P, page_size, K, D] with `layer` (traced) naming the one a block uses —
+    and the batch's page tables [B, M] (entry m of row b: the page holding positions
+    m·ps .. m·ps+ps-1; 0 = the null page)."""
 
     pages: jax.Array
     table: jax.Array
+    layer: jax.Array | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The dense view's shape [B, M·ps, K, D] (what a dense cache's shape would be)."""
-        P, ps, K, D = self.pages.shape
+        ps, K, D = self.pages.shape[-3:]
         return (self.table.shape[0], self.table.shape[1] * ps, K, D)
 
 
-def paged_write(pages: jax.Array, table: jax.Array, new: jax.Array, positions: jax.Array):
-    """Scatter new [B, T, K, D] into pages at `positions` [B, T] through the page table.
-    Positions past the table (padding) are dropped."""
-    P, ps = pages.shape[0], pages.shape[1]
+def _at(pages: jax.Array, layer) -> tuple:
+    return () if layer is None else (layer,)
+
+
+def paged_write(pages, table, new, positions, layer=None):
+    """Scatter new [B, T, K, D] into pages at `positions` [B, T] through the page table
+    (into pool layer `layer` when given). Positions past the table (padding) are dropped."""
+    P, ps = pages.shape[-4], pages.shape[-3]
     M = table.shape[1]
     valid = (positions >= 0) & (positions < M * ps)
     slot = jnp.clip(positions // ps, 0, M - 1)
     page = jnp.where(valid, jnp.take_along_axis(table, slot, axis=1), P)  # P: dropped
-    return pages.at[page, positions % ps].set(new.astype(pages.dtype), mode="drop")
+    idx = (*_at(pages, layer), page, positions % ps)
+    return pages.at[idx].set(new.astype(pages.dtype), mode="drop")
 
 
-def gather_pages(pages: jax.Array, table: jax.Array) -> jax.Array:
-    """The dense view [B, M·ps, K, D] of each row's pages."""
+def gather_pages(pages, table, layer=None):
+    """The dense view [B, M·ps, K, D] of each row's pages (of pool layer `layer`)."""
     B, M = table.shape
-    v = pages[table]  # [B, M, ps, K, D]
-    return v.reshape(B, M * pages.shape[1], *pages.shape[2:])
+    v = pages[(*_at(pages, layer), table)]  # [B, M, ps, K, D]: only these pages are read
+    return v.reshape(B, M * pages.shape[-3], *pages.shape[-2:])
 
 
-def paged_attention(q, k_pages, v_pages, page_table, q_pos, **kw):
-    """Attention of q [B, T, H, D] at positions q_pos [B, T] over paged K/V (jnp
-    reference: gather, then `layers.attention`; keywords as there)."""
-    k = gather_pages(k_pages, page_table)
-    v = gather_pages(v_pages, page_table)
+def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw):
+    """Attention of q [B, T, H, D] at positions q_pos [B, T] over paged K/V (one layer's
+    pages, or the pool and `layer`). jnp reference: gather, then `layers.attention`
+    (keywords as there)."""
+    k = gather_pages(k_pages, page_table, layer)
+    v = gather_pages(v_pages, page_table, layer)
     return layers.attention(q, k, v, q_pos, **kw)
 
 
 def write_kv(cache, new: jax.Array, positions: jax.Array):
     if isinstance(cache, PagedLayer):
-        return dataclasses.replace(
-            cache, pages=paged_write(cache.pages, cache.table, new, positions)
-        )
+        pages = paged_write(cache.pages, cache.table, new, positions, cache.layer)
+        return dataclasses.replace(cache, pages=pages)
     return layers.write_kv(cache, new, positions)
 
 
 def attention(q, k_cache, v_cache, q_pos, **kw):
     if isinstance(k_cache, PagedLayer):
-        return paged_attention(q, k_cache.pages, v_cache.pages, k_cache.table, q_pos, **kw)
+        return paged_attention(
+            q, k_cache.pages, v_cache.pages, k_cache.table, q_pos, k_cache.layer, **kw
+        )
     return layers.attention(q, k_cache, v_cache, q_pos, **kw)

@@ -33,27 +33,38 @@ def forward(cfg, weights, kv, tokens, positions, *, hidden: bool = False, page_t
     """Run all blocks over tokens [B, T] at positions [B, T].
 
     `kv` is a `DenseKV`, or a `PagedKV` pool read and written through `page_table`
-    [B, M] (each block sees one layer of it as a `llamay.arch.paged.PagedLayer`).
+    [B, M] (each block sees it as a `llamay.arch.paged.PagedLayer` of its layer).
     Returns (final hidden state [B, T, E], new kv, per-layer outputs [L, B, T, E] or None).
     """
     arch = architecture_of(cfg)
     x = arch.embed(cfg, weights, tokens, positions)
     scanned, fixed = _split_layers(weights["layers"])
 
-    def body(x, xs):
-        lw_scanned, k, v, layer = xs
-        lw = {
+    def layer_weights(lw_scanned):
+        return {
             role: MixedQTensor(fixed[role], *val) if role in fixed else val
             for role, val in lw_scanned.items()
         }
-        if page_table is not None:
-            k, v = PagedLayer(k, page_table), PagedLayer(v, page_table)
-        x, k, v = arch.block(cfg, lw, x, positions, k, v, layer)
-        if page_table is not None:
-            k, v = k.pages, v.pages
-        return x, (k, v, x if hidden else None)
 
     layer_ids = jnp.arange(kv.k.shape[0], dtype=jnp.int32)
+    if page_table is not None:
+        # The pool rides in the carry, updated in place; each layer reads only its
+        # rows' pages (scanning it as xs/ys would copy the whole pool every step).
+        def paged_body(carry, xs):
+            x, kp, vp = carry
+            lw_scanned, layer = xs
+            k, v = PagedLayer(kp, page_table, layer), PagedLayer(vp, page_table, layer)
+            x, k, v = arch.block(cfg, layer_weights(lw_scanned), x, positions, k, v, layer)
+            return (x, k.pages, v.pages), x if hidden else None
+
+        (x, k, v), hs = jax.lax.scan(paged_body, (x, kv.k, kv.v), (scanned, layer_ids))
+        return x, dataclasses.replace(kv, k=k, v=v), hs
+
+    def body(x, xs):
+        lw_scanned, k, v, layer = xs
+        x, k, v = arch.block(cfg, layer_weights(lw_scanned), x, positions, k, v, layer)
+        return x, (k, v, x if hidden else None)
+
     x, (k, v, hs) = jax.lax.scan(body, x, (scanned, kv.k, kv.v, layer_ids))
     return x, dataclasses.replace(kv, k=k, v=v), hs
 
