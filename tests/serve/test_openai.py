@@ -336,3 +336,24 @@ def test_logprobs(client, tiny):
         client.chat.completions.create(
             model="tiny", messages=MSGS, max_tokens=2, logprobs=True, stream=True
         )
+
+
+def test_auto_tools_stream_plain_answers(client):
+    kw = dict(model="tiny", messages=MSGS, max_tokens=8, temperature=0, tools=[TIME, WEATHER])
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    parts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    if whole.choices[0].message.tool_calls is None:
+        assert "".join(parts) == whole.choices[0].message.content
+        assert len(parts) > 1  # streamed, not sent whole
+        assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_tool_like():
+    from llamay.serve.openai import _tool_like
+
+    assert _tool_like("  ") is None
+    assert _tool_like("<tool") is None
+    assert _tool_like(' {"name"') == "tool"
+    assert _tool_like("<tool_call>{") == "tool"
+    assert _tool_like("Hello") == "text"
