@@ -55,9 +55,12 @@ class Model:
     # -- text <-> ids ----------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False):
+        """Token ids of `text` as llama.cpp makes them: BOS/EOS per the model when
+        `add_special`; special-token text (e.g. `<|im_start|>`) parsed when `parse_special`."""
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, ids) -> str:
+        """The text of `ids`, as llama.cpp detokenises it (special tokens rendered)."""
         return self.tokenizer.decode(list(ids))
 
     # -- numbers ----------------------------------------------------------------------
