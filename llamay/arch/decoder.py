@@ -126,6 +126,7 @@ def mlp(cfg: Config, lw: dict, h: jax.Array, layer) -> jax.Array:
             lw["w_down_exps"],
             cfg.n_experts_used,
             cfg.act,
+            numerics=cfg.numerics,
         )
     if cfg.gated:
         return glu(h, lw.get("w_gate"), lw["w_up"], lw["w_down"], cfg.act, cfg.numerics)

@@ -1,26 +1,35 @@
 """The shared layers as llama.cpp's CPU backend computes them (numerics="llamacpp").
 
 `llamay.arch.layers` dispatches here when a config's numerics is "llamacpp". Each
-function reproduces one ggml op of the x86 AVX-512 build bit for bit (see
-`llamay.quant.ggml_float` for why bit for bit, and how XLA is kept from fusing):
+function reproduces the ggml ops of the x86 AVX-512 build (GCC, -march=native, as
+llama-cpp-python builds it) bit for bit (see `llamay.quant.ggml_float` for why bit for
+bit, and how XLA is kept from fusing):
 
 - `rms_norm`: ggml_compute_forward_rms_norm_f32: Σx² of the f32 squares in double,
   mean = (float)(sum / n), scale = 1.0f / sqrtf(mean + eps), y = x·scale·w.
+  `layer_norm`: ggml_compute_forward_norm_f32, then the weight and bias ops.
 - `rope_angles` / `apply_rope`: ggml_rope_cache_init + rotate_pairs: θ advanced by
-  repeated f32 multiplication with powf(base, -2/n_dims), cosf/sinf correctly rounded
-  (a host table over the cache's positions), and the rotation as GCC contracts it:
-  fma(x0, cos, -(x1·sin)) and fma(x0, sin, x1·cos).
-- `attention`: an F16 KV cache (flash attention off, llama.cpp's default): q rounded
-  to f16; K·q and P·V as llamafile's tinyBLAS sums them for a batch of tokens (16
-  lanes, chunk after chunk, then `_mm512_reduce_add_ps`) or as ggml_vec_dot_f16 does
-  for one token (4 accumulators of 16 lanes); the softmax of ggml_soft_max_f32
-  (scores·scale, ggml_v_expf, per-16 sums in double, times (float)(1.0/sum)), the
-  probabilities rounded to f16.
-- `swiglu`: ggml_vec_swiglu_f32: x / (1 + ggml_v_expf(-x)) · g.
+  repeated f32 multiplication with powf(base, -2/n_dims), cos/sin from the C library's
+  cosf/sinf (a host table over the cache's positions; glibc's are not correctly
+  rounded), and the rotation as GCC contracts it: fma(x0, cos, -(x1·sin)) and
+  fma(x0, sin, x1·cos).
+- `attention`: an F16 KV cache (flash attention off, llama.cpp's default): q (scaled
+  first in the families of `Q_PRESCALED`) rounded to f16; K·q and P·V as llamafile's
+  tinyBLAS sums them for a batch of tokens (16 lanes, chunk after chunk, then
+  `_mm512_reduce_add_ps`) or as ggml_vec_dot_f16 does for one token (4 accumulators of
+  16 lanes); the softmax of ggml_soft_max_f32 (scores·scale, ggml_v_expf, per-16 sums
+  in double, times (float)(1.0/sum)), the probabilities rounded to f16.
+- `swiglu` / `geglu` / `gelu`: ggml_vec_swiglu_f32 (x / (1 + ggml_v_expf(-x)) · g) and
+  GELU through ggml's f16 lookup table.
+- `moe`: build_moe_ffn with ggml_soft_max's scalar tail (libm expf) and MUL_MAT_ID's
+  row-by-row kernels.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import dataclasses
 import functools
 
 import jax
@@ -34,6 +43,7 @@ from llamay.quant.ggml_float import (
     dot_f16_sgemm,
     dot_f16_vec,
     dsum,
+    expf,
     fma,
     opaque,
     recip_pair,
@@ -76,6 +86,34 @@ def layer_norm(x: jax.Array, w: jax.Array | None, b: jax.Array | None, eps: floa
     return y
 
 
+# -- libm ------------------------------------------------------------------------------
+
+
+@functools.cache
+def _libm():
+    """The C library's math functions (what ggml calls), or None where ctypes can't load it."""
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        for name in ("cosf", "sinf", "tanhf"):
+            getattr(lib, name).restype = ctypes.c_float
+            getattr(lib, name).argtypes = [ctypes.c_float]
+        return lib
+    except (OSError, AttributeError):
+        return None
+
+
+def _cfloat(name: str, x: np.ndarray) -> np.ndarray:
+    """libm's cosf/sinf/tanhf over an f32 array; where libm is unavailable, the correctly
+    rounded value (glibc's differs from it in about 1 % of arguments, by one ulp)."""
+    lib = _libm()
+    x = np.asarray(x, np.float32)
+    if lib is None:
+        return getattr(np, name[:-1])(x.astype(np.float64)).astype(np.float32)
+    fn = getattr(lib, name)
+    out = np.fromiter((fn(float(v)) for v in x.ravel()), np.float32, x.size)
+    return out.reshape(x.shape)
+
+
 # -- rope ------------------------------------------------------------------------------
 
 
@@ -105,8 +143,8 @@ def _rope_table(rope, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
                 y = f32((f32(i) - corr[0]) / max(f32(0.001), f32(corr[1] - corr[0])))
                 ramp = f32(1) - f32(min(1, max(0, y)))
                 t = (interp * (f32(1) - ramp) + extrap * ramp).astype(f32)
-            cos[:, i] = (np.cos(t.astype(np.float64)).astype(f32) * mscale).astype(f32)
-            sin[:, i] = (np.sin(t.astype(np.float64)).astype(f32) * mscale).astype(f32)
+            cos[:, i] = (_cfloat("cosf", t) * mscale).astype(f32)
+            sin[:, i] = (_cfloat("sinf", t) * mscale).astype(f32)
             theta = (theta * theta_scale).astype(f32)
     return cos, sin
 
@@ -279,7 +317,7 @@ def _gelu_table() -> np.ndarray:
     """ggml_table_gelu_f16: f16(ggml_gelu_f32(x)) for every f16 bit pattern x, as f32.
 
     ggml_gelu_f32 = 0.5f·x·(1.0f + tanhf(SQRT_2_OVER_PI·x·(1.0f + GELU_COEF_A·x·x))), with
-    GCC's contraction of 1.0f + (A·x)·x into an fma; tanhf taken correctly rounded.
+    GCC's contraction of 1.0f + (A·x)·x into an fma; tanhf from the C library.
     """
     f32, f64 = np.float32, np.float64
     x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(f32)
@@ -287,7 +325,7 @@ def _gelu_table() -> np.ndarray:
         ax = (f32(0.044715) * x).astype(f32)
         inner = (ax.astype(f64) * x + 1.0).astype(f32)  # fma(A·x, x, 1)
         t = ((f32(0.79788456080286535587989211986876) * x).astype(f32) * inner).astype(f32)
-        th = np.tanh(t.astype(f64)).astype(f32)
+        th = _cfloat("tanhf", t)
         y = ((f32(0.5) * x).astype(f32) * (f32(1) + th).astype(f32)).astype(f32)
     return y.astype(np.float16).astype(f32)
 
@@ -307,3 +345,74 @@ def geglu(x: jax.Array, g: jax.Array) -> jax.Array:
     """ggml_vec_geglu_f32: gelu(x)·g with ggml's table (x·g above 10)."""
     x = x.astype(F32)
     return jnp.where(x <= -10.0, 0.0, jnp.where(x >= 10.0, x, _gelu_lookup(x)) * g)
+
+
+# -- mixture of experts ----------------------------------------------------------------------
+
+
+def _softmax_rows(x: jax.Array) -> jax.Array:
+    """ggml_soft_max (no mask, scale 1) over the last axis: ggml_v_expf over chunks of
+    16, the tail through libm's expf, the sum in double, times (float)(1.0 / sum)."""
+    x = x.astype(F32)
+    n = x.shape[-1]
+    d = x - jnp.max(x, axis=-1, keepdims=True)
+    main = n - n % 16
+    parts, sums = [], []
+    if main:
+        e = v_expf(d[..., :main])
+        parts.append(e)
+        sums.append(reduce16(e.reshape(*e.shape[:-1], main // 16, 16)))
+    if n > main:
+        tail = expf(d[..., main:])
+        parts.append(tail)
+        sums.append(tail)
+    e = jnp.concatenate(parts, axis=-1)
+    hi, lo = dsum(jnp.concatenate(sums, axis=-1))
+    return e * recip_pair(hi, lo)[..., None]
+
+
+def _expert_rows(x: jax.Array, w, experts: jax.Array) -> jax.Array:
+    """x [R, k] through expert experts[r] of w ([E, n, k] QTensor or MixedQTensor) row by
+    row, as ggml's MUL_MAT_ID computes it: vec_dot, or the repack GEMV, per row."""
+    from llamay.quant import MixedQTensor
+    from llamay.quant.qtensor import ggml_matmul
+
+    def one(qt):
+        data = jnp.take(qt.data, experts, axis=0)  # [R, n, row bytes]
+
+        def row(d, xr):
+            return ggml_matmul(xr[None], dataclasses.replace(qt, data=d), batched=False)[0]
+
+        return jax.vmap(row)(data, x)
+
+    if isinstance(w, MixedQTensor):
+        branches = [lambda s=s: one(s.layer(w.index)) for s in w.stacks]
+        return jax.lax.switch(w.which, branches)
+    return one(w)
+
+
+def moe(x, w_router, w_gate, w_up, w_down, n_used: int, act: str = "silu") -> jax.Array:
+    """llama.cpp's build_moe_ffn (softmax gating, weights renormalised): router matmul,
+    ggml_soft_max, top-k, weights / max(Σ, 2**-14), the experts' MUL_MAT_IDs (one row at
+    a time), the weighted expert outputs added in selection order."""
+    from llamay.quant.qtensor import qmatmul
+
+    lead = x.shape[:-1]
+    xf = x.reshape(-1, x.shape[-1]).astype(F32)
+    probs = _softmax_rows(qmatmul(xf, w_router))  # [N, E]
+    top_w, top_i = jax.lax.top_k(probs, n_used)
+    total = top_w[..., 0]
+    for j in range(1, n_used):
+        total = total + top_w[..., j]  # a double sum of f32s, rounded once: exact here for 2
+    top_w = top_w / opaque(jnp.maximum(total, np.float32(6.103515625e-5))[..., None])
+    rows = top_i.reshape(-1)  # row r = token r // k, slot r % k
+    xr = jnp.repeat(xf, n_used, axis=0)
+    g = _expert_rows(xr, w_gate, rows)
+    u = _expert_rows(xr, w_up, rows)
+    h = swiglu(g, u) if act == "silu" else geglu(g, u)
+    y = _expert_rows(h, w_down, rows).reshape(xf.shape[0], n_used, -1)
+    y = opaque(y * top_w[..., None])
+    out = y[:, 0]
+    for j in range(1, n_used):
+        out = out + y[:, j]
+    return out.reshape(*lead, -1)

@@ -303,6 +303,7 @@ def moe(
     n_used: int,
     act: str = "silu",
     gather_limit: int | None = None,
+    numerics: str = "exact",
 ) -> jax.Array:
     """Σ_e w_e · down_e(act(gate_e x) ⊙ up_e x) over each token's top-k experts.
 
@@ -312,6 +313,8 @@ def moe(
     runs densely on every token and the unchosen ones get weight 0 (prefill: E
     dequantisations instead of N·k, at E/k times the FLOPs). Both give the same numbers.
     """
+    if numerics == "llamacpp":
+        return ggml_ops.moe(x, w_router, w_gate, w_up, w_down, n_used, act)
     top_w, top_i = route(x, w_router, n_used)
     lead = x.shape[:-1]
     n_tokens = math.prod(lead)

@@ -294,3 +294,59 @@ def dot_f32_vec(a: jax.Array, b: jax.Array) -> jax.Array:
     for i in range(main, k):
         total = opaque(a[..., i] * b[..., i]) if total is None else fma(a[..., i], b[..., i], total)
     return total
+
+
+# -- glibc's expf ------------------------------------------------------------------------
+# ggml's scalar loops call libm's expf (e.g. a softmax over fewer than 16 values, as
+# MoE routers have). glibc's (sysdeps/ieee754/flt-32/e_expf.c, since 2.28) works in
+# double: k = round(x·32/ln 2), r = x·32/ln 2 - k, 2^(k/32) from a 32-entry table times
+# a cubic in r, rounded once to float. It is not correctly rounded (about 1 in 1500
+# results differ from the nearest float); this reproduces it, with double arithmetic
+# emulated in pairs of f32s (differences only within ~2**-45 of a rounding boundary).
+
+
+def _pair(v: float) -> tuple[np.float32, np.float32]:
+    hi = np.float32(v)
+    return hi, np.float32(v - float(hi))
+
+
+_EXPF_N = 32
+_EXPF_INVLN2N = _pair(float.fromhex("0x1.71547652b82fep+0") * _EXPF_N)
+_EXPF_POLY = (("0x1.c6af84b912394p-5", 3), ("0x1.ebfce50fac4f3p-3", 2), ("0x1.62e42ff0c52d6p-1", 1))
+_EXPF_C = [_pair(float.fromhex(h) / _EXPF_N**n) for h, n in _EXPF_POLY]
+_EXPF_TAB = [_pair(float(np.exp2(np.float64(i) / _EXPF_N))) for i in range(_EXPF_N)]
+
+
+def _fast_two_sum(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    s = a + b
+    return s, b - (s - a)
+
+
+def _dd_mul(ah, al, bh, bl):
+    p, e = exact_product(ah, bh)
+    return _fast_two_sum(p, e + (opaque(ah * bl) + opaque(al * bh)))
+
+
+def _dd_add(ah, al, bh, bl):
+    s, e = two_sum(ah, bh)
+    return _fast_two_sum(s, e + (al + bl))
+
+
+def expf(x: jax.Array) -> jax.Array:
+    """glibc's expf, bit for bit but in the rarest cases (see above); |x| < 88."""
+    x = jnp.asarray(x, F32)
+    zh, zl = _dd_mul(x, jnp.zeros_like(x), *_EXPF_INVLN2N)
+    k = jnp.round(zh)
+    frac = (zh - k) + zl
+    k = k + jnp.where(frac > 0.5, 1.0, 0.0) - jnp.where(frac < -0.5, 1.0, 0.0)
+    r = _fast_two_sum(zh - k, zl)
+    ki = k.astype(jnp.int32)
+    i = jnp.mod(ki, _EXPF_N)
+    tab = [jnp.asarray([t[j] for t in _EXPF_TAB]) for j in (0, 1)]
+    s = (tab[0][i], tab[1][i])
+    (c0h, c0l), (c1h, c1l), (c2h, c2l) = _EXPF_C
+    z = _dd_add(*_dd_mul(*r, c0h, c0l), c1h, c1l)
+    r2 = _dd_mul(*r, *r)
+    y = _dd_add(*_dd_mul(*r, c2h, c2l), np.float32(1), np.float32(0))
+    y = _dd_mul(*_dd_add(*_dd_mul(*z, *r2), *y), *s)
+    return jnp.ldexp(y[0] + y[1], (ki - i) // _EXPF_N)

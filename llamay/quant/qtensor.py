@@ -31,8 +31,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from llamay.gguf.constants import BLOCK_SIZES, GGMLType
-from llamay.quant import ggml_float
-from llamay.quant.act_quant import VEC_DOT_TYPES, quantize_q8_0, quantize_q8_1, round_activations
+from llamay.quant import formulas, ggml_float
+from llamay.quant.act_quant import (
+    VEC_DOT_TYPES,
+    quantize_q8_0,
+    quantize_q8_1,
+    quantize_q8_k,
+    round_activations,
+)
 from llamay.quant.formulas import unpack_bits
 from llamay.quant.layouts import blocks_of, jax_backend, layout_of
 
@@ -112,7 +118,9 @@ def qmatmul(x: jax.Array, w: QTensor | MixedQTensor) -> jax.Array:
         branches = [lambda x, s=s: qmatmul(x, s.layer(w.index)) for s in w.stacks]
         return jax.lax.switch(w.which, branches, x)
     if w.numerics == "llamacpp":
-        return _ggml_matmul(x, w)
+        # Each emulated kernel is its own fusion island: letting XLA fuse across them
+        # makes compile time explode (minutes per model) for no speed gain.
+        return ggml_matmul(x, w)
     wf = w.dequantize(jnp.float32)
     return jnp.einsum("...k,nk->...n", w.round_activations(x), wf, precision="highest")
 
@@ -128,18 +136,33 @@ _FLOAT_DOTS = {  # vec_dot type -> (sgemm dot, its k step, vec dot)
 }
 
 
-def _ggml_matmul(x: jax.Array, w: QTensor) -> jax.Array:
+def ggml_matmul(x: jax.Array, w: QTensor, batched: bool | None = None) -> jax.Array:
+    """x @ W.T as llama.cpp computes it, the kernel chosen as for a batch of >= 8 rows
+    (`batched` True) or of one row (False) instead of from x's row count (None). Rows do
+    not interact in any of these kernels, so one row can be computed as part of a batch."""
+    opaque = ggml_float.opaque
+    return opaque(_ggml_matmul(opaque(x), w, batched))
+
+
+def _ggml_matmul(x: jax.Array, w: QTensor, batched: bool | None = None) -> jax.Array:
     """x @ W.T as llama.cpp's CPU backend computes it (x86, AVX-512 build).
 
     Which kernel runs depends on the weight type and the number of rows n of x (the
     tokens of the batch): Q4_0 weights with a row count divisible by 8 are repacked at
     load and use the repack GEMV/GEMM; the other 32-element block types use vec_dot
     (tinyBLAS_Q0 computes the same per element); float weights use llamafile's
-    tinyBLAS when n >= 2 (and rows % 4 == 0, cols % step == 0), else ggml_vec_dot_*.
+    tinyBLAS when n >= 2 (and rows % 4 == 0, cols % step == 0), else ggml_vec_dot_*;
+    K-quants: Q4_K and Q2_K with rows % 8 == 0 the repack GEMV/GEMM, the others the
+    tiled GEMM when n >= 8, else vec_dot.
+
+    n is x's row count as traced: for a bucket-padded prompt that is the bucket, so a
+    prompt shorter than a kernel's threshold (2 for tinyBLAS, 8 for the tiled GEMM, or
+    one with n % 4 rows left for the repack GEMV) is computed with the batch kernel
+    where llama.cpp would use the one-row one: rounding differences in its last rows.
     """
     t = w.ggml_type
     dot = VEC_DOT_TYPES[t]
-    n = int(np.prod(x.shape[:-1]))
+    n = int(np.prod(x.shape[:-1])) if batched is None else (8 if batched else 1)
     n_rows = w.data.shape[-2]
     if dot in _Q8_ACTS:
         if t == _T.Q4_0 and n_rows % 8 == 0:
@@ -151,8 +174,10 @@ def _ggml_matmul(x: jax.Array, w: QTensor) -> jax.Array:
         wf = w.dequantize(jnp.float32)
         batched = n >= 2 and n_rows % 4 == 0 and w.cols % step == 0
         return (sgemm if batched else vec)(xr, wf)
-    # K-quants (Q8_K activations): the rounded activations against the dequantised weight
-    # (the same products; the order of the f32 sums is not ggml's).
+    if dot == _T.Q8_K and t in _KQUANT_DOTS:
+        repacked = t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0
+        kernel = "repack" if repacked else "tiled" if n >= 8 else t.name
+        return _kquant_dot(x, w, kernel)
     wf = w.dequantize(jnp.float32)
     return jnp.einsum("...k,nk->...n", w.round_activations(x), wf, precision="highest")
 
@@ -237,3 +262,146 @@ def _q8_block_dot(x: jax.Array, w: QTensor) -> jax.Array:
     if mw is not None:
         y = y + summs
     return y.reshape(*lead, n_rows)
+
+
+# -- K-quants x Q8_K ------------------------------------------------------------------------
+
+_KQUANT_DOTS = (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K)
+
+
+def kquant_parts(w: QTensor):
+    """A K-quant weight [rows, cols] as ggml's integer dots read it, per super-block of 256:
+    q int8 [rows, nsb, 256] (the quants; Q6_K unsigned 0..63), sc int16 [.., 256] (each
+    element's sub-block scale), mins int16 [.., n_sub] or None, d and dmin f32 [rows, nsb]
+    (value = d·sc·q - dmin·min; Q6_K: d·sc·(q - 32))."""
+    t, bk = w.ggml_type, jax_backend()
+    lay = layout_of(t)
+    f = lay.unpack(bk, blocks_of(bk, w.data, lay))
+    lead = f["d"].shape[:-1]
+    d = f["d"][..., 0].astype(jnp.float32)
+    dmin = f["dmin"][..., 0].astype(jnp.float32) if "dmin" in f else None
+    mins = None
+
+    def planes(x, shifts, mask):  # [.., m] bytes -> [.., len(shifts)·m], K-quant order
+        runs = x.reshape(*x.shape[:-1], -1, 32)
+        return unpack_bits(bk, runs, shifts, mask, -2).reshape(*x.shape[:-1], -1)
+
+    def bits(x):  # [.., 32] bytes -> [.., 8, 32]: bit i of byte l at [i, l]
+        return unpack_bits(bk, x, range(8), 1, -2)
+
+    if t == _T.Q2_K:
+        q = planes(f["qs"], (0, 2, 4, 6), 0x3)
+        sc, mins = f["scales"] & 0xF, f["scales"] >> 4
+    elif t == _T.Q3_K:
+        low = planes(f["qs"], (0, 2, 4, 6), 0x3).astype(jnp.int8)
+        high = bits(f["hmask"]).reshape(low.shape).astype(jnp.int8)
+        q = low - ((high ^ 1) << 2)
+        sc = formulas.q3k_scales(bk, f["scales"])
+    elif t in (_T.Q4_K, _T.Q5_K):
+        q = planes(f["qs"], (0, 4), 0xF)
+        if t == _T.Q5_K:
+            q = q | (bits(f["qh"]).reshape(q.shape) << 4)
+        sc, mins = formulas.q4k_scales_mins(bk, f["scales"])
+    else:  # Q6_K
+        ql, qh = f["ql"], f["qh"]
+        low = unpack_bits(bk, ql.reshape(*lead, 2, 2, 32), (0, 4), 0xF, -3).reshape(*lead, 256)
+        q = low | (planes(qh, (0, 2, 4, 6), 0x3) << 4)
+        sc = f["scales"]
+    per = 256 // sc.shape[-1]
+    sc_e = jnp.repeat(sc.astype(jnp.int16), per, axis=-1)
+    mins = None if mins is None else mins.astype(jnp.int16)
+    return q.astype(jnp.int8), sc_e, mins, d, dmin
+
+
+def _lane_sums(q8: jax.Array, qs: jax.Array) -> jax.Array:
+    """Σ q8·qs per AVX2 int32 lane: [L, nsb, 256] x [N, nsb, 256] -> [L, N, nsb, 8] (lane l
+    of a 32-byte chunk holds bytes 4l..4l+3; the chunks of a super-block add up)."""
+    a = q8.reshape(*q8.shape[:-1], 8, 8, 4)
+    b = qs.reshape(*qs.shape[:-1], 8, 8, 4)
+    return jnp.einsum("lscji,nscji->lnsj", a, b, preferred_element_type=jnp.int32)
+
+
+def _kquant_dot(x: jax.Array, w: QTensor, kernel: str) -> jax.Array:
+    """ggml's vec_dot_qN_K_q8_K (AVX2 code) or, for "repack", the Q4_K/Q2_K 8x8 GEMV/GEMM,
+    bit for bit: exact integer sums (grouped as ggml's int32 lanes group them), scaled and
+    accumulated in f32 super-block by super-block with ggml's FMAs."""
+    lead = x.shape[:-1]
+    return kquant_dot_q8k(quantize_q8_k(x), w, kernel).reshape(*lead, -1)
+
+
+def kquant_dot_q8k(acts, w: QTensor, kernel: str) -> jax.Array:
+    """`_kquant_dot` from activations already quantised to Q8_K (`Q8Acts`): [L, rows]."""
+    f32, i32 = jnp.float32, jnp.int32
+    q, sc, mins, dw, dmw = kquant_parts(w)
+    n_rows, nsb = dw.shape
+    q8 = acts.qs.reshape(-1, nsb, 256)
+    da = acts.d.reshape(-1, nsb)  # [L, nsb] f32
+    bsums = acts.sums.reshape(-1, nsb, 16).astype(i32)  # Σ q8 per 16 elements
+    lanes = _lane_sums(q8, (q.astype(jnp.int16) * sc).astype(jnp.int16))  # [L, N, nsb, 8]
+    # f32(d_a·d_w) as ggml rounds it; hidden from XLA (a rounded product fed to adds)
+    d = ggml_float.opaque(da[:, None, :] * dw[None, :, :])  # [L, N, nsb]
+    fma = ggml_float.fma
+
+    def min_sums(group: int) -> jax.Array:  # mins·(Σ q8 over each sub-block of `group`)
+        b = bsums.reshape(*bsums.shape[:-1], -1, group // 16).sum(-1)  # [L, nsb, n_sub]
+        return jnp.einsum("lsm,nsm->lnsm", b, mins.astype(i32))  # [L, N, nsb, n_sub]
+
+    def pairs(v: jax.Array) -> jax.Array:  # _mm_madd_epi16: adjacent pairs summed
+        return v.reshape(*v.shape[:-1], -1, 2).sum(-1)
+
+    if mins is not None:
+        dmin = ggml_float.opaque(da[:, None, :] * dmw[None, :, :])
+        m_sub = min_sums(256 // mins.shape[-1])
+    if kernel == "tiled":
+        # llama.cpp's tiled K-quant GEMM (batches of >= 8 rows): the exact integer sum of a
+        # super-block, times the weight's d (then minus dmin·Σ mins·bsums), times the
+        # activation's d, accumulated super-block by super-block.
+        s1 = lanes.sum(-1)  # [L, N, nsb]
+        if w.ggml_type == _T.Q6_K:  # the quants are stored unsigned: q - 32
+            s1 = s1 - 32 * jnp.einsum("lsm,nsm->lns", bsums, sc[..., ::16].astype(i32))
+        s1 = s1.astype(f32)
+        s2 = m_sub.sum(-1).astype(f32) if mins is not None else None
+        acc = jnp.zeros(s1.shape[:-1], f32)
+        for b in range(nsb):
+            r = ggml_float.opaque(s1[..., b] * dw[None, :, b])
+            if s2 is not None:
+                r = fma(-dmw[None, :, b], s2[..., b], r, narrow=True)
+            acc = fma(r, da[:, None, b], acc)
+        return acc
+    if kernel == "repack":
+        # GEMM (groups of 4 rows) accumulates per 64 (Q4_K) / 128 (Q2_K) elements, the
+        # GEMV (one row) per super-block. Here the rows of a batch of >= 4 take the GEMM
+        # (llama.cpp sends its last n % 4 rows through the GEMV).
+        parts = (4 if w.ggml_type == _T.Q4_K else 2) if lanes.shape[0] >= 4 else 1
+        a = q8.reshape(*q8.shape[:-1], parts, -1)
+        b = (q.astype(jnp.int16) * sc).reshape(n_rows, nsb, parts, -1)
+        total = jnp.einsum("lspe,nspe->lnsp", a, b, preferred_element_type=i32)
+        total = total.reshape(*total.shape[:2], -1).astype(f32)  # [L, N, nsb·parts]
+        m_total = m_sub.reshape(*m_sub.shape[:3], parts, -1).sum(-1)
+        m_total = m_total.reshape(*m_total.shape[:2], -1).astype(f32)
+        acc = acc_min = jnp.zeros(total.shape[:-1], f32)
+        for k in range(nsb * parts):
+            acc = fma(total[..., k], d[..., k // parts], acc)
+            acc_min = fma(m_total[..., k], dmin[..., k // parts], acc_min)
+        return (acc - acc_min).reshape(-1, n_rows)
+    if kernel == "Q6_K":  # ggml subtracts 32·Σ sc·bsums, int32 lane k over sub-blocks 2k, 2k+1
+        corr = jnp.einsum("lsm,nsm->lnsm", bsums, sc[..., ::16].astype(i32))
+        lanes = lanes - 32 * pairs(corr)
+    lanes = lanes.astype(f32)
+    acc = jnp.zeros((*lanes.shape[:2], 8), f32)
+    acc_m = jnp.zeros((*lanes.shape[:2], 4), f32)
+    summs = jnp.zeros(lanes.shape[:2], f32)
+    for b in range(nsb):
+        if kernel == "Q2_K":  # 8 lanes of min sums, then the quant sums, into one accumulator
+            acc = fma(-dmin[..., b, None], pairs(m_sub[..., b, :]).astype(f32), acc)
+        elif kernel == "Q4_K":  # 4 lanes of min sums in their own accumulator
+            acc_m = fma(-dmin[..., b, None], pairs(m_sub[..., b, :]).astype(f32), acc_m)
+        elif kernel == "Q5_K":  # one scalar: summs += dmin·Σ (GCC contracts it)
+            summs = fma(-dmin[..., b], m_sub[..., b, :].sum(-1).astype(f32), summs)
+        acc = fma(d[..., b, None], lanes[..., b, :], acc)
+    y = ggml_float.hsum8(acc)
+    if kernel == "Q4_K":
+        y = y + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
+    elif kernel == "Q5_K":
+        y = y + summs
+    return y.reshape(-1, n_rows)
