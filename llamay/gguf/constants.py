@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from enum import IntEnum
 
 import numpy as np
@@ -40,6 +41,25 @@ VALUE_DTYPES: dict[GGUFValueType, np.dtype] = {
     GGUFValueType.UINT64: np.dtype("<u8"),
     GGUFValueType.INT64: np.dtype("<i8"),
     GGUFValueType.FLOAT64: np.dtype("<f8"),
+}
+
+
+# Little-endian struct of each fixed-size value type (reader and writer share it).
+SCALAR_STRUCTS: dict[GGUFValueType, struct.Struct] = {
+    t: struct.Struct("<" + c)
+    for t, c in {
+        GGUFValueType.UINT8: "B",
+        GGUFValueType.INT8: "b",
+        GGUFValueType.UINT16: "H",
+        GGUFValueType.INT16: "h",
+        GGUFValueType.UINT32: "I",
+        GGUFValueType.INT32: "i",
+        GGUFValueType.FLOAT32: "f",
+        GGUFValueType.BOOL: "?",
+        GGUFValueType.UINT64: "Q",
+        GGUFValueType.INT64: "q",
+        GGUFValueType.FLOAT64: "d",
+    }.items()
 }
 
 

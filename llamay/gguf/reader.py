@@ -39,6 +39,7 @@ from llamay.gguf.constants import (
     GGUF_DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
     GGUF_VERSIONS,
+    SCALAR_STRUCTS,
     VALUE_DTYPES,
     GGMLType,
     GGUFValueType,
@@ -59,22 +60,7 @@ _BULK_STRINGS = 64
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-_SCALARS: dict[GGUFValueType, struct.Struct] = {
-    t: struct.Struct("<" + c)
-    for t, c in {
-        GGUFValueType.UINT8: "B",
-        GGUFValueType.INT8: "b",
-        GGUFValueType.UINT16: "H",
-        GGUFValueType.INT16: "h",
-        GGUFValueType.UINT32: "I",
-        GGUFValueType.INT32: "i",
-        GGUFValueType.FLOAT32: "f",
-        GGUFValueType.BOOL: "?",
-        GGUFValueType.UINT64: "Q",
-        GGUFValueType.INT64: "q",
-        GGUFValueType.FLOAT64: "d",
-    }.items()
-}
+_SCALARS = SCALAR_STRUCTS
 
 # Type of a metadata value: (value type, element type of an array or None).
 MetadataType = tuple[GGUFValueType, GGUFValueType | None]

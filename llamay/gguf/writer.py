@@ -59,6 +59,7 @@ from llamay.gguf.constants import (
     BLOCK_SIZES,
     GGUF_DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
+    SCALAR_STRUCTS,
     VALUE_DTYPES,
     GGMLType,
     GGUFValueType,
@@ -74,21 +75,7 @@ TypeSpec = GGUFValueType | tuple[GGUFValueType, GGUFValueType | None]
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-_SCALAR_STRUCTS: dict[GGUFValueType, struct.Struct] = {
-    t: struct.Struct("<" + c)
-    for t, c in {
-        GGUFValueType.UINT8: "B",
-        GGUFValueType.INT8: "b",
-        GGUFValueType.UINT16: "H",
-        GGUFValueType.INT16: "h",
-        GGUFValueType.UINT32: "I",
-        GGUFValueType.INT32: "i",
-        GGUFValueType.FLOAT32: "f",
-        GGUFValueType.UINT64: "Q",
-        GGUFValueType.INT64: "q",
-        GGUFValueType.FLOAT64: "d",
-    }.items()
-}
+_SCALAR_STRUCTS = SCALAR_STRUCTS
 _INT_TYPES = {
     GGUFValueType.UINT8,
     GGUFValueType.INT8,
