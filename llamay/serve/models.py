@@ -28,60 +28,19 @@ from llamay.errors import ModelNotFoundError
 
 def make_engine(model, parallel: int = 8):
     """The engine serving one model (the one place where the engine is chosen):
-    continuous batching, or one request at a time with `LLAMAY_SERVE_ENGINE=serial`
-    (for comparisons)."""
+    continuous batching (`BatchEngine`, `parallel` slots) for every request, constrained
+    ones included (their token masks ride in the batch); one request at a time with
+    `LLAMAY_SERVE_ENGINE=serial`, kept only for comparisons."""
     if os.environ.get("LLAMAY_SERVE_ENGINE", "batch") == "serial":
         from llamay.engine.api import SerialEngine
 
         return SerialEngine(model)
-    return HybridEngine(model, parallel)
+    from llamay.engine.scheduler import BatchEngine
 
-
-class HybridEngine:
-    """Continuous batching (`BatchEngine`, `parallel` slots) for plain requests; a
-    `SerialEngine` beside it for constrained ones, which BatchEngine does not run yet.
-    Both share the model's weights; the serial one starts on first use."""
-
-    def __init__(self, model, parallel: int = 8):
-        from llamay.engine.scheduler import BatchEngine
-
-        self.model = model
-        slots, page = max(1, parallel), 16
-        # the scheduler's default pool, but never too small for one full context
-        n_pages = max(slots * -(-min(model.n_ctx, 1024) // page), -(-model.n_ctx // page)) + 1
-        self.batch = BatchEngine(model, slots=slots, page_size=page, n_pages=n_pages)
-        self._serial = None
-
-    def _serial_engine(self):
-        if self._serial is None:
-            from llamay.engine.api import SerialEngine
-
-            self._serial = SerialEngine(self.model)
-        return self._serial
-
-    def submit(self, request):
-        if request.constraint is not None:
-            return self._serial_engine().submit(request)
-        return self.batch.submit(request)
-
-    def cancel(self, handle) -> None:
-        engine = self._serial if handle.request.constraint is not None else self.batch
-        if engine is not None:
-            engine.cancel(handle)
-
-    def stats(self) -> dict[str, Any]:
-        out = dict(self.batch.stats())
-        if self._serial is not None:
-            s = self._serial.stats()
-            out["queued"] = out.get("queued", 0) + s["queued"]
-            out["active"] = out.get("active", 0) + s["active"]
-            out["constrained_served"] = s["served"]
-        return out
-
-    def close(self) -> None:
-        self.batch.close()
-        if self._serial is not None:
-            self._serial.close()
+    slots, page = max(1, parallel), 16
+    # the scheduler's default pool, but never too small for one full context
+    n_pages = max(slots * -(-min(model.n_ctx, 1024) // page), -(-model.n_ctx // page)) + 1
+    return BatchEngine(model, slots=slots, page_size=page, n_pages=n_pages)
 
 
 @dataclass

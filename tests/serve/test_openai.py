@@ -174,7 +174,8 @@ TIME = {
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_named_tool_choice_is_enforced(client, stream):
+def test_named_tool_choice_is_enforced(client, stream, server):
+    served = _served(server)
     kw = dict(
         model="tiny",
         messages=[{"role": "user", "content": "Weather in Paris?"}],
@@ -197,6 +198,18 @@ def test_named_tool_choice_is_enforced(client, stream):
         assert call.id.startswith("call_")
     assert name == "get_weather"
     jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+    # the constrained request ran in the continuous-batching engine (no serial side engine)
+    assert _served(server) == served + 1
+
+
+def _served(server) -> int:
+    from llamay.engine.scheduler import BatchEngine
+
+    lm = server.state.models.loaded.get("tiny")
+    if lm is None:
+        return 0
+    assert isinstance(lm.engine, BatchEngine)
+    return lm.engine.stats()["served"]
 
 
 def test_required_tool_choice_picks_a_tool(client):
