@@ -20,9 +20,10 @@ replicated while its FFN splits), columns only in whole blocks. Anything else st
 replicated, so any mesh gives the same numbers, just with less memory saved.
 
 Multi-host (one process per host, the same model file on each): call
-`initialize_distributed()` (`jax.distributed.initialize`, which reads the cluster from
-the TPU / SLURM / Open MPI environment, or from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES
-and JAX_PROCESS_ID) before anything touches a device; then the mesh spans every host's
+`initialize_distributed()` (`jax.distributed.initialize`, which detects a Cloud TPU /
+SLURM / Open MPI / Kubernetes cluster; elsewhere set JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES and JAX_PROCESS_ID) before anything touches a device; then the mesh
+spans every host's
 devices, each host builds its shards from its own mmap of the file
 (`jax.make_array_from_callback`), every host runs the same program on the same inputs,
 and `fetch` gathers results. Launch, e.g.:
@@ -37,6 +38,7 @@ and `fetch` gathers results. Launch, e.g.:
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import jax
@@ -121,11 +123,25 @@ def make_mesh(sizes: dict[str, int] | str | None = None) -> Mesh:
     return jax.make_mesh(shape, AXES, axis_types=(auto, auto))
 
 
-def initialize_distributed() -> None:
-    """`jax.distributed.initialize()` once, for multi-host runs (see the module doc)."""
-    if not getattr(initialize_distributed, "_done", False):
-        jax.distributed.initialize()
-        initialize_distributed._done = True
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
+    """`jax.distributed.initialize` once, for multi-host runs (see the module doc).
+
+    Arguments left out come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+    JAX_PROCESS_ID when set (JAX itself reads only the first), else from the cluster JAX
+    detects. On CPU the processes exchange data through JAX's gloo collectives."""
+    if getattr(initialize_distributed, "_done", False):
+        return
+    env = os.environ
+    if num_processes is None and env.get("JAX_NUM_PROCESSES"):
+        num_processes = int(env["JAX_NUM_PROCESSES"])
+    if process_id is None and env.get("JAX_PROCESS_ID"):
+        process_id = int(env["JAX_PROCESS_ID"])
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    initialize_distributed._done = True
 
 
 # -- rules -> PartitionSpecs ---------------------------------------------------------------
