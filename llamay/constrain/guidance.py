@@ -16,6 +16,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from llamay.constrain.schema_rewrite import (
+    any_key_order,
+    integral_counts,
+    strip_formats,
+    tighten_formats,
+)
 from llamay.errors import ConstraintError, GrammarSyntaxError, UnsupportedConstraintError
 from llamay.sample.constraint import mask_words
 
@@ -159,8 +165,10 @@ class GuidanceConstraint:
 # -- builders ------------------------------------------------------------------------------
 
 
-def json_schema_grammar(schema, lenient: bool = False, whitespace_flexible: bool = True) -> str:
-    llg = _need()
+FORMAT_MODES = ("assert", "annotation")
+
+
+def _load_schema(schema):
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -174,6 +182,28 @@ def json_schema_grammar(schema, lenient: bool = False, whitespace_flexible: bool
         schema = {}
     if not isinstance(schema, dict):
         raise GrammarSyntaxError("JSON schema: a schema must be an object or a boolean")
+    return schema
+
+
+def json_schema_grammar(
+    schema,
+    lenient: bool = False,
+    whitespace_flexible: bool = True,
+    format: str = "assert",
+    dropped: list[str] | None = None,
+) -> str:
+    """llguidance's grammar for `schema`. `format="assert"` (default) enforces string
+    formats (an unknown one is refused); "annotation" ignores them, as JSON Schema 2020-12
+    does by default. What a lenient compile leaves unenforced is appended to `dropped`."""
+    llg = _need()
+    if format not in FORMAT_MODES:
+        raise ValueError(f"format must be one of {FORMAT_MODES}, not {format!r}")
+    schema = _load_schema(schema)
+    schema = integral_counts(schema)
+    schema = strip_formats(schema) if format == "annotation" else tighten_formats(schema)
+    schema, notes = any_key_order(schema, lenient)
+    if dropped is not None:
+        dropped.extend(notes)
     # Whitespace between JSON tokens is llama.cpp's `space` rule (one blank, or a newline
     # and up to 20 of indentation),
     # so a model cannot stall inside a constraint by emitting blanks forever.
@@ -186,9 +216,14 @@ def json_schema_grammar(schema, lenient: bool = False, whitespace_flexible: bool
         raise GrammarSyntaxError(f"JSON schema: {e}") from None
 
 
-def json_schema(lltok, schema, lenient: bool = False) -> GuidanceConstraint:
-    """JSON conforming to `schema` (a dict, JSON text, or True for any JSON)."""
-    return GuidanceConstraint(lltok, json_schema_grammar(schema, lenient), "JSON schema", lenient)
+def json_schema(lltok, schema, lenient: bool = False, format: str = "assert") -> GuidanceConstraint:
+    """JSON conforming to `schema` (a dict, JSON text, or True for any JSON); `format`
+    as in `json_schema_grammar`."""
+    dropped: list[str] = []
+    grammar = json_schema_grammar(schema, lenient, format=format, dropped=dropped)
+    c = GuidanceConstraint(lltok, grammar, "JSON schema", lenient)
+    c.dropped = dropped + c.dropped
+    return c
 
 
 def any_json(lltok) -> GuidanceConstraint:
