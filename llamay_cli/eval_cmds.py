@@ -116,6 +116,22 @@ def lm_eval_cmd(ctx: typer.Context) -> None:
     main()
 
 
+@eval_app.command("lm-eval-plugin")
+def lm_eval_plugin(
+    remove: Annotated[bool, typer.Option("--remove", help="Take the hook out again.")] = False,
+) -> None:
+    """Let lm-eval's own `lm_eval` command find `--model llamay`: writes a one-line .pth
+    hook into this Python's site-packages (lm-eval 0.4.13 has no plugin discovery; see
+    llamay/eval/lm_eval_hook.py)."""
+    from llamay.eval.lm_eval_hook import install_pth, remove_pth
+
+    if remove:
+        path = remove_pth()
+        print(f"removed {path}" if path else "no hook was installed")
+    else:
+        print(f"wrote {install_pth()}: `lm_eval --model llamay ...` now works")
+
+
 def register(app: typer.Typer) -> None:
     """Add `llamay eval ...` to `app`."""
     app.add_typer(eval_app, name="eval")

@@ -1,13 +1,16 @@
 """lm-evaluation-harness adapter: the model class `llamay` (needs the `eval` extra).
 
-lm-eval finds models by importing the module that registers them, so run it through
-this module (the arguments are lm-eval's own):
+llamay declares it as the `lm_eval.models` entry point `llamay`. lm-eval 0.4.13 has no
+plugin discovery, so its own command finds it once `llamay eval lm-eval-plugin` has put
+a startup hook into site-packages (`llamay.eval.lm_eval_hook`); the arguments are lm-eval's:
 
-    python -m llamay.eval.lm_eval_adapter --model llamay \\
+    lm_eval --model llamay \\
         --model_args model=smollm2:135m,batch_size=8,numerics=exact --tasks hellaswag
 
-or from Python: `import llamay.eval.lm_eval_adapter` before
-`lm_eval.simple_evaluate(model="llamay", ...)`, or pass `LlamayLM(...)` as the model.
+Without the hook, run the same arguments through `llamay eval lm-eval ...` or
+`python -m llamay.eval.lm_eval_adapter ...`; from Python, `import
+llamay.eval.lm_eval_adapter` before `lm_eval.simple_evaluate(model="llamay", ...)`, or
+pass `LlamayLM(...)` as the model.
 
 model_args: `model` (a .gguf path or store name), `numerics` (exact | llamacpp),
 `batch_size`, `max_length` (tokens per scored row; default the model's context),

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -127,17 +128,90 @@ def test_generate_until_stops(tiny_llama_model, evaluated):
         assert full.startswith(out)
 
 
+REGISTRY_PROBE = """
+import sys
+from lm_eval.api.registry import get_model, model_registry
+try:
+    cls = get_model("llamay")
+except ValueError:
+    print("unknown")
+else:
+    assert "hf" in model_registry and "dummy" in model_registry  # built-ins still listed
+    print(cls.__module__ + ":" + cls.__name__)
+"""
+
+
+def run_probe(python: Path) -> str:
+    proc = subprocess.run([python, "-c", REGISTRY_PROBE], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Error processing line" not in proc.stderr  # a broken .pth line
+    return proc.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def hooked_python(tmp_path_factory):
+    """A throwaway venv that sees this one's packages; `llamay eval lm-eval-plugin` run
+    with its python puts the hook into its site-packages (this venv stays untouched)."""
+    import sysconfig
+    import venv
+
+    from llamay.eval.lm_eval_hook import PTH_NAME
+
+    root = tmp_path_factory.mktemp("hooked_venv")
+    venv.create(root, with_pip=False)
+    python = root / "bin" / "python"
+    site = Path(
+        subprocess.check_output([python, "-c", "import site; print(site.getsitepackages()[0])"])
+        .decode()
+        .strip()
+    )
+    ours = sysconfig.get_paths()["purelib"]
+    (site / "_deps.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    assert run_probe(python) == "unknown"  # lm-eval alone does not find llamay
+    cmd = [python, "-m", "llamay_cli.main", "eval", "lm-eval-plugin"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (site / PTH_NAME).exists()
+    return python, site
+
+
+def test_hook_registers_the_entry_point(hooked_python):
+    from llamay.eval.lm_eval_hook import pth_line, remove_pth
+
+    python, site = hooked_python
+    assert run_probe(python) == "llamay.eval.lm_eval_adapter:LlamayLM"
+    # the hook itself imports neither lm-eval nor JAX at startup
+    out = subprocess.check_output(
+        [python, "-c", "import sys; print('lm_eval' in sys.modules, 'jax' in sys.modules)"]
+    )
+    assert out.decode().split() == ["False", "False"]
+    # a hook left behind by an uninstalled llamay is a silent no-op
+    stale = site / "stale_llamay_lm_eval.pth"
+    stale.write_text(pth_line(site / "gone" / "lm_eval_hook.py"))
+    assert run_probe(python) == "llamay.eval.lm_eval_adapter:LlamayLM"
+    stale.unlink()
+    assert remove_pth(site) == site / "llamay_lm_eval.pth"
+    assert run_probe(python) == "unknown"
+    assert remove_pth(site) is None
+    subprocess.run([python, "-m", "llamay_cli.main", "eval", "lm-eval-plugin"], check=True)
+
+
 @pytest.mark.slow
-def test_command_line(tiny_llama_model, fixtures_dir, task_dir, offline_env, tmp_path):
-    """`python -m llamay.eval.lm_eval_adapter --model llamay ...` (lm-eval's own CLI)."""
+def test_stock_lm_eval_command(
+    tiny_llama_model, hooked_python, fixtures_dir, task_dir, offline_env, tmp_path
+):
+    """lm-eval's own `lm_eval` console script, run by a python with the hook installed."""
+    python, _ = hooked_python
     model = fixtures_dir / "tiny" / "llama.gguf"
-    cmd = [sys.executable, "-m", "llamay.eval.lm_eval_adapter", "--model", "llamay"]
-    cmd += ["--model_args", f"model={model},batch_size=4", "--tasks", "llamay_local_mc"]
+    script = Path(sys.executable).parent / "lm_eval"
+    cmd = [python, script, "--model", "llamay", "--tasks", "llamay_local_mc"]
+    cmd += ["--model_args", f"model={model},batch_size=4"]
     cmd += ["--include_path", str(task_dir), "--output_path", str(tmp_path), "--log_samples"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **offline_env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     [samples] = list(tmp_path.rglob("samples_llamay_local_mc_*.jsonl"))
     rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(rows) == len(MC)
     for r in rows:
         args = [(a["arg_0"], a["arg_1"]) for a in r["arguments"].values()]
         want = tiny_llama_model.score([a[0] for a in args], [a[1] for a in args])
