@@ -1,6 +1,6 @@
 """Multi-host through jax.distributed: two processes on localhost, 2 CPU devices each,
-one dp=2,tp=2 mesh across both; their sharded logits and scores equal this process's
-unsharded ones."""
+one dp=2,tp=2 mesh across both; their sharded logits, scores and perplexity equal this
+process's unsharded ones."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from llamay.model.score import batch_logits
 
@@ -25,7 +26,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_two_processes(model: Path, out: Path, timeout: float = 600) -> None:
+def run_two_processes(argv: list[str], timeout: float = 600) -> list[str]:
+    """Run `python *argv` as processes 0 and 1 of one cluster; their outputs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     env |= {
         "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
@@ -35,27 +37,28 @@ def run_two_processes(model: Path, out: Path, timeout: float = 600) -> None:
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(model), str(out)],
+            [sys.executable, *argv],
             env={**env, "JAX_PROCESS_ID": str(i)},
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             text=True,
         )
         for i in range(2)
     ]
     try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+        outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             p.kill()
-    for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"process {i} failed:\n{log[-3000:]}"
+    for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"process {i} failed:\n{err[-3000:]}"
+    return [out for out, _ in outs]
 
 
 def test_two_processes_equal_one(tiny_llama_model, fixtures_dir, tmp_path):
     m = tiny_llama_model
     out = tmp_path / "sharded.npz"
-    run_two_processes(fixtures_dir / "tiny" / "llama.gguf", out)
+    run_two_processes([str(WORKER), str(fixtures_dir / "tiny" / "llama.gguf"), str(out)])
     got = np.load(out)
     tokens, positions = got["tokens"], got["positions"]
     ref = np.asarray(batch_logits(m.config, m.weights, jnp.asarray(tokens), jnp.asarray(positions)))
@@ -65,3 +68,20 @@ def test_two_processes_equal_one(tiny_llama_model, fixtures_dir, tmp_path):
     want = m.score(contexts, continuations, batch=4)
     np.testing.assert_allclose(got["logprobs"], [w[0] for w in want], atol=1e-4, rtol=1e-5)
     assert got["greedy"].tolist() == [w[1] for w in want]
+
+
+def test_cli_perplexity_on_two_processes(tiny_llama_model, fixtures_dir, tmp_path):
+    """The documented launch: `llamay eval perplexity --mesh dp=2,tp=2 --distributed` on
+    each process gives the single-process perplexity."""
+    from llamay.eval import perplexity
+
+    text = tmp_path / "text.txt"
+    text.write_text("It was the best of times, it was the worst of times. " * 30)
+    cmd = ["-m", "llamay_cli.main", "eval", "perplexity", str(text), "--ctx", "32"]
+    cmd += ["-m", str(fixtures_dir / "tiny" / "llama.gguf"), "--chunks", "4", "--batch", "2"]
+    cmd += ["--mesh", "dp=2,tp=2", "--distributed", "--json"]
+    outs = [json.loads(o.strip().splitlines()[-1]) for o in run_two_processes(cmd)]
+    want = perplexity(tiny_llama_model, text.read_text(), ctx=32, batch=2, max_chunks=4)
+    for got in outs:
+        assert got["n_chunks"] == want.n_chunks == 4
+        assert got["ppl"] == pytest.approx(want.ppl, rel=1e-5)
