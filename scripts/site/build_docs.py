@@ -209,6 +209,7 @@ PAGES: list[tuple[str, str]] = [
     ("cli.html", "CLI reference"),
     ("python-api.html", "Python API"),
     ("http-api.html", "HTTP API"),
+    ("evaluation.html", "Evaluation"),
     ("architectures.html", "Architectures"),
     ("quant-types.html", "Quantisation types"),
     ("design.html", "Design"),
