@@ -11,13 +11,19 @@ snapshot and restore.
     GET    /v1/snapshots                    saved snapshots
     DELETE /v1/contexts/{id}, /v1/snapshots/{name}
 
-A context is its token sequence; the engine reuses a shared prefix where it can (the
-continuous-batching engine's prefix cache), so generate after append or fork does not pay
-for the common part twice there.
+A context is its token sequence and, on the continuous-batching engine, that sequence's
+KV kept in the engine (`llamay.serve.kept`): create and append compute the new tokens'
+KV at once, generate continues from the kept KV (computing only what was appended), fork
+makes N contexts that share the parent's KV pages (each child's continuation forks them
+in the engine, so the common prefix is never recomputed), snapshot writes the KV to the
+store beside the token list, and creating from a snapshot loads that KV back. A context
+holds its KV pages until it is deleted. Over the serial comparison engine a context is
+its tokens only, re-sent with each generate.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -27,6 +33,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from llamay.errors import ContextOverflowError
+from llamay.kv.snapshot import Snapshot as KVSnapshot
+from llamay.serve import kept
 from llamay.serve.core import EventStream, guarded, make_sampler, primed, sse
 from llamay.serve.errors import ApiError, error_body, not_found, to_http_status
 from llamay.serve.models import Loaded
@@ -86,10 +95,44 @@ class Snapshot(_Open):
 
 
 class Ctx:
-    def __init__(self, model: str, tokens: list[int]):
+    def __init__(self, model: str, tokens: list[int], kv: kept.Kept | None = None):
         self.id = f"ctx_{uuid.uuid4().hex[:16]}"
         self.model = model
         self.tokens = tokens
+        self.kv = kv  # the engine's KV of a prefix of `tokens` (None: none kept)
+        self.restore_from: KVSnapshot | None = None  # a loaded snapshot not yet in the engine
+        self.busy = False  # a generation is running from it
+
+    def drop_kv(self) -> None:
+        if self.kv is not None:
+            self.kv.drop()
+            self.kv = None
+
+
+async def _ensure_kv(lm: Loaded, ctx: Ctx) -> None:
+    """Make the engine hold the KV of all of ctx.tokens (computing only what its kept KV,
+    or its snapshot, lacks)."""
+    engine = lm.engine
+    if not kept.supports_kv(engine) or not ctx.tokens:
+        return
+    if ctx.kv is not None and not ctx.kv.usable_for(engine, ctx.tokens):
+        ctx.drop_kv()  # the model was reloaded since: its engine holds nothing of ours
+    if ctx.kv is not None and ctx.kv.tokens == ctx.tokens:
+        return
+    if len(ctx.tokens) >= lm.model.n_ctx:
+        # checked here: an engine fork refused later would leave its pages held
+        raise ContextOverflowError(
+            f"the context would hold {len(ctx.tokens)} tokens; the model's context holds "
+            f"{lm.model.n_ctx} (start the server with a larger --ctx)"
+        )
+    new = await kept.prefill(engine, lm.model, ctx.tokens, ctx.kv, ctx.restore_from)
+    ctx.drop_kv()
+    ctx.kv, ctx.restore_from = new, None
+
+
+def _busy(ctx: Ctx) -> None:
+    if ctx.busy:
+        raise ApiError(409, f"context {ctx.id} is generating; wait for it to finish")
 
 
 def _contexts(st: ServerState) -> dict[str, Ctx]:
@@ -127,6 +170,7 @@ def _view(lm_or_none, ctx: Ctx) -> dict[str, Any]:
         "object": "context",
         "model": ctx.model,
         "n_tokens": len(ctx.tokens),
+        "kv_tokens": 0 if ctx.kv is None else len(ctx.kv.tokens),
         "tokens": ctx.tokens,
     }
     if lm_or_none is not None:
@@ -155,10 +199,16 @@ async def create(body: CreateContext, request: Request):
             if any(getattr(body, k) is not None for k in ("text", "tokens", "messages"))
             else []
         )
+        ctx = Ctx(lm.name, tokens)
+        kv_file = path.parent / saved.get("kv", "-")
+        if saved.get("kv") and kv_file.is_file() and kept.supports_kv(lm.engine):
+            ctx.restore_from = await asyncio.get_running_loop().run_in_executor(
+                None, KVSnapshot.load, kv_file
+            )
     else:
         lm = await st.models.get(body.model)
-        tokens = _tokens_of(lm, body, True)
-    ctx = Ctx(lm.name, tokens)
+        ctx = Ctx(lm.name, _tokens_of(lm, body, True))
+    await _ensure_kv(lm, ctx)
     _contexts(st)[ctx.id] = ctx
     return _view(lm, ctx)
 
@@ -169,7 +219,12 @@ async def list_contexts(request: Request):
     return {
         "object": "list",
         "data": [
-            {"id": c.id, "model": c.model, "n_tokens": len(c.tokens)}
+            {
+                "id": c.id,
+                "model": c.model,
+                "n_tokens": len(c.tokens),
+                "kv_tokens": 0 if c.kv is None else len(c.kv.tokens),
+            }
             for c in _contexts(st).values()
         ],
     }
@@ -185,8 +240,10 @@ async def show(cid: str, request: Request):
 @router.delete("/v1/contexts/{cid}", summary="Delete a context")
 async def delete(cid: str, request: Request):
     st = state(request)
-    _get_ctx(st, cid)
+    ctx = _get_ctx(st, cid)
+    _busy(ctx)
     del _contexts(st)[cid]
+    ctx.drop_kv()
     return Response(status_code=204)
 
 
@@ -194,8 +251,15 @@ async def delete(cid: str, request: Request):
 async def append(cid: str, body: Content, request: Request):
     st = state(request)
     ctx = _get_ctx(st, cid)
+    _busy(ctx)
     lm = await st.models.get(ctx.model)
+    before = ctx.tokens
     ctx.tokens = ctx.tokens + _tokens_of(lm, body, not ctx.tokens)
+    try:
+        await _ensure_kv(lm, ctx)
+    except BaseException:
+        ctx.tokens = before  # a failed append (say, past the context) changes nothing
+        raise
     return _view(lm, ctx)
 
 
@@ -203,12 +267,50 @@ async def append(cid: str, body: Content, request: Request):
 async def generate(cid: str, body: Generate, request: Request):
     st = state(request)
     ctx = _get_ctx(st, cid)
+    _busy(ctx)
     lm = await st.models.get(ctx.model)
     sampler = make_sampler(**{k: getattr(body, k) for k in _SAMPLING})
-    g = st.textgen(lm, ctx.tokens, body.max_tokens, sampler, body.stop)
+    await _ensure_kv(lm, ctx)
+    keeps = kept.supports_kv(lm.engine)
+    base = ctx.kv.share() if ctx.kv is not None else None
+
+    async def start(r):
+        return await kept.start(lm.engine, r, base)
+
+    g = st.textgen(
+        lm, ctx.tokens, body.max_tokens, sampler, body.stop, start=start if keeps else None
+    )
+    ctx.busy = True
+    settled = False
+
+    def settle(complete: bool) -> None:
+        """Once, when the generation ends: append what it made, and keep its KV when the
+        engine kept exactly that (else let go of whatever the engine kept)."""
+        nonlocal settled
+        if settled:
+            return
+        settled, ctx.busy = True, False
+        h = g.handle
+        tokens = ctx.tokens + g.token_ids
+        if keeps and h is not None:
+            exact = (
+                complete
+                and g.stop_sequence is None
+                and h.finish_reason in ("stop", "length")
+                and h.usage.completion_tokens == len(g.token_ids)
+            )
+            if exact:
+                ctx.drop_kv()
+                ctx.kv = kept.Kept(lm.engine, h, tokens)
+            else:
+                asyncio.get_running_loop().create_task(kept.discard(lm.engine, h))
+        if base is not None:
+            base.drop()
+        if complete:
+            ctx.tokens = tokens
 
     def done() -> dict[str, Any]:
-        ctx.tokens = ctx.tokens + g.token_ids
+        settle(True)
         return {
             "id": ctx.id,
             "finish_reason": g.finish_reason,
@@ -218,27 +320,41 @@ async def generate(cid: str, body: Generate, request: Request):
         }
 
     if not body.stream:
-        text = await g.collect(request)
-        return {**done(), "text": text}
+        try:
+            text = await g.collect(request)
+            return {**done(), "text": text}
+        finally:
+            settle(False)
 
     async def events():
-        async for delta in g.stream():
-            yield sse({"text": delta})
-        yield sse({**done(), "done": True})
+        try:
+            async for delta in g.stream():
+                yield sse({"text": delta})
+            yield sse({**done(), "done": True})
+        finally:
+            settle(False)
 
     def on_error(exc: Exception) -> str:
         return sse(error_body("openai", to_http_status(exc), str(exc)))
 
-    return EventStream(guarded(await primed(events()), on_error), media_type="text/event-stream")
+    try:
+        body_iter = await primed(events())
+    except BaseException:
+        settle(False)
+        raise
+    return EventStream(guarded(body_iter, on_error), media_type="text/event-stream")
 
 
 @router.post("/v1/contexts/{cid}/fork", summary="Fork a context into n copies")
 async def fork(cid: str, body: Fork, request: Request):
     st = state(request)
     ctx = _get_ctx(st, cid)
+    _busy(ctx)
+    await _ensure_kv(await st.models.get(ctx.model), ctx)
     out = []
     for _ in range(body.n):
-        c = Ctx(ctx.model, list(ctx.tokens))
+        # the children share the parent's kept KV; each continuation forks it in the engine
+        c = Ctx(ctx.model, list(ctx.tokens), None if ctx.kv is None else ctx.kv.share())
         _contexts(st)[c.id] = c
         out.append({"id": c.id, "model": c.model, "n_tokens": len(c.tokens)})
     return {"object": "list", "data": out}
@@ -250,17 +366,42 @@ def _snapshot_path(name: str):
     return _snapshot_dir() / f"{name}.json"
 
 
+def _kv_files_in_use(directory, but=None) -> set[str]:
+    out = set()
+    for p in directory.glob("*.json"):
+        if p == but:
+            continue
+        try:
+            out.add(json.loads(p.read_text()).get("kv"))
+        except (ValueError, OSError, AttributeError):
+            continue
+    return out
+
+
 @router.post("/v1/contexts/{cid}/snapshot", summary="Save a context as a named snapshot")
 async def snapshot(cid: str, body: Snapshot, request: Request):
     from llamay.store import _atomic_write_json
 
     st = state(request)
     ctx = _get_ctx(st, cid)
+    _busy(ctx)
     name = body.name or ctx.id
     path = _snapshot_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_json(path, {"model": ctx.model, "tokens": ctx.tokens})
-    return {"name": name, "model": ctx.model, "n_tokens": len(ctx.tokens)}
+    saved: dict[str, Any] = {"model": ctx.model, "tokens": ctx.tokens}
+    await _ensure_kv(await st.models.get(ctx.model), ctx)
+    if ctx.kv is not None:
+        snap = await kept.snapshot_of(ctx.kv)
+        # content-addressed: the same sequence saved under two names is one file
+        kv_path = await asyncio.get_running_loop().run_in_executor(None, snap.save, path.parent)
+        saved.update(kv=kv_path.name, kv_tokens=snap.n_cached)
+    _atomic_write_json(path, saved)
+    return {
+        "name": name,
+        "model": ctx.model,
+        "n_tokens": len(ctx.tokens),
+        "kv_tokens": saved.get("kv_tokens", 0),
+    }
 
 
 @router.get("/v1/snapshots", summary="List saved snapshots")
@@ -281,5 +422,8 @@ async def delete_snapshot(name: str):
     path = _snapshot_path(name)
     if not path.is_file():
         raise not_found(f"snapshot {name!r} does not exist")
+    kv = json.loads(path.read_text()).get("kv")
+    if kv and kv not in _kv_files_in_use(path.parent, but=path):
+        (path.parent / kv).unlink(missing_ok=True)
     path.unlink()
     return Response(status_code=204)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
 
-from llamay.engine.api import Request
+from llamay.engine.api import Handle, Request
 from llamay.errors import ContextOverflowError, RequestError
 from llamay.sample import Sampler
 from llamay.serve.models import Loaded
@@ -66,7 +66,10 @@ class TextGen:
         constraint: Any = None,
         max_tokens_limit: int | None = None,
         stop_ids: frozenset[int] | None = None,
+        start: Callable[[Request], Awaitable[Handle]] | None = None,
     ):
+        """`start`: how the request is run (default: submitted to the model's engine);
+        the context API passes one that continues a sequence kept in the engine."""
         n_ctx = lm.model.n_ctx
         if not getattr(lm.model.config, "causal", True):
             raise RequestError(
@@ -92,6 +95,7 @@ class TextGen:
         self.stop = [s for s in (stop or []) if s]
         self.constraint = constraint
         self.stop_ids = stop_ids
+        self.start = start
         self.token_ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
@@ -139,16 +143,18 @@ class TextGen:
             self.t_end = time.perf_counter()
             lm.busy -= 1
             return
+        request = Request(
+            self.prompt_ids,
+            self.max_tokens,
+            self.sampler,
+            stop_ids=self.stop_ids,
+            constraint=self.constraint,
+        )
         try:
-            handle = engine.submit(
-                Request(
-                    self.prompt_ids,
-                    self.max_tokens,
-                    self.sampler,
-                    stop_ids=self.stop_ids,
-                    constraint=self.constraint,
-                )
-            )
+            if self.start is not None:
+                handle = await self.start(request)
+            else:
+                handle = engine.submit(request)
         except BaseException:
             lm.busy -= 1
             raise

@@ -70,6 +70,7 @@ class ServerState:
         stop=None,
         constraint=None,
         stop_ids: frozenset[int] | None = None,
+        start=None,
     ) -> TextGen:
         gen = MeteredGen(
             lm,
@@ -80,6 +81,7 @@ class ServerState:
             constraint,
             max_tokens_limit=self.max_tokens_limit,
             stop_ids=stop_ids,
+            start=start,
         )
         gen.metrics = self.metrics
         return gen

@@ -1,6 +1,6 @@
 """llama.cpp's server API over httpx: /completion (streaming and not, grammar, json_schema,
-ignore_eos), /tokenize, /detokenize, /apply-template, /health, /metrics, /slots, rerank;
-and llamay's context API."""
+ignore_eos), /tokenize, /detokenize, /apply-template, /health, /metrics, /slots, rerank.
+(llamay's context API: test_contexts.py.)"""
 
 from __future__ import annotations
 
@@ -121,52 +121,3 @@ def test_rerank(http):
         ).status_code
         == 400
     )
-
-
-def test_context_api(http, tiny):
-    c = http.post("/v1/contexts", json={"model": "tiny", "text": "Once upon"}).json()
-    assert c["tokens"] == tiny.tokenize("Once upon", parse_special=True)
-    c = http.post(f"/v1/contexts/{c['id']}/append", json={"text": " a time"}).json()
-    g = http.post(
-        f"/v1/contexts/{c['id']}/generate", json={"max_tokens": 5, "temperature": 0}
-    ).json()
-    want = list(tiny.generation(c["tokens"], 5, __import__("llamay.sample").sample.GREEDY))
-    assert g["tokens"] == want and g["n_tokens"] == c["n_tokens"] + 5
-    forks = http.post(f"/v1/contexts/{c['id']}/fork", json={"n": 2}).json()["data"]
-    assert [f["n_tokens"] for f in forks] == [c["n_tokens"] + 5] * 2
-    with http.stream(
-        "POST",
-        f"/v1/contexts/{forks[0]['id']}/generate",
-        json={"max_tokens": 3, "temperature": 0, "stream": True},
-    ) as r:
-        datas = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-    assert datas[-1]["done"] and datas[-1]["n_tokens"] == c["n_tokens"] + 8
-    snap = http.post(f"/v1/contexts/{forks[1]['id']}/snapshot", json={"name": "s1"}).json()
-    assert snap["n_tokens"] == c["n_tokens"] + 5
-    assert "s1" in [s["name"] for s in http.get("/v1/snapshots").json()["data"]]
-    restored = http.post("/v1/contexts", json={"snapshot": "s1"}).json()
-    assert restored["tokens"] == c["tokens"] + want
-    ids = [x["id"] for x in http.get("/v1/contexts").json()["data"]]
-    assert restored["id"] in ids
-    assert http.delete(f"/v1/contexts/{restored['id']}").status_code == 204
-    assert http.get(f"/v1/contexts/{restored['id']}").status_code == 404
-    assert http.delete("/v1/snapshots/s1").status_code == 204
-    assert http.post("/v1/contexts", json={"snapshot": "../x"}).status_code == 400
-
-
-def test_forked_contexts_reuse_the_prefix(http, tiny):
-    text = " ".join(f"word{i}" for i in range(40))
-    c = http.post("/v1/contexts", json={"model": "tiny", "text": text}).json()
-    assert c["n_tokens"] >= 40
-    a, b = http.post(f"/v1/contexts/{c['id']}/fork", json={"n": 2}).json()["data"]
-    ga = http.post(
-        f"/v1/contexts/{a['id']}/generate", json={"max_tokens": 3, "temperature": 0}
-    ).json()
-    gb = http.post(
-        f"/v1/contexts/{b['id']}/generate", json={"max_tokens": 3, "temperature": 0}
-    ).json()
-    assert ga["tokens"] == gb["tokens"]
-    # the second fork's prompt came (in whole pages) from the prefix cache
-    assert gb["usage"]["cached_tokens"] >= 16
-    text = http.get("/metrics").text
-    assert "llamay_kv_pages_held 0" in text
