@@ -1,6 +1,13 @@
 """Samplers (data), the on-device sampler chain, and the constraint protocol."""
 
-from llamay.sample.chain import final_logits, sample, unpack_mask
+from llamay.sample.chain import (
+    final_logits,
+    log_probs,
+    read_logprobs,
+    sample,
+    top_logprobs,
+    unpack_mask,
+)
 from llamay.sample.samplers import (
     DEFAULT_ORDER,
     GREEDY,
@@ -22,8 +29,11 @@ __all__ = [
     "SamplerState",
     "SamplingParams",
     "final_logits",
+    "log_probs",
     "parse_order",
+    "read_logprobs",
     "sample",
     "seed_keys",
+    "top_logprobs",
     "unpack_mask",
 ]

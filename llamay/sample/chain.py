@@ -18,9 +18,11 @@ docstring), with the deviations listed in `llamay.sample.samplers`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from llamay.sample.samplers import SamplerState, SamplingParams
 
@@ -98,9 +100,18 @@ def _window(p_last_n, count, R):
 
 
 def penalties(x, p: SamplingParams, hist, count):
-    """llama_sampler_penalties: tokens seen in the last repeat_last_n get their logit
-    divided (positive) or multiplied (negative) by repeat_penalty, then
-    count·frequency_penalty + presence_penalty subtracted."""
+    """llama_sampler_penalties: tokens seen in the last repeat_last_n (-1: the whole
+    ring, i.e. the context; 0: off) get their logit divided (positive) or multiplied
+    (negative) by repeat_penalty, then count·frequency_penalty + presence_penalty
+    subtracted. Skipped (a traced branch) when no slot enables it, so a context-long
+    ring costs nothing then."""
+    on = (p.repeat_last_n != 0) & (
+        (p.repeat_penalty != 1.0) | (p.frequency_penalty != 0.0) | (p.presence_penalty != 0.0)
+    )
+    return _when(jnp.any(on), lambda y: _penalise(y, p, hist, count), x)
+
+
+def _penalise(x, p: SamplingParams, hist, count):
     B, R = hist.shape
     V = x.shape[-1]
     n = _window(p.repeat_last_n, count, R)
@@ -377,6 +388,43 @@ def _chain(logits, p: SamplingParams, st: SamplerState, mask, xtc_key):
     return x
 
 
+# -- log-probabilities ----------------------------------------------------------------------
+
+
+def log_probs(logits: jax.Array) -> jax.Array:
+    """The model's own token log-probabilities [B, V] (before any sampler or mask), what
+    llama.cpp's n_probs and OpenAI's logprobs report."""
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+
+def top_logprobs(logp: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
+    """The n best of each row of log-probabilities [B, V]: (ids [B, n] int32, logprobs
+    [B, n] f32), best first. `n` is static (jit with static_argnums=1)."""
+    lp, ids = jax.lax.top_k(logp, n)
+    return ids.astype(jnp.int32), lp
+
+
+def read_logprobs(
+    state: SamplerState, rows: Sequence[int], n_probs: Sequence[int]
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Per row of `rows`: (the drawn token's logprob, [(id, logprob)] of its `n_probs`
+    best), from the state `sample` returned (its width is the batch's n_probs, the most
+    any row asked for; each row keeps its own first n). One device-to-host copy."""
+    idx = np.asarray(rows, np.int32)
+    ids, lps, chosen = jax.device_get(
+        (state.top_ids[idx], state.top_logprobs[idx], state.token_logprob[idx])
+    )
+    width = ids.shape[1]
+    out = []
+    for r, n in enumerate(n_probs):
+        if n > width:
+            raise ValueError(f"row {rows[r]} asks for {n} logprobs; the step computed {width}")
+        out.append(
+            (float(chosen[r]), list(zip(ids[r, :n].tolist(), lps[r, :n].tolist(), strict=True)))
+        )
+    return out
+
+
 def sample(logits: jax.Array, p: SamplingParams, st: SamplerState, mask: jax.Array | None = None):
     """Draw one token per row from logits [B, V] (mask: packed allowed-token bits
     [B, ceil(V/32)] or None). Returns (tokens [B] int32, the next SamplerState)."""
@@ -392,10 +440,9 @@ def sample(logits: jax.Array, p: SamplingParams, st: SamplerState, mask: jax.Arr
         x = _chain(logits, p, st, mask, xtc_key)
         tok = _draw(draw_key, x)
     tok = tok.astype(jnp.int32)
-    # The token log-probabilities of the model's own distribution (before any sampler).
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    logp = log_probs(logits)
     if p.n_probs:
-        top_lp, top_ids = jax.lax.top_k(logp, p.n_probs)
+        top_ids, top_lp = top_logprobs(logp, p.n_probs)
     else:
         top_lp, top_ids = st.top_logprobs, st.top_ids
     R = st.history.shape[1]
@@ -407,7 +454,7 @@ def sample(logits: jax.Array, p: SamplingParams, st: SamplerState, mask: jax.Arr
         n_seen=st.n_seen + 1,
         mu=mu,
         top_logprobs=top_lp,
-        top_ids=top_ids.astype(jnp.int32),
+        top_ids=top_ids,
         token_logprob=jnp.take_along_axis(logp, tok[:, None], -1)[:, 0],
     )
     return tok, new

@@ -10,9 +10,11 @@ side lives in `llamay.sample.chain`.
 What is static (compiled in) is only the *plan*: the sampler order (or mirostat
 mode) and the number of log-probabilities returned; slots of one batch share it.
 
-Deviations from llama.cpp, named: the token history is a ring of `HISTORY` ids, so
-`repeat_last_n` / `dry_penalty_last_n` of -1 ("the whole context") mean the last
-`HISTORY` tokens, and larger windows are refused; DRY sequence breakers spread over
+Deviations from llama.cpp, named: the token history is a per-slot ring; `repeat_last_n`
+/ `dry_penalty_last_n` are llama.cpp's (-1: the context size, 0: off, N: the last N
+tokens) when the ring holds the context (`SamplerState.init(..., history=n_ctx)`: a
+sequence never holds more tokens than the context); a smaller ring (default `HISTORY`)
+caps every window at its length. DRY sequence breakers spread over
 several tokens are matched only when `SamplingParams.stack` is given the tokenizer's
 `encode` (otherwise just the tokens containing a whole breaker break sequences); the
 random draw uses JAX's PRNG, not mt19937, so seeded runs are reproducible within
@@ -21,6 +23,7 @@ llamay but do not repeat llama.cpp's draws.
 
 from __future__ import annotations
 
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -30,7 +33,7 @@ import numpy as np
 
 from llamay.errors import RequestError
 
-HISTORY = 512  # recent token ids kept per slot (penalties, DRY)
+HISTORY = 512  # recent token ids kept per slot unless the engine passes its context size
 
 # llama.cpp's `--samplers` names, in its default order.
 STAGES = (
@@ -118,15 +121,9 @@ class Sampler:
             (self.dynatemp_range >= 0, "dynatemp_range must be >= 0"),
             (0.0 <= self.xtc_probability <= 1.0, "xtc_probability must be in [0, 1]"),
             (self.min_keep >= 0, "min_keep must be >= 0"),
-            (
-                -1 <= self.repeat_last_n <= HISTORY,
-                f"repeat_last_n must be in [-1, {HISTORY}] (the token history kept per slot)",
-            ),
+            (self.repeat_last_n >= -1, "repeat_last_n must be >= -1 (-1: the context)"),
             (self.repeat_penalty > 0, "repeat_penalty must be > 0 (1 disables it)"),
-            (
-                -1 <= self.dry_penalty_last_n <= HISTORY,
-                f"dry_penalty_last_n must be in [-1, {HISTORY}] (the token history kept per slot)",
-            ),
+            (self.dry_penalty_last_n >= -1, "dry_penalty_last_n must be >= -1 (-1: the context)"),
             (self.dry_allowed_length >= 0, "dry_allowed_length must be >= 0"),
             (self.mirostat in (0, 1, 2), "mirostat must be 0 (off), 1 or 2"),
             (self.mirostat_eta >= 0, "mirostat_eta must be >= 0"),
@@ -191,6 +188,45 @@ def dry_restart_sequences(pieces: Sequence[bytes], breakers: Sequence[str], enco
                         out.add((tok, tail))
                 pos = w.find(needle[:1], pos + 1)
     return out
+
+
+# DRY's tables scan the whole vocabulary in Python (a 262k vocabulary takes ~0.1 s per
+# breaker set), so they are built once per tokenizer, keyed by the identity of its piece
+# list (held, so the id cannot be reused) and the breakers; `DRY_TABLE_BUILDS` counts
+# the builds.
+_DRY_CACHE: OrderedDict[int, tuple[Sequence[bytes], dict]] = OrderedDict()
+_DRY_CACHE_TOKENIZERS = 4
+DRY_TABLE_BUILDS: Counter[str] = Counter()
+
+
+def _dry_cached(kind: str, pieces: Sequence[bytes], key: tuple, build):
+    entry = _DRY_CACHE.get(id(pieces))
+    if entry is None or entry[0] is not pieces:
+        entry = (pieces, {})
+        _DRY_CACHE[id(pieces)] = entry
+        while len(_DRY_CACHE) > _DRY_CACHE_TOKENIZERS:
+            _DRY_CACHE.popitem(last=False)
+    _DRY_CACHE.move_to_end(id(pieces))
+    tables = entry[1]
+    if (kind, key) not in tables:
+        DRY_TABLE_BUILDS[kind] += 1
+        tables[(kind, key)] = build()
+    return tables[(kind, key)]
+
+
+def cached_breaker_table(pieces: Sequence[bytes], breakers: tuple[str, ...]) -> np.ndarray:
+    """`dry_breaker_table`, built once per (tokenizer pieces, breakers)."""
+    return _dry_cached("breakers", pieces, breakers, lambda: dry_breaker_table(pieces, breakers))
+
+
+def cached_restart_sequences(pieces: Sequence[bytes], breakers: tuple[str, ...], encode):
+    """`dry_restart_sequences`, built once per (tokenizer pieces, breakers, encode)."""
+    return _dry_cached(
+        "restarts",
+        pieces,
+        (breakers, encode),
+        lambda: frozenset(dry_restart_sequences(pieces, breakers, encode)),
+    )
 
 
 def _tail_table(per_slot: list[set]) -> np.ndarray:
@@ -304,7 +340,7 @@ class SamplingParams:
                     "DRY needs the tokenizer's token pieces for its sequence breakers"
                 )
             tables = [
-                dry_breaker_table(pieces, s.dry_sequence_breakers)
+                cached_breaker_table(pieces, s.dry_sequence_breakers)
                 if s.uses_dry
                 else np.zeros(len(pieces), bool)
                 for s in samplers
@@ -312,7 +348,7 @@ class SamplingParams:
             breakers = jnp.asarray(np.stack(tables))
             if encode is not None:
                 seqs = [
-                    dry_restart_sequences(pieces, s.dry_sequence_breakers, encode)
+                    cached_restart_sequences(pieces, s.dry_sequence_breakers, encode)
                     if s.uses_dry
                     else set()
                     for s in samplers
@@ -349,7 +385,8 @@ class SamplerState:
         history: int = HISTORY,
     ) -> SamplerState:
         """Fresh state; `histories` (e.g. the prompts) seed the penalty window, as
-        llama.cpp's CLI accepts the prompt tokens into its samplers."""
+        llama.cpp's CLI accepts the prompt tokens into its samplers. `history` is the
+        ring's length: pass the context size, and -1 / every window is llama.cpp's."""
         B = len(samplers)
         n_probs = samplers[0].n_probs if samplers else 0
         ring = np.full((B, history), -1, np.int32)

@@ -308,7 +308,8 @@ def test_per_slot_parameters_in_one_batch():
         dict(min_p=2.0),
         dict(samplers=["top_k", "nucleus"]),
         dict(mirostat=3),
-        dict(repeat_last_n=10**6),
+        dict(repeat_last_n=-2),
+        dict(dry_penalty_last_n=-2),
     ],
 )
 def test_invalid_parameters_are_request_errors(kwargs):
