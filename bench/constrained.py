@@ -6,7 +6,8 @@ and the host time of one mask (µs per token) on a model's tokenizer. One JSON l
 The mask is computed on the host while the device runs the next forward pass
 (`llamay.engine.Generation`), so it costs decode time only where it exceeds the step.
 `--mask-only` loads just the tokenizer (e.g. Gemma 3's 262k vocabulary) and times
-`mask()` + `advance()` along a fixed valid instance. No assertions.
+`mask()` + `advance()` along a fixed valid instance, and DRY's breaker tables (first
+request on the tokenizer, then cached). No assertions.
 """
 
 from __future__ import annotations
@@ -64,6 +65,20 @@ def mask_us(tokenizer, n_vocab: int, reps: int = 3) -> dict:
     }
 
 
+def dry_tables_s(pieces) -> dict:
+    """DRY's sequence-breaker tables for a request: the first on a tokenizer builds them
+    (a scan of the vocabulary), later ones hit the per-tokenizer cache."""
+    from llamay.sample import Sampler, SamplingParams
+
+    s = Sampler(dry_multiplier=0.8)
+    out = {}
+    for name in ("first", "cached"):
+        t = time.perf_counter()
+        SamplingParams.stack([s], len(pieces), pieces)
+        out[f"dry_tables_{name}_ms"] = round(1e3 * (time.perf_counter() - t), 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", default="smollm2:135m")
@@ -77,7 +92,12 @@ def main() -> None:
         from llamay.tok import Tokenizer
 
         tok = Tokenizer.from_gguf(resolve(args.model, progress=False)).warm()
-        print(json.dumps({"model": args.model, **mask_us(tok, tok.vocab_size)}))
+        pieces = [tok.token_to_piece(i) for i in range(tok.vocab_size)]
+        print(
+            json.dumps(
+                {"model": args.model, **mask_us(tok, tok.vocab_size), **dry_tables_s(pieces)}
+            )
+        )
         return
 
     import llamay
@@ -101,8 +121,10 @@ def main() -> None:
         return rate, (gen.mask_seconds / max(n, 1)) if constrained else 0.0, n
 
     run(False), run(True)  # compile
-    free = [run(False)[0] for _ in range(args.repetitions)]
-    cons = [run(True) for _ in range(args.repetitions)]
+    free, cons = [], []
+    for _ in range(args.repetitions):  # interleaved, so load drifts hit both alike
+        free.append(run(False)[0])
+        cons.append(run(True))
     print(
         json.dumps(
             {
