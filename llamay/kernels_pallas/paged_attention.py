@@ -1,0 +1,254 @@
+"""Paged decode attention: Pallas kernels with the signature of the jnp reference
+`llamay.arch.paged.paged_attention(q, k_pages, v_pages, page_table, q_pos, layer, **kw)`
+(the reference gathers each row's pages into a dense view and runs
+`llamay.arch.layers.attention`; it is the CPU path and the tests' oracle).
+
+Both kernels walk a row's pages in order with an online softmax (running max m, sum l,
+weighted values acc), so no dense view is materialised, and read only the pages
+between the row's first visible one (sliding window) and its last real query
+position. Per page and kv head: scores = q·kᵀ·scale, softcapped, masked (key j is
+visible from query i iff j <= i and, with a window w > 0, i - j < w), as the reference.
+
+- TPU (`platform="tpu"`): grid (rows, pages). `pltpu.PrefetchScalarGridSpec` prefetches
+  the page tables, the pool layer, the window and each row's page bounds into SMEM; the
+  K/V BlockSpecs' index maps look the page up, so Mosaic DMAs exactly that page. The
+  online-softmax state lives in VMEM scratch across the page axis.
+- GPU (`platform="gpu"`, Pallas' Triton lowering, which has no scalar prefetch): grid
+  (rows, kv heads); the kernel loops over the row's pages, reading each page id from the
+  table and the page from the pool ref at that index.
+
+Differences from the reference, both confined to rows whose output is unused: a query
+that sees no key gives 0 (the reference: NaN), and padding queries (positions past the
+page table) attend only the row's real pages. Causal attention only; the dispatcher
+sends non-causal (encoder) and llama.cpp numerics to the reference.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+F32 = jnp.float32
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def online_update(state, q, pos, k, v, start, window, *, scale: float, softcap: float | None):
+    """One page of the online softmax for one kv head: q [R, D] at positions pos [R, 1],
+    keys/values [ps, D] at positions start..start+ps-1; state (m [R,1], l [R,1], acc [R,D])."""
+    m_prev, l_prev, acc_prev = state
+    dims = (((1,), (1,)), ((), ()))
+    s = jax.lax.dot_general(q, k, dims, precision=HIGHEST, preferred_element_type=F32) * scale
+    if softcap:
+        s = softcap * jnp.tanh(s / softcap)
+    j = start + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    visible = (j <= pos) & ((window <= 0) | (pos - j < window))
+    s = jnp.where(visible, s, -jnp.inf)
+    m = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+    safe = jnp.where(m == -jnp.inf, 0.0, m)  # no key seen yet: keep everything at 0
+    p = jnp.exp(s - safe)
+    alpha = jnp.exp(m_prev - safe)
+    l_new = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+    pv = jnp.dot(p, v.astype(F32), precision=HIGHEST, preferred_element_type=F32)
+    return m, l_new, alpha * acc_prev + pv
+
+
+def finish(l, acc):
+    return jnp.where(l > 0, acc / jnp.where(l > 0, l, 1.0), 0.0)
+
+
+def _init_state(rows: int, d: int):
+    return (
+        jnp.full((rows, 1), -jnp.inf, F32),
+        jnp.zeros((rows, 1), F32),
+        jnp.zeros((rows, d), F32),
+    )
+
+
+# -- TPU: scalar-prefetched page tables, one page per grid step ------------------------------
+
+
+def _tpu_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o_ref, *scratch,
+                n_kv: int, ps: int, scale: float, softcap: float | None):  # fmt: skip
+    m_sc, l_sc, acc_sc = scratch
+    b, page = pl.program_id(0), pl.program_id(1)
+    first, last = bounds_ref[b, 0], bounds_ref[b, 1]
+
+    @pl.when(page == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, F32)
+        l_sc[...] = jnp.zeros(l_sc.shape, F32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, F32)
+
+    @pl.when((page >= first) & (page <= last))
+    def _update():
+        pos = pos_ref[...]
+        for h in range(n_kv):  # the kv heads of this page (static)
+            state = (m_sc[h], l_sc[h], acc_sc[h])
+            k = k_ref[:, h, :].astype(F32)
+            v = v_ref[:, h, :]
+            q = q_ref[h].astype(F32)
+            m, l, acc = online_update(
+                state, q, pos, k, v, page * ps, meta_ref[1], scale=scale, softcap=softcap
+            )
+            m_sc[h], l_sc[h], acc_sc[h] = m, l, acc
+
+    @pl.when(page == pl.num_programs(1) - 1)
+    def _out():
+        for h in range(n_kv):
+            o_ref[h] = finish(l_sc[h], acc_sc[h])
+
+
+def _tpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret):
+    from jax.experimental.pallas import tpu as pltpu
+
+    B, K, R, D = qh.shape
+    ps = pool_k.shape[-3]
+    M = table.shape[1]
+
+    def kv_map(b, m, meta, table, bounds):  # this grid step's page (clamped: no new DMA)
+        mm = jnp.minimum(jnp.maximum(m, bounds[b, 0]), jnp.maximum(bounds[b, 1], 0))
+        return (meta[0], table[b, mm], 0, 0, 0)
+
+    kv_spec = pl.BlockSpec((None, None, ps, K, D), kv_map)
+    row_spec = pl.BlockSpec((None, K, R, D), lambda b, m, *_: (b, 0, 0, 0))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=3,
+        grid=(B, M),
+        in_specs=[
+            row_spec,
+            pl.BlockSpec((None, R, 1), lambda b, m, *_: (b, 0, 0)),
+            kv_spec,
+            kv_spec,
+        ],  # fmt: skip
+        out_specs=row_spec,
+        scratch_shapes=[
+            pltpu.VMEM((K, R, 1), F32),
+            pltpu.VMEM((K, R, 1), F32),
+            pltpu.VMEM((K, R, D), F32),
+        ],
+    )
+    kernel = functools.partial(_tpu_kernel, n_kv=K, ps=ps, scale=scale, softcap=softcap)
+    params = None
+    if not interpret:
+        params = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(qh.shape, F32),
+        grid_spec=grid_spec,
+        compiler_params=params,
+        interpret=interpret,
+        name="paged_attention_tpu",
+    )(meta, table, bounds, qh, pos, pool_k, pool_v)
+
+
+# -- GPU: one program per (row, kv head), looping over the row's pages ------------------------
+
+
+def _gpu_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o_ref,
+                *, ps: int, scale: float, softcap: float | None):  # fmt: skip
+    b, h = pl.program_id(0), pl.program_id(1)
+    layer, window = meta_ref[0], meta_ref[1]
+    q = q_ref[...].astype(F32)  # [R, D]
+    pos = pos_ref[...]
+
+    def body(i, state):
+        page = table_ref[b, i]
+        k = k_ref[layer, page, :, h, :].astype(F32)
+        v = v_ref[layer, page, :, h, :]
+        return online_update(state, q, pos, k, v, i * ps, window, scale=scale, softcap=softcap)
+
+    init = _init_state(*q.shape)
+    _, l, acc = jax.lax.fori_loop(bounds_ref[b, 0], bounds_ref[b, 1] + 1, body, init)
+    o_ref[...] = finish(l, acc)
+
+
+def _gpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret):
+    B, K, R, D = qh.shape
+    ps = pool_k.shape[-3]
+    whole = pl.no_block_spec  # the whole array: the kernel indexes it
+    kernel = functools.partial(_gpu_kernel, ps=ps, scale=scale, softcap=softcap)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(qh.shape, F32),
+        grid=(B, K),
+        in_specs=[
+            whole,
+            whole,
+            whole,
+            pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0)),
+            pl.BlockSpec((None, R, 1), lambda b, h: (b, 0, 0)),
+            whole,
+            whole,
+        ],
+        out_specs=pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0)),
+        interpret=interpret,
+        name="paged_attention_gpu",
+    )(meta, table, bounds, qh, pos, pool_k, pool_v)
+
+
+# -- the wrapper: the reference's signature ---------------------------------------------------
+
+
+def _rows(tg: int, platform: str) -> int:
+    """Query rows per kv head, padded: a sublane multiple (TPU), a power of two >= 16 (GPU)."""
+    if platform == "gpu":
+        return max(16, pl.next_power_of_2(tg))
+    return -(-tg // 8) * 8
+
+
+def page_bounds(q_pos: jax.Array, window, ps: int, n_pages: int) -> jax.Array:
+    """[B, 2] int32: each row's first and last page holding a visible key (last = -1: none).
+    Positions past the table (padding) do not count."""
+    valid = (q_pos >= 0) & (q_pos < n_pages * ps)
+    big = jnp.int32(n_pages * ps)
+    hi = jnp.max(jnp.where(valid, q_pos, -1), axis=1)
+    lo = jnp.min(jnp.where(valid, q_pos, big), axis=1)
+    w = jnp.asarray(0 if window is None else window, jnp.int32)
+    first = jnp.where(w > 0, jnp.maximum(lo - w + 1, 0), 0) // ps
+    last = jnp.where(hi >= 0, hi // ps, -1)
+    return jnp.stack([jnp.minimum(first, n_pages - 1), last], axis=1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "softcap", "platform", "interpret"))
+def paged_attention_pallas(
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    page_table: jax.Array,
+    q_pos: jax.Array,
+    layer: jax.Array | int | None = None,
+    *,
+    scale: float,
+    window: jax.Array | int | None = None,
+    softcap: float | None = None,
+    platform: str = "tpu",
+    interpret=False,
+) -> jax.Array:
+    """Causal attention of q [B, T, H, D] at q_pos [B, T] over the pages [P, ps, K, D] (or
+    the pool [L, P, ps, K, D] and `layer`) named by page_table [B, M]. -> [B, T, H, D] f32."""
+    B, T, H, D = q.shape
+    ps, K = k_pages.shape[-3], k_pages.shape[-2]
+    M = page_table.shape[1]
+    if H % K or k_pages.shape[-1] != D:
+        raise ValueError(f"paged_attention: q {q.shape} does not fit pages {k_pages.shape}")
+    if layer is None:
+        k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
+    G, TG = H // K, T * (H // K)
+    R = _rows(TG, platform)
+    qh = q.astype(F32).reshape(B, T, K, G, D).transpose(0, 2, 1, 3, 4).reshape(B, K, TG, D)
+    qh = jnp.pad(qh, ((0, 0), (0, 0), (0, R - TG), (0, 0)))
+    pos = jnp.broadcast_to(q_pos[:, :, None], (B, T, G)).reshape(B, TG).astype(jnp.int32)
+    pos = jnp.pad(pos, ((0, 0), (0, R - TG)), constant_values=-1)[..., None]
+    w = jnp.asarray(0 if window is None else window, jnp.int32)
+    meta = jnp.stack([jnp.asarray(layer, jnp.int32), w])
+    bounds = page_bounds(q_pos, window, ps, M)
+    call = {"tpu": _tpu_call, "gpu": _gpu_call}[platform]
+    out = call(
+        qh, pos, k_pages, v_pages, page_table.astype(jnp.int32), meta, bounds,
+        scale=scale, softcap=softcap, interpret=interpret,
+    )  # fmt: skip
+    out = out[:, :, :TG].reshape(B, K, T, G, D).transpose(0, 2, 1, 3, 4)
+    return out.reshape(B, T, H, D)
