@@ -1,12 +1,15 @@
 """The schema rewrites done before llguidance compiles: they must not change what a schema
-means (checked with jsonschema-rs on the whole JSON-Schema-Test-Suite), and must make the
+means (checked with `jsonschema` on the whole JSON-Schema-Test-Suite), and must make the
 key orders a schema leaves open acceptable."""
 
 from __future__ import annotations
 
 import json
+import re
 
+import jsonschema
 import pytest
+import referencing.exceptions
 
 from llamay.constrain import json_schema
 from llamay.constrain.schema_rewrite import (
@@ -16,8 +19,6 @@ from llamay.constrain.schema_rewrite import (
     tighten_formats,
 )
 from llamay.errors import UnsupportedConstraintError
-
-jsonschema_rs = pytest.importorskip("jsonschema_rs")
 
 
 def _accepts(c, text: str) -> bool:
@@ -33,14 +34,15 @@ def test_rewrites_keep_the_meaning_of_every_suite_schema(fixtures_dir):
         for group in json.loads(path.read_text()):
             schema = group["schema"]
             new, _ = any_key_order(integral_counts(schema), lenient=True)
-            try:
-                before = jsonschema_rs.validator_for(schema)
-            except Exception:  # remote refs, which the oracle cannot resolve offline either
-                continue
-            after = jsonschema_rs.validator_for(new)
+            before = jsonschema.Draft202012Validator(schema)
+            after = jsonschema.Draft202012Validator(new)
             changed += new != schema
             for t in group["tests"]:
-                assert after.is_valid(t["data"]) == before.is_valid(t["data"]), (
+                try:
+                    want = before.is_valid(t["data"])
+                except (referencing.exceptions.Unresolvable, re.error):
+                    continue  # remote refs (never fetched), \p{..} regexes (Python's re)
+                assert after.is_valid(t["data"]) == want, (
                     path.name,
                     group["description"],
                     t["description"],
