@@ -75,6 +75,14 @@ def register_serve(app: typer.Typer) -> None:
             int | None,
             typer.Option("--max-tokens", min=1, help="The most tokens one request may generate."),
         ] = None,
+        mesh: Annotated[
+            str | None,
+            typer.Option(
+                "--mesh",
+                help="Shard each model over devices: dp=N (batch rows), tp=M (heads / FFN), "
+                "e.g. dp=2,tp=2.",
+            ),
+        ] = None,
         no_store: Annotated[
             bool,
             typer.Option(
@@ -91,18 +99,19 @@ def register_serve(app: typer.Typer) -> None:
 
         try:
             configured = _resolve_all(parse_models(model or []))
+            models = Models(
+                configured,
+                n_ctx=ctx,
+                parallel=parallel,
+                default_keep_alive=keep_alive,
+                use_store=not no_store,
+                mesh=mesh,
+            )
         except LlamayError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=1) from None
         if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
             print(f"warning: serving on {host} without --api-key", file=sys.stderr)
-        models = Models(
-            configured,
-            n_ctx=ctx,
-            parallel=parallel,
-            default_keep_alive=keep_alive,
-            use_store=not no_store,
-        )
         app_ = create_app(models, api_key=api_key, max_tokens_limit=max_tokens)
         print(
             f"[llamay] serving {', '.join(configured) or 'the store'} on http://{host}:{port}",

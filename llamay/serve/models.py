@@ -95,6 +95,18 @@ def default_loader(path: Path, n_ctx: int | None, numerics: str):
     return llamay.load(path, n_ctx=n_ctx, numerics=numerics, progress=False)
 
 
+def _make_mesh(text: str | None):
+    """The device mesh for "dp=N,tp=M" (None for none, or a single device)."""
+    if not text:
+        return None
+    from llamay.model.sharding import make_mesh, parse_mesh
+
+    sizes = parse_mesh(text)
+    if sizes["data"] * sizes["model"] == 1:
+        return None
+    return make_mesh(sizes)
+
+
 class Models:
     """Configured and stored models, loaded on demand, each with its own engine."""
 
@@ -109,7 +121,11 @@ class Models:
         use_store: bool = True,
         loader: Callable[..., Any] = default_loader,
         engine_factory: Callable[..., Any] | None = None,
+        mesh: str | None = None,
     ):
+        """`mesh`: shard every model over devices, "dp=N,tp=M" (llamay.model.sharding's
+        rules, as `llamay eval --mesh`); checked against the visible devices here."""
+        self.mesh = _make_mesh(mesh)
         self.configured = {k: Path(v) for k, v in (configured or {}).items()}
         self.n_ctx = n_ctx
         self.numerics = numerics
@@ -186,15 +202,21 @@ class Models:
             if lm is None:
                 t0 = time.perf_counter()
                 loop = asyncio.get_running_loop()
-                model = await loop.run_in_executor(
-                    None, self.loader, known.path, self.n_ctx, self.numerics
-                )
+                model = await loop.run_in_executor(None, self._load, known.path)
                 engine = self.engine_factory(model, self.parallel)
                 lm = Loaded(known, model, engine, load_seconds=time.perf_counter() - t0)
                 self.loaded[known.name] = lm
             lm.expires_at = self._expiry(keep_alive)
             lm.last_get = time.time()
             return lm
+
+    def _load(self, path: Path):
+        model = self.loader(path, self.n_ctx, self.numerics)
+        if self.mesh is not None:
+            from llamay.model.sharding import sharded_model
+
+            model = sharded_model(model, self.mesh)
+        return model
 
     def touch(self, lm: Loaded, keep_alive: float | None = None) -> None:
         lm.expires_at = self._expiry(keep_alive)
