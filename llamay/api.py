@@ -3,6 +3,11 @@
 m = llamay.load("smollm2:135m")          # or a path to a .gguf
 m.generate("Once upon a time", max_tokens=32, temperature=0)
 m.logits(m.tokenize("The capital of France is"))   # numpy [T, vocab] float32
+m.close()                                 # or `with llamay.load(...) as m:`
+
+`generate` runs through the model's continuous-batching engine (`m.engine`, a
+`BatchEngine` made on first use), so generate calls from several threads share
+its batch; `generation` is the unpaged single-sequence reference path (dense KV).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +26,7 @@ import numpy as np
 from llamay.arch import Architecture, get_architecture
 from llamay.arch.layers import pool
 from llamay.engine import Generation, Runtime, check_prompt, padded_batch
+from llamay.engine.api import Handle, Request
 from llamay.errors import ConstraintIncompleteError, RequestError
 from llamay.gguf import GGUFFile
 from llamay.kv import bucket, new_dense_kv
@@ -32,6 +39,9 @@ NUMERICS = ("exact", "llamacpp")
 # The KV cache of each numerics: llama.cpp's default cache is F16, and attention
 # against an f16 cache rounds as ggml does (see `llamay.arch.layers.attention`).
 KV_DTYPES = {"exact": jnp.float32, "llamacpp": jnp.float16}
+# The engine behind `generate`: a few slots for concurrent callers; a pool that starts
+# at ENGINE_START_TOKENS positions and grows to one whole context; long prefill chunks.
+ENGINE_SLOTS, ENGINE_PAGE, ENGINE_CHUNK, ENGINE_START_TOKENS = 4, 16, 512, 2048
 
 
 class Model:
@@ -51,6 +61,44 @@ class Model:
         ctx = self.config.context_length
         self.n_ctx = min(n_ctx or ctx, ctx)
         self.runtime = Runtime(self.config, self.weights, self.n_ctx, KV_DTYPES[numerics])
+        self._engine = None
+        self._engine_lock = threading.Lock()
+
+    # -- the engine -------------------------------------------------------------------
+
+    @property
+    def engine(self):
+        """The model's `BatchEngine` (made on first use; `close()` stops it)."""
+        with self._engine_lock:
+            if self._engine is None:
+                from llamay.engine.scheduler import BatchEngine
+
+                def pages(n_tokens: int) -> int:
+                    return -(-n_tokens // ENGINE_PAGE) + 1  # + the null page
+
+                whole = self.n_ctx + 1  # a request may reserve one position past the end
+                self._engine = BatchEngine(
+                    self,
+                    slots=ENGINE_SLOTS,
+                    page_size=ENGINE_PAGE,
+                    chunk=ENGINE_CHUNK,
+                    n_pages=pages(min(whole, ENGINE_START_TOKENS)),
+                    max_pages=pages(whole),
+                )
+            return self._engine
+
+    def close(self) -> None:
+        """Stop the engine (cancelling what it runs); the model stays usable."""
+        with self._engine_lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- text <-> ids ----------------------------------------------------------------
 
@@ -107,6 +155,7 @@ class Model:
         new.arch = arch
         new.config = dataclasses.replace(self.config, impl=arch)
         new.runtime = dataclasses.replace(self.runtime, cfg=new.config)
+        new._engine, new._engine_lock = None, threading.Lock()  # its own engine
         return new
 
     def _run(self, ids, hidden: bool):
@@ -237,7 +286,8 @@ class Model:
         **sampling,
     ) -> str | Iterator[str]:
         """Continue `prompt` (special-token text parsed, BOS per the model, as llama.cpp's
-        CLI does). Returns the text, or an iterator of text pieces when `stream`.
+        CLI does). Returns the text, or an iterator of text pieces when `stream` (closing
+        it early cancels the request). Runs on `self.engine`.
 
         Structured output: one of `json_schema`, `grammar` (GBNF), `regex`, `choices`,
         `json`. Other llama.cpp sampler parameters (`repeat_penalty`, `dry_multiplier`,
@@ -248,8 +298,9 @@ class Model:
             raise RequestError(f"unknown sampling parameter: {e}") from None
         con = self.constraint(json_schema, grammar, regex, choices, json, lenient, after)
         ids = self.tokenize(prompt, add_special=True, parse_special=True)
-        gen = self.generation(ids, max_tokens, sampler, con)
-        pieces = self._stream_text(gen)
+        engine = self.engine
+        handle = engine.submit(Request(ids, max_tokens, sampler, constraint=con))
+        pieces = self._stream_text(engine, handle)
         if stream:
             return pieces
         out = []
@@ -261,21 +312,25 @@ class Model:
             raise
         return "".join(out)
 
-    def _stream_text(self, gen: Generation) -> Iterator[str]:
+    def _stream_text(self, engine, handle: Handle) -> Iterator[str]:
         dec = IncrementalDecoder(self.tokenizer)
-        for tok in gen:
-            piece = dec.feed(tok)
-            if piece:
-                yield piece
+        try:
+            for ev in handle:
+                piece = dec.feed(ev.token_id)
+                if piece:
+                    yield piece
+        finally:
+            if not handle.done:  # the caller stopped reading: free the slot now
+                engine.cancel(handle)
         tail = dec.flush()
         if tail:
             yield tail
-        con = gen.constraint
+        con = handle.request.constraint
         if con is not None and not con.accepting:
             raise ConstraintIncompleteError(
-                f"the output stopped ({gen.finish_reason}) after {gen.n_generated} tokens "
-                "before the constraint was satisfied; raise max_tokens (the text so far is "
-                "in this error's `partial`)"
+                f"the output stopped ({handle.finish_reason}) after "
+                f"{handle.usage.completion_tokens} tokens before the constraint was "
+                "satisfied; raise max_tokens (the text so far is in this error's `partial`)"
             )
 
     def __repr__(self) -> str:

@@ -105,6 +105,7 @@ def generate(
     )
     if samplers:
         sampling["samplers"] = samplers
+    m = None
     try:
         t0 = time.perf_counter()
         m = llamay.load(model, n_ctx=n_ctx)
@@ -136,6 +137,9 @@ def generate(
         total = time.perf_counter() - t1
     except LlamayError as exc:
         raise _fail(exc) from None
+    finally:
+        if m is not None:  # the generation ran on the model's engine: stop it
+            m.close()
     _err(f"[llamay] load {t_load:.2f}s, first token {first or 0:.2f}s, total {total:.2f}s")
 
 

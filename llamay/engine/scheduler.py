@@ -39,7 +39,7 @@ from llamay.engine.generate import check_prompt
 from llamay.engine.paged_steps import PAD_POSITION, paged_step, set_rows
 from llamay.errors import KVCacheFullError, LlamayError, RequestError, SnapshotError
 from llamay.kv import bucket
-from llamay.kv.pages import copy_pages, new_paged_kv, read_pages, write_pages
+from llamay.kv.pages import copy_pages, grow_paged_kv, new_paged_kv, read_pages, write_pages
 from llamay.kv.sequences import KVManager, SeqKV
 from llamay.kv.snapshot import Snapshot
 from llamay.sample import Sampler, SamplerState, SamplingParams
@@ -97,7 +97,12 @@ class BatchEngine:
         n_pages: int | None = None,
         chunk: int = 128,
         prefix_cache: bool = True,
+        max_pages: int | None = None,
     ):
+        """`n_pages` pages in the pool (default: `slots` sequences of up to 1024
+        tokens); with `max_pages` above it the pool grows on demand up to that, so a
+        small pool can still take a long request (each new size compiles the step
+        once more)."""
         self.model = model
         cfg = model.config
         self.cfg, self.weights = cfg, model.weights
@@ -109,7 +114,7 @@ class BatchEngine:
         self.kv = new_paged_kv(
             cfg.n_layers, n_pages, page_size, cfg.n_kv_heads, cfg.head_dim, self.kv_dtype
         )
-        self.mgr = KVManager(n_pages, page_size, prefix_cache)
+        self.mgr = KVManager(n_pages, page_size, prefix_cache, max_pages)
         self.slots: list[_Active | None] = [None] * slots
         self.waiting: deque[_Active] = deque()
         self.kept: dict[str, _Active] = {}
@@ -236,7 +241,7 @@ class BatchEngine:
             raise KVCacheFullError(
                 f"a request of {n} prompt + {budget} new tokens needs "
                 f"{self.mgr.pages_for(n + budget + 1)} KV pages; the pool has "
-                f"{self.mgr.alloc.capacity}: lower max_tokens or make the pool larger"
+                f"{self.mgr.max_capacity}: lower max_tokens or make the pool larger"
             )
         self.waiting.append(a)
         return a
@@ -308,9 +313,11 @@ class BatchEngine:
         samplers = [a.sampler if a is not None else fill for a in self.slots]
         key = tuple(samplers)  # by value: equal samplers, equal params
         if self._params is None or key != getattr(self, "_params_key", None):
-            pieces = self.model.token_pieces() if any(s.uses_dry for s in samplers) else None
+            dry = any(s.uses_dry for s in samplers)
+            pieces = self.model.token_pieces() if dry else None
+            encode = getattr(self.model, "_encode_plain", None) if dry else None
             vocab = self._vocab or (len(pieces) if pieces else None)
-            self._params = SamplingParams.stack(samplers, vocab, pieces)
+            self._params = SamplingParams.stack(samplers, vocab, pieces, encode)
             self._params_key = key
             if self._state is None or self._state.top_ids.shape[1] != fill.n_probs:
                 self._state = SamplerState.init(samplers)
@@ -400,7 +407,13 @@ class BatchEngine:
             sampling[j] = after is not None or n == len(s.pending)
         return _Plan(list(idx), rows, feed, tokens, positions, table, last, sampling, slots)
 
+    def _sync_pool(self) -> None:
+        """Pad the device pool to the allocator's size after the allocator grew."""
+        if self.mgr.alloc.n_pages != self.kv.n_pages:
+            self.kv = grow_paged_kv(self.kv, self.mgr.alloc.n_pages)
+
     def _dispatch(self, plan: _Plan, tokens: jax.Array | None = None) -> jax.Array:
+        self._sync_pool()
         nxt, self._state, self.kv = paged_step(
             self.cfg,
             self.weights,
@@ -502,6 +515,7 @@ class BatchEngine:
             child, copies = made
             child.tokens = tokens
             if copies:
+                self._sync_pool()
                 src, dst = zip(*copies, strict=True)
                 self.kv = copy_pages(self.kv, jnp.asarray(src), jnp.asarray(dst))
             h = Handle(r)
@@ -554,6 +568,7 @@ class BatchEngine:
             L, _, K, D = snap.k.shape
             k = np.pad(snap.k[:, :n], pad).reshape(L, P, ps, K, D)
             v = np.pad(snap.v[:, :n], pad).reshape(L, P, ps, K, D)
+            self._sync_pool()
             self.kv = write_pages(
                 self.kv, jnp.asarray(seq.pages[:P]), jnp.asarray(k), jnp.asarray(v)
             )

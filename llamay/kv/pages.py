@@ -8,6 +8,18 @@ is the null page: never allocated, never written, it fills unused page-table ent
 A page's reference count is the number of holders: each sequence whose page table
 lists it, plus the prefix tree when one of its nodes owns it. A page is free iff its
 count is 0.
+
+Sliding-window layers (gemma2/3) keep their pages: nothing is released or reused once
+it falls outside the window. A page holds one run of positions for every layer at once
+(`[layers, pages, ...]`), and the global layers interleaved with the local ones (one in
+two for gemma2, one in six for gemma3) read every position of the sequence, so a page
+outside the window is still live. Freeing only the local layers' share would need a
+second pool with its own page tables (a ring of window/page_size + 1 pages per
+sequence), a second allocator, and prefix sharing, fork and snapshots that know a
+local page may already be gone; it would save at most the local layers' part of the KV
+beyond the window. The local layers' attention masks positions older than the window
+(`llamay.arch.layers.attention`), so correctness does not depend on it
+(tests/engine/test_batch_gemma3.py decodes gemma3 past its window).
 """
 
 from __future__ import annotations
@@ -43,6 +55,18 @@ class PagedKV:
 def new_paged_kv(n_layers, n_pages, page_size, n_kv_heads, head_dim, dtype=jnp.float32) -> PagedKV:
     shape = (n_layers, n_pages, page_size, n_kv_heads, head_dim)
     return PagedKV(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def grow_paged_kv(kv: PagedKV, n_pages: int) -> PagedKV:
+    """The pool with zero pages appended up to `n_pages` (existing pages keep their ids)."""
+    extra = n_pages - kv.n_pages
+    if extra <= 0:
+        return kv
+
+    def pad(a):
+        return jnp.concatenate([a, jnp.zeros((a.shape[0], extra, *a.shape[2:]), a.dtype)], 1)
+
+    return PagedKV(pad(kv.k), pad(kv.v))
 
 
 @partial(jax.jit, donate_argnames=("kv",))
@@ -90,6 +114,15 @@ class PageAllocator:
     @property
     def n_used(self) -> int:
         return self.capacity - len(self._free)
+
+    def grow(self, n_pages: int) -> None:
+        """Add pages n_pages..: they are handed out after the lower free ids."""
+        old = self.n_pages
+        if n_pages <= old:
+            return
+        self.refcount = np.concatenate([self.refcount, np.zeros(n_pages - old, np.int32)])
+        self._free = list(range(n_pages - 1, old - 1, -1)) + self._free
+        self.n_pages = n_pages
 
     def alloc(self, n: int) -> list[int]:
         """n fresh pages, each with count 1; KVCacheFullError (nothing taken) if too few."""

@@ -6,7 +6,11 @@ have their K/V in `pages` (page i holds positions i·ps .. i·ps+ps-1). A step f
 tokens[n_cached:] (its pending tokens) and commits them.
 
 Admission reserves the worst case: a sequence that is let in can always get the pages
-its token budget needs, so no running sequence ever stalls on the pool.
+its token budget needs, so no running sequence ever stalls on the pool. With
+`max_pages` above `n_pages` the pool may grow (the allocator here; the owner of the
+device pool pads it to `alloc.n_pages`, see `grow_paged_kv`) when a reservation does
+not fit, doubling up to `max_pages`: a pool sized for the usual request that can
+still take one as long as the context.
 """
 
 from __future__ import annotations
@@ -36,9 +40,16 @@ class SeqKV:
 
 
 class KVManager:
-    def __init__(self, n_pages: int, page_size: int, prefix_cache: bool = True):
+    def __init__(
+        self,
+        n_pages: int,
+        page_size: int,
+        prefix_cache: bool = True,
+        max_pages: int | None = None,
+    ):
         self.page_size = page_size
         self.alloc = PageAllocator(n_pages)
+        self.max_pages = max(n_pages, max_pages or n_pages)
         self.tree = PrefixTree(self.alloc, page_size)
         self.prefix_cache = prefix_cache
         self.live: dict[int, SeqKV] = {}
@@ -51,8 +62,21 @@ class KVManager:
         reserved = sum(s.reserve for s in self.live.values())
         return self.alloc.n_free + self.tree.n_evictable() - reserved
 
+    @property
+    def max_capacity(self) -> int:
+        """Pages a sequence could ever use, once the pool has grown to max_pages."""
+        return self.max_pages - 1
+
     def fits_ever(self, n_positions: int) -> bool:
-        return self.pages_for(n_positions) <= self.alloc.capacity
+        return self.pages_for(n_positions) <= self.max_capacity
+
+    def _room(self, need: int) -> bool:
+        """Whether `need` more pages can be reserved now, growing the pool if it may."""
+        short = need - self.available()
+        if short > 0 and self.alloc.n_pages < self.max_pages:
+            n = self.alloc.n_pages
+            self.alloc.grow(min(self.max_pages, max(2 * n - 1, n + short)))
+        return need <= self.available()
 
     def open(self, tokens: list[int], budget: int) -> SeqKV | None:
         """A sequence for `tokens` that may grow by `budget` tokens, sharing the longest
@@ -62,7 +86,7 @@ class KVManager:
         if not self.fits_ever(total):
             raise KVCacheFullError(
                 f"a request of {len(tokens)} prompt + {budget} new tokens needs "
-                f"{self.pages_for(total)} KV pages; the pool has {self.alloc.capacity} "
+                f"{self.pages_for(total)} KV pages; the pool has {self.max_capacity} "
                 f"(of {self.page_size} tokens): lower max_tokens or make the pool larger"
             )
         shared = []
@@ -70,7 +94,7 @@ class KVManager:
             shared = self.tree.match(tokens)[: (len(tokens) - 1) // self.page_size]
         self.alloc.incref(shared)
         need = self.pages_for(total) - len(shared)
-        if need > self.available():
+        if not self._room(need):
             self.alloc.decref(shared)
             return None
         n = len(shared) * self.page_size
@@ -114,7 +138,7 @@ class KVManager:
         need = self.pages_for(total) - full
         if not self.fits_ever(total):
             raise KVCacheFullError(f"a fork of {total} tokens can never fit the pool")
-        if need > self.available():
+        if not self._room(need):
             return None
         shared = seq.pages[:full]
         self.alloc.incref(shared)
@@ -133,7 +157,7 @@ class KVManager:
         if not self.fits_ever(total):
             raise KVCacheFullError(f"a sequence of {total} tokens can never fit the pool")
         need = self.pages_for(total)
-        if need > self.available():
+        if not self._room(need):
             return None
         seq = SeqKV(list(tokens), [], 0, need)
         self.live[seq.id] = seq
