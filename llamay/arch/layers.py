@@ -16,7 +16,8 @@ import numpy as np
 
 from llamay.arch import ggml_ops
 from llamay.arch.base import Rope
-from llamay.quant import MixedQTensor, QTensor, qmatmul
+from llamay.kernels_pallas import matmul  # qmatmul, or the Pallas kernel on GPU/TPU
+from llamay.quant import MixedQTensor, QTensor
 
 F32 = jnp.float32
 
@@ -75,7 +76,7 @@ def softcap(x: jax.Array, cap: float) -> jax.Array:
 
 def linear(x: jax.Array, w, b: jax.Array | None = None) -> jax.Array:
     """x @ W.T (+ b)."""
-    y = qmatmul(x, w)
+    y = matmul(x, w)
     return y if b is None else y + b
 
 
@@ -224,14 +225,14 @@ def glu(x: jax.Array, w_gate, w_up, w_down, act: str = "silu", numerics: str = "
     """down(act(gate·x) ⊙ up·x); with `w_gate` None, `w_up` is fused [gate | up]
     (phi3's ffn_up: the first half of its outputs is the gate)."""
     if w_gate is None:
-        gu = qmatmul(x, w_up)
+        gu = matmul(x, w_up)
         g, u = jnp.split(gu, 2, axis=-1)
     else:
-        g, u = qmatmul(x, w_gate), qmatmul(x, w_up)
+        g, u = matmul(x, w_gate), matmul(x, w_up)
     if numerics == "llamacpp":
         glued = ggml_ops.swiglu(g, u) if act == "silu" else ggml_ops.geglu(g, u)
-        return qmatmul(glued, w_down)
-    return qmatmul(ACTIVATIONS[act](g) * u, w_down)
+        return matmul(glued, w_down)
+    return matmul(ACTIVATIONS[act](g) * u, w_down)
 
 
 def swiglu(x: jax.Array, w_gate, w_up, w_down) -> jax.Array:
@@ -253,7 +254,7 @@ def gelu_mlp(x: jax.Array, w_up, b_up, w_down, b_down) -> jax.Array:
 def route(x: jax.Array, w_router, n_used: int, renormalize: bool = True):
     """Top-k routing: softmax over the router logits, keep the `n_used` largest
     probabilities (renormalised to sum to 1). Returns (weights [..., k], experts [..., k])."""
-    probs = jax.nn.softmax(qmatmul(x, w_router), axis=-1)
+    probs = jax.nn.softmax(matmul(x, w_router), axis=-1)
     top_w, top_i = jax.lax.top_k(probs, n_used)
     if renormalize:
         top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
@@ -278,7 +279,7 @@ def expert_matmul(x: jax.Array, w, experts: jax.Array | None = None, per_expert:
     """
 
     def apply(data, xe, qt: QTensor):
-        return qmatmul(xe, dataclasses.replace(qt, data=data))
+        return matmul(xe, dataclasses.replace(qt, data=data))
 
     def one(qt: QTensor):
         if experts is None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from llamay import kernels_pallas
 from llamay.arch import layers
 
 
@@ -80,7 +81,8 @@ def write_kv(cache, new: jax.Array, positions: jax.Array):
 
 def attention(q, k_cache, v_cache, q_pos, **kw):
     if isinstance(k_cache, PagedLayer):
-        return paged_attention(
-            q, k_cache.pages, v_cache.pages, k_cache.table, q_pos, k_cache.layer, **kw
-        )
+        args = (q, k_cache.pages, v_cache.pages, k_cache.table, q_pos, k_cache.layer)
+        if kernels_pallas.paged_kernel_applies(q, **kw):  # GPU/TPU: the Pallas kernel
+            return kernels_pallas.paged_attention(*args, **kw)
+        return paged_attention(*args, **kw)
     return layers.attention(q, k_cache, v_cache, q_pos, **kw)

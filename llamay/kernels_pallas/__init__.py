@@ -1,0 +1,21 @@
+"""Pallas kernels, each beside its jnp reference, and their trace-time dispatch.
+
+- `qmatmul`: quantised x @ W.T over the kernel weight layout (`layout.repack`);
+  `w4a8`: the int8-activation variant.
+- `paged_attention`: decode attention through page tables (TPU and GPU variants).
+- `dispatch`: `matmul` / `paged_attention` pick the kernel or the reference from
+  `jax.default_backend()` and `LLAMAY_BACKEND`.
+"""
+
+from llamay.kernels_pallas.dispatch import backend, matmul, paged_attention, paged_kernel_applies
+from llamay.kernels_pallas.layout import KERNEL_TYPES, PackedWeight, repack
+
+__all__ = [
+    "KERNEL_TYPES",
+    "PackedWeight",
+    "backend",
+    "matmul",
+    "paged_attention",
+    "paged_kernel_applies",
+    "repack",
+]

@@ -1,0 +1,81 @@
+"""The paged forward pass of tiny fixture models with the Pallas dispatch forced in
+interpret mode (`LLAMAY_BACKEND=pallas-interpret`: quantised matmuls, MoE experts and
+paged attention through the kernels) gives the reference dispatch's logits."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import llamay
+from llamay.arch import architecture_of
+from llamay.kernels_pallas import dispatch
+from llamay.kv.pages import new_paged_kv
+from llamay.model.forward import forward
+
+PAGE = 4
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(fixtures_dir):
+    return fixtures_dir / "tiny"
+
+
+def paged_logits(model, tokens: np.ndarray, monkeypatch, choice: str) -> np.ndarray:
+    """Prefill `tokens` [B, T] (row b's page table: pages 1+b·M ..), then decode one more
+    token per row: logits of both steps, [B, T + 1, V], and the prefill step's jaxpr.
+    Traced afresh under `choice`."""
+    monkeypatch.setenv(dispatch.ENV, choice)
+    cfg, w = model.config, model.weights
+    B, T = tokens.shape
+    M = (T + 1 + PAGE - 1) // PAGE + 1  # one page more than needed: the null page's reads
+    kv = new_paged_kv(cfg.n_layers, 1 + B * M, PAGE, cfg.n_kv_heads, cfg.head_dim)
+    table = jnp.asarray(1 + np.arange(B * M).reshape(B, M), jnp.int32)
+    arch = architecture_of(cfg)
+
+    def step(kv, toks, pos):
+        x, kv, _ = forward(cfg, w, kv, toks, pos, page_table=table)
+        return arch.head(cfg, w, x), kv
+
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    jaxpr = str(jax.make_jaxpr(step)(kv, jnp.asarray(tokens), pos))
+    step = jax.jit(step)  # a new jit: traced with this choice of backend
+    first, kv = step(kv, jnp.asarray(tokens), pos)
+    nxt = jnp.argmax(first[:, -1], axis=-1)[:, None].astype(jnp.int32)
+    second, _ = step(kv, nxt, jnp.full((B, 1), T, jnp.int32))
+    return np.asarray(jnp.concatenate([first, second], axis=1)), jaxpr
+
+
+# gemma3: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and sliding-window layers (window 8 < 11 positions);
+# qwen3moe: Q4_K/Q5_K/Q6_K experts (vmapped kernels), F16 attention (reference matmul).
+KERNELS = {
+    "gemma3": ["qmatmul_q4_0", "qmatmul_q5_1", "qmatmul_q8_0", "paged_attention_tpu"],
+    "qwen3moe": ["qmatmul_q4_k", "qmatmul_q5_k", "qmatmul_q6_k", "paged_attention_tpu"],
+}
+
+
+@pytest.mark.parametrize("family", list(KERNELS))
+def test_pallas_dispatch_forward_equals_reference(family, tiny_dir, monkeypatch):
+    model = llamay.load(tiny_dir / f"{family}.gguf")
+    tokens = np.random.default_rng(0).integers(3, 1000, (2, 10)).astype(np.int32)
+    ref, ref_jaxpr = paged_logits(model, tokens, monkeypatch, "reference")
+    got, jaxpr = paged_logits(model, tokens, monkeypatch, "pallas-interpret")
+    assert "pallas_call" not in ref_jaxpr
+    for kernel in KERNELS[family]:  # the kernels really ran
+        assert kernel in jaxpr, kernel
+    scale = np.abs(ref).max()
+    np.testing.assert_allclose(got, ref, atol=2e-5 * scale, rtol=0)
+
+
+def test_backend_choice(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV, "reference")
+    assert not dispatch.backend().pallas
+    monkeypatch.setenv(dispatch.ENV, "pallas-interpret-gpu")
+    assert dispatch.backend() == dispatch.Backend(True, "gpu", interpret=True)
+    monkeypatch.delenv(dispatch.ENV)
+    assert dispatch.backend().pallas == (jax.default_backend() in ("gpu", "tpu"))
+    monkeypatch.setenv(dispatch.ENV, "triton")
+    with pytest.raises(ValueError, match="LLAMAY_BACKEND='triton'"):
+        dispatch.backend()
