@@ -7,7 +7,13 @@
   `jax.default_backend()` and `LLAMAY_BACKEND`.
 """
 
-from llamay.kernels_pallas.dispatch import backend, matmul, paged_attention, paged_kernel_applies
+from llamay.kernels_pallas.dispatch import (
+    backend,
+    matmul,
+    paged_attention,
+    paged_kernel_applies,
+    repack_weights,
+)
 from llamay.kernels_pallas.layout import KERNEL_TYPES, PackedWeight, repack
 
 __all__ = [
@@ -18,4 +24,5 @@ __all__ = [
     "paged_attention",
     "paged_kernel_applies",
     "repack",
+    "repack_weights",
 ]

@@ -76,6 +76,30 @@ def matmul(x: jax.Array, w: QTensor | MixedQTensor | PackedWeight) -> jax.Array:
     return qmatmul_pallas(x, repack(w), platform=be.platform, interpret=be.interpret)
 
 
+def _packable(w) -> bool:
+    return isinstance(w, QTensor) and w.numerics == "exact" and w.ggml_type in KERNEL_TYPES
+
+
+def repack_weights(weights: dict) -> dict:
+    """A bound weight tree with every matrix the kernels take already in the kernel layout
+    (so no step repacks it): the stacked per-layer matrices (also inside MixedQTensors),
+    and the output head, which tied models get as a repacked copy of `tok_embd` (the
+    embedding lookup keeps the QTensor). Expert stacks stay QTensors (gathered packed)."""
+
+    def pack(w):
+        if isinstance(w, MixedQTensor):
+            stacks = tuple(repack(s) if _packable(s) else s for s in w.stacks)
+            return MixedQTensor(stacks, w.which, w.index)
+        return repack(w) if _packable(w) and w.data.ndim == 3 else w
+
+    out = dict(weights)
+    out["layers"] = {role: pack(w) for role, w in weights["layers"].items()}
+    head = weights.get("output", weights.get("tok_embd"))
+    if _packable(head) and head.data.ndim == 2:
+        out["output"] = repack(head)
+    return out
+
+
 def paged_kernel_applies(q: jax.Array, *, causal: bool = True, numerics: str = "exact",
                          **_) -> bool:  # fmt: skip
     """Whether `paged_attention` would run the kernel for these arguments (else the

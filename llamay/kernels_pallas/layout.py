@@ -93,6 +93,17 @@ class PackedWeight:
         """The logical weight shape [..., N, K] (as QTensor.shape)."""
         return (*self.q.shape[:-2], self.rows, self.cols)
 
+    def layer(self, index: jax.Array) -> PackedWeight:
+        """One entry of a stacked [L, ...] weight by a traced index (as QTensor.layer)."""
+
+        def one(a):
+            return None if a is None else jax.lax.dynamic_index_in_dim(a, index, keepdims=False)
+
+        return PackedWeight(
+            one(self.q), one(self.high), one(self.scale), one(self.offset),
+            self.ggml_type, self.cols,
+        )  # fmt: skip
+
 
 def _fields(w: QTensor) -> dict[str, jax.Array]:
     bk = jax_backend()

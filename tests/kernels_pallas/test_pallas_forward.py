@@ -11,7 +11,7 @@ import pytest
 
 import llamay
 from llamay.arch import architecture_of
-from llamay.kernels_pallas import dispatch
+from llamay.kernels_pallas import dispatch, repack_weights
 from llamay.kv.pages import new_paged_kv
 from llamay.model.forward import forward
 
@@ -23,12 +23,14 @@ def tiny_dir(fixtures_dir):
     return fixtures_dir / "tiny"
 
 
-def paged_logits(model, tokens: np.ndarray, monkeypatch, choice: str) -> np.ndarray:
+def paged_logits(model, tokens: np.ndarray, monkeypatch, choice: str, prepack: bool = False):
     """Prefill `tokens` [B, T] (row b's page table: pages 1+b·M ..), then decode one more
     token per row: logits of both steps, [B, T + 1, V], and the prefill step's jaxpr.
-    Traced afresh under `choice`."""
+    Traced afresh under `choice`; `prepack`: weights repacked beforehand (`repack_weights`)."""
     monkeypatch.setenv(dispatch.ENV, choice)
     cfg, w = model.config, model.weights
+    if prepack:
+        w = repack_weights(w)
     B, T = tokens.shape
     M = (T + 1 + PAGE - 1) // PAGE + 1  # one page more than needed: the null page's reads
     kv = new_paged_kv(cfg.n_layers, 1 + B * M, PAGE, cfg.n_kv_heads, cfg.head_dim)
@@ -48,8 +50,9 @@ def paged_logits(model, tokens: np.ndarray, monkeypatch, choice: str) -> np.ndar
     return np.asarray(jnp.concatenate([first, second], axis=1)), jaxpr
 
 
-# gemma3: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and sliding-window layers (window 8 < 11 positions);
-# qwen3moe: Q4_K/Q5_K/Q6_K experts (vmapped kernels), F16 attention (reference matmul).
+# gemma3: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and sliding-window layers (window 8 < 11 positions),
+# weights repacked once beforehand (the tied head too); qwen3moe: Q4_K/Q5_K/Q6_K experts
+# (vmapped kernels) repacked inside the trace, F16 attention (the reference matmul).
 KERNELS = {
     "gemma3": ["qmatmul_q4_0", "qmatmul_q5_1", "qmatmul_q8_0", "paged_attention_tpu"],
     "qwen3moe": ["qmatmul_q4_k", "qmatmul_q5_k", "qmatmul_q6_k", "paged_attention_tpu"],
@@ -61,7 +64,7 @@ def test_pallas_dispatch_forward_equals_reference(family, tiny_dir, monkeypatch)
     model = llamay.load(tiny_dir / f"{family}.gguf")
     tokens = np.random.default_rng(0).integers(3, 1000, (2, 10)).astype(np.int32)
     ref, ref_jaxpr = paged_logits(model, tokens, monkeypatch, "reference")
-    got, jaxpr = paged_logits(model, tokens, monkeypatch, "pallas-interpret")
+    got, jaxpr = paged_logits(model, tokens, monkeypatch, "pallas-interpret", family == "gemma3")
     assert "pallas_call" not in ref_jaxpr
     for kernel in KERNELS[family]:  # the kernels really ran
         assert kernel in jaxpr, kernel
