@@ -209,71 +209,90 @@ async def messages(body: MessagesRequest, request: Request):
     def ev(obj: dict) -> str:
         return sse(obj, event=obj["type"])
 
+    def block_start(i: int, block: dict) -> str:
+        return ev({"type": "content_block_start", "index": i, "content_block": block})
+
+    def text_delta(i: int, text: str) -> str:
+        return ev(
+            {
+                "type": "content_block_delta",
+                "index": i,
+                "delta": {"type": "text_delta", "text": text},
+            }
+        )
+
+    def json_delta(i: int, piece: str) -> str:
+        return ev(
+            {
+                "type": "content_block_delta",
+                "index": i,
+                "delta": {"type": "input_json_delta", "partial_json": piece},
+            }
+        )
+
+    called: list[str] = []  # the tools the streamed answer calls
+
+    def tool_start(i: int, name: str) -> str:
+        called.append(name)
+        return block_start(
+            i, {"type": "tool_use", "id": T.call_id("toolu_"), "name": name, "input": {}}
+        )
+
+    async def forced_call():
+        """The enforced call as it is generated: its block opens once the name is known,
+        the arguments follow as input_json_delta pieces."""
+        call = T.ForcedCallStream()
+        yield ev({"type": "ping"})
+        async for delta in g.stream():
+            name, piece = call.feed(delta)
+            if name is not None:
+                yield tool_start(0, name)
+            if piece:
+                yield json_delta(0, piece)
+        whole = call.finish()
+        if call.name is None:  # keys in another order: nothing streamed, send it whole
+            yield tool_start(0, whole["name"])
+            yield json_delta(0, json.dumps(whole["arguments"]))
+        yield ev({"type": "content_block_stop", "index": 0})
+
+    async def answer():
+        """Text as it comes; with tools, an answer that starts like a tool call is held
+        back and sent as its blocks once whole."""
+        auto = T.AutoCalls(names)
+        opened = not names  # without tools the text block opens at once, as Anthropic's does
+        if opened:
+            yield block_start(0, {"type": "text", "text": ""})
+        yield ev({"type": "ping"})
+        async for delta in g.stream():
+            out = auto.feed(delta)
+            if out:
+                if not opened:
+                    yield block_start(0, {"type": "text", "text": ""})
+                    opened = True
+                yield text_delta(0, out)
+        if not auto.holding or not auto.held:
+            if not opened:
+                yield block_start(0, {"type": "text", "text": ""})
+            yield ev({"type": "content_block_stop", "index": 0})
+            return
+        for i, b in enumerate(_blocks(auto.held, None, names)):
+            if b["type"] == "tool_use":
+                yield tool_start(i, b["name"])
+                yield json_delta(i, json.dumps(b["input"]))
+            else:
+                yield block_start(i, {"type": "text", "text": ""})
+                yield text_delta(i, b["text"])
+            yield ev({"type": "content_block_stop", "index": i})
+
     async def events():
         yield ev({"type": "message_start", "message": message([], None, 0)})
-        reason = None
-        if names:  # tool calls are recognised in the whole text
-            blocks = _blocks(await g.collect(), forced, names)
-            yield ev({"type": "ping"})
-            for i, b in enumerate(blocks):
-                if b["type"] == "tool_use":
-                    yield ev(
-                        {
-                            "type": "content_block_start",
-                            "index": i,
-                            "content_block": {**b, "input": {}},
-                        }
-                    )
-                    yield ev(
-                        {
-                            "type": "content_block_delta",
-                            "index": i,
-                            "delta": {
-                                "type": "input_json_delta",
-                                "partial_json": json.dumps(b["input"]),
-                            },
-                        }
-                    )
-                    reason = "tool_use"
-                else:
-                    yield ev(
-                        {
-                            "type": "content_block_start",
-                            "index": i,
-                            "content_block": {"type": "text", "text": ""},
-                        }
-                    )
-                    yield ev(
-                        {
-                            "type": "content_block_delta",
-                            "index": i,
-                            "delta": {"type": "text_delta", "text": b["text"]},
-                        }
-                    )
-                yield ev({"type": "content_block_stop", "index": i})
-        else:
-            yield ev(
-                {
-                    "type": "content_block_start",
-                    "index": 0,
-                    "content_block": {"type": "text", "text": ""},
-                }
-            )
-            yield ev({"type": "ping"})
-            async for delta in g.stream():
-                yield ev(
-                    {
-                        "type": "content_block_delta",
-                        "index": 0,
-                        "delta": {"type": "text_delta", "text": delta},
-                    }
-                )
-            yield ev({"type": "content_block_stop", "index": 0})
+        async for e in forced_call() if forced is not None else answer():
+            yield e
         yield ev(
             {
                 "type": "message_delta",
                 "delta": {
-                    "stop_reason": reason or _stop_reason(g),
+                    "stop_reason": "tool_use" if called else _stop_reason(g),
                     "stop_sequence": g.stop_sequence,
                 },
                 "usage": {"output_tokens": g.completion_tokens},

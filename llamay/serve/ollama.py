@@ -452,21 +452,18 @@ async def chat(body: ChatRequest, request: Request):
         st.models.touch(lm, ka)
         return final(content)
 
+    def line(msg: dict[str, Any]) -> str:
+        return ndjson({"model": lm.name, "created_at": _now(), "message": msg, "done": False})
+
     async def lines():
-        if names:  # tool calls are recognised in the whole text
-            content = await g.collect()
-            m = message(content)
-            yield ndjson({"model": lm.name, "created_at": _now(), "message": m, "done": False})
-        else:
-            async for delta in g.stream():
-                yield ndjson(
-                    {
-                        "model": lm.name,
-                        "created_at": _now(),
-                        "message": {"role": "assistant", "content": delta},
-                        "done": False,
-                    }
-                )
+        # Text streams as it comes; with tools, an answer that starts like a tool call is
+        # held back and sent as one message with its tool_calls (as Ollama does).
+        auto = T.AutoCalls(names)
+        async for delta in g.stream():
+            if out := auto.feed(delta):
+                yield line({"role": "assistant", "content": out})
+        if auto.holding and auto.held:
+            yield line(message(auto.held))
         st.models.touch(lm, ka)
         yield ndjson(final())
 

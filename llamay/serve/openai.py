@@ -312,16 +312,6 @@ async def _legacy_logprobs(lm, g: TextGen, n: Any) -> dict:
     }
 
 
-def _tool_like(text: str) -> str | None:
-    """ "tool" if `text` starts like a tool call, "text" if it cannot, None: not yet known."""
-    head = text.lstrip()
-    if not head:
-        return None
-    if head.startswith(("{", "<tool_call>")):
-        return "tool"
-    return None if "<tool_call>".startswith(head) else "text"
-
-
 def _usage(gens: list[TextGen]) -> dict[str, Any]:
     p = gens[0].prompt_tokens if gens else 0
     c = sum(g.completion_tokens for g in gens)
@@ -415,12 +405,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         else:
             # With tools ("auto"), an answer that starts like a tool call is held back and
             # recognised whole; any other answer streams as it comes.
-            held = [""] * len(gens)
-            mode: list[str | None] = [None if names else "text"] * len(gens)
+            autos = [T.AutoCalls(names) for _ in gens]
             async for i, delta in merged(gens):
                 if delta is None:
-                    if mode[i] != "text":
-                        msg, reason = _message_of(gens[i], held[i], False, names)
+                    if autos[i].holding:
+                        msg, reason = _message_of(gens[i], autos[i].held, False, names)
                         out = {k: v for k, v in msg.items() if k != "role"}
                         if "tool_calls" in out:
                             out["tool_calls"] = [
@@ -432,18 +421,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                         reason = _oa_reason(gens[i].finish_reason)
                     yield chunk([choice(i, {}, reason)])
                     continue
-                if mode[i] is None:
-                    held[i] += delta
-                    mode[i] = _tool_like(held[i])
-                    if mode[i] == "text":
-                        delta, held[i] = held[i], ""
-                    else:
-                        continue
-                elif mode[i] == "tool":
-                    held[i] += delta
-                    continue
-                if delta:
-                    yield chunk([choice(i, {"content": delta})])
+                if out := autos[i].feed(delta):
+                    yield chunk([choice(i, {"content": out})])
         if include_usage:
             yield chunk([], _usage(gens))
         yield sse("[DONE]")

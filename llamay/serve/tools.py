@@ -101,3 +101,101 @@ def calls_in(text: str, forced: bool, names: set[str]) -> list[dict] | None:
     if forced:
         return [forced_call(text)]
     return parse_calls(text, names) if names else None
+
+
+def tool_like(text: str) -> str | None:
+    """ "tool" if `text` starts like a tool call, "text" if it cannot, None: not yet known."""
+    head = text.lstrip()
+    if not head:
+        return None
+    if head.startswith(("{", "<tool_call>")):
+        return "tool"
+    return None if "<tool_call>".startswith(head) else "text"
+
+
+class AutoCalls:
+    """One answer with tools on "auto", as it streams: text passes on as it comes, unless
+    the answer starts like a tool call; then it is held back, to be recognised whole
+    (`held`) when the answer ends."""
+
+    def __init__(self, names: set[str]):
+        self.mode = None if names else "text"
+        self.held = ""
+
+    def feed(self, delta: str) -> str:
+        """The part of `delta` that may be sent now as text."""
+        if self.mode == "text":
+            return delta
+        self.held += delta
+        if self.mode is None:
+            self.mode = tool_like(self.held)
+            if self.mode == "text":
+                out, self.held = self.held, ""
+                return out
+        return ""
+
+    @property
+    def holding(self) -> bool:
+        return self.mode != "text"
+
+
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+class ForcedCallStream:
+    """A forced call's JSON (`call_schema`'s `{"name": ..., "arguments": {...}}`) as it
+    streams: the name as soon as it is complete, then the arguments' JSON text piece by
+    piece (the wrapper's closing brace left out), so an API can stream the call.
+
+    When the text does not begin as `{"name": "...", "arguments": ` (another key order),
+    nothing streams and `finish` returns the whole call parsed at the end."""
+
+    def __init__(self):
+        self.text = ""
+        self.name: str | None = None
+        self.args = ""  # the arguments' JSON text passed on so far
+        self._depth = 0
+        self._in_str = self._esc = self._closed = False
+
+    def feed(self, delta: str) -> tuple[str | None, str]:
+        """(the name if it became known with this delta, else None; arguments text)."""
+        self.text += delta
+        if self.name is None:
+            m = _CALL_HEAD.match(self.text)
+            if m is None:
+                return None, ""
+            self.name = json.loads(f'"{m.group(1)}"')
+            return self.name, self._scan(self.text[m.end() :])
+        return None, self._scan(delta)
+
+    def _scan(self, piece: str) -> str:
+        """The part of `piece` inside the arguments value (a JSON object)."""
+        out = []
+        for ch in piece:
+            if self._closed:
+                break
+            out.append(ch)
+            if self._in_str:
+                if self._esc:
+                    self._esc = False
+                elif ch == "\\":
+                    self._esc = True
+                elif ch == '"':
+                    self._in_str = False
+            elif ch == '"':
+                self._in_str = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                self._closed = self._depth == 0
+        text = "".join(out)
+        self.args += text
+        return text
+
+    def finish(self) -> dict:
+        """The whole call (`forced_call`), checked against what was streamed."""
+        call = forced_call(self.text)
+        if self.name is not None and json.loads(self.args) != call["arguments"]:
+            raise RequestError("the streamed tool call arguments do not parse as sent")
+        return call

@@ -99,8 +99,7 @@ TOOLS = [
 ]
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_forced_tool_use(client, stream):
+def test_forced_tool_use_streams_its_arguments(client):
     kw = dict(
         model="tiny",
         max_tokens=40,
@@ -109,17 +108,42 @@ def test_forced_tool_use(client, stream):
         tools=TOOLS,
         tool_choice={"type": "tool", "name": "lookup"},
     )
-    if stream:
-        with client.messages.stream(**kw) as s:
-            kinds = [e.type for e in s]
-            r = s.get_final_message()
-        assert "content_block_start" in kinds
-    else:
-        r = client.messages.create(**kw)
+    r = client.messages.create(**kw)
     assert r.stop_reason == "tool_use"
     block = r.content[0]
     assert block.type == "tool_use" and block.name == "lookup" and block.id.startswith("toolu_")
     jsonschema.validate(block.input, TOOLS[1]["input_schema"])
+
+    with client.messages.stream(**kw) as s:
+        events = list(s)
+        streamed = s.get_final_message()
+    pieces = [
+        e.delta.partial_json
+        for e in events
+        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
+    assert len(pieces) > 1  # the arguments arrive as they are generated, not in one piece
+    # the client's accumulator rebuilds the same message as the non-streaming answer
+    assert _same(streamed, r)
+
+
+def _same(a, b) -> bool:
+    strip = lambda m: [  # noqa: E731
+        {k: v for k, v in c.model_dump().items() if k != "id"} for c in m.content
+    ]
+    counts = lambda m: (m.usage.input_tokens, m.usage.output_tokens)  # noqa: E731
+    return strip(a) == strip(b) and a.stop_reason == b.stop_reason and counts(a) == counts(b)
+
+
+def test_auto_tools_stream_text_as_it_comes(client):
+    kw = dict(model="tiny", max_tokens=12, messages=MSGS, extra_body=GREEDY, tools=TOOLS)
+    r = client.messages.create(**kw)
+    assert r.content[0].type == "text"  # the tiny model's answer is no tool call
+    with client.messages.stream(**kw) as s:
+        deltas = [e for e in s if e.type == "content_block_delta"]
+        streamed = s.get_final_message()
+    assert len(deltas) > 1 and all(d.delta.type == "text_delta" for d in deltas)
+    assert _same(streamed, r)
 
 
 def test_tool_result_round_trip(client):

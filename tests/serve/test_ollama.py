@@ -188,3 +188,53 @@ def test_store_endpoints(tiny_paths, serve_home, tiny):
         ).text
         last = json.loads(lines.strip().splitlines()[-1])
         assert "error" in last
+
+
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_tools_stream_text_as_it_comes(client):
+    kw = dict(
+        model="tiny",
+        messages=MSGS,
+        tools=[TIME_TOOL],
+        options={"temperature": 0, "num_predict": 8},
+    )
+    whole = client.chat(**kw)
+    assert not whole.message.tool_calls  # the tiny model's answer is plain text
+    parts = list(client.chat(stream=True, **kw))
+    texts = [p.message.content for p in parts if p.message.content]
+    assert len(texts) > 1 and "".join(texts) == whole.message.content
+
+
+def test_tool_call_is_recognised_streaming_or_not(client):
+    from llamay.serve.tools import call_schema
+
+    # `format` pins the answer to a call's JSON, so the tiny model "calls" the tool
+    kw = dict(
+        model="tiny",
+        messages=MSGS,
+        tools=[TIME_TOOL],
+        format=call_schema([TIME_TOOL["function"]]),
+        options={"temperature": 0, "num_predict": 40},
+    )
+    whole = client.chat(**kw)
+    (call,) = whole.message.tool_calls
+    assert call.function.name == "get_time" and whole.message.content == ""
+    jsonschema.validate(call.function.arguments, TIME_TOOL["function"]["parameters"])
+    parts = list(client.chat(stream=True, **kw))
+    calls = [c for p in parts for c in p.message.tool_calls or []]
+    assert [c.model_dump() for c in calls] == [call.model_dump()]
+    assert not any(p.message.content for p in parts)  # the call's JSON is not sent as text

@@ -363,10 +363,10 @@ def test_auto_tools_stream_plain_answers(client):
 
 
 def test_tool_like():
-    from llamay.serve.openai import _tool_like
+    from llamay.serve.tools import tool_like
 
-    assert _tool_like("  ") is None
-    assert _tool_like("<tool") is None
-    assert _tool_like(' {"name"') == "tool"
-    assert _tool_like("<tool_call>{") == "tool"
-    assert _tool_like("Hello") == "text"
+    assert tool_like("  ") is None
+    assert tool_like("<tool") is None
+    assert tool_like(' {"name"') == "tool"
+    assert tool_like("<tool_call>{") == "tool"
+    assert tool_like("Hello") == "text"
