@@ -4,6 +4,13 @@ later or in another process. Content-addressed: the file is named by the SHA-256
 
 Restoring then generating gives the same tokens as never having saved: the K/V come
 back bit for bit and the continuation runs the same steps.
+
+In the model store (`llamay.store.store_dir()`, under `kv/`, apart from the model
+blobs so that the store's gc leaves them alone):
+
+    digest = store_snapshot(engine.snapshot(handle))     # "sha256:..."
+    stored_snapshots(model=digest_of_model)               # [StoredSnapshot ...]
+    engine.restore(load_snapshot(digest), Request(more_ids, 32))   # any process
 """
 
 from __future__ import annotations
@@ -80,6 +87,68 @@ class Snapshot:
         if not Path(path).name.startswith(snap.digest.split(":", 1)[1]):
             raise SnapshotError(f"{path}: its contents do not match its name (corrupt?)")
         return snap
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    digest: str
+    model: str
+    kv_dtype: str
+    n_tokens: int
+    n_cached: int
+    size: int  # bytes on disk
+    path: Path
+
+
+def snapshot_dir(root: str | os.PathLike | None = None) -> Path:
+    """Where the store keeps snapshots: `<root or store_dir()>/kv`."""
+    if root is None:
+        from llamay.store import store_dir
+
+        root = store_dir()
+    return Path(root) / "kv"
+
+
+def store_snapshot(snap: Snapshot, root: str | os.PathLike | None = None) -> str:
+    """Save `snap` into the store (once per content); returns its digest."""
+    snap.save(snapshot_dir(root))
+    return snap.digest
+
+
+def load_snapshot(digest: str, root: str | os.PathLike | None = None) -> Snapshot:
+    """The stored snapshot of `digest` ("sha256:<hex>" or the hex)."""
+    hexdigest = digest.removeprefix("sha256:")
+    if not hexdigest or any(c not in "0123456789abcdef" for c in hexdigest):
+        raise SnapshotError(f"{digest!r} is not a snapshot digest (sha256:<hex>)")
+    path = snapshot_dir(root) / f"{hexdigest}.kv.npz"
+    if not path.is_file():
+        raise SnapshotError(f"no stored snapshot {digest} in {path.parent}")
+    return Snapshot.load(path)
+
+
+def stored_snapshots(
+    model: str | None = None, root: str | os.PathLike | None = None
+) -> list[StoredSnapshot]:
+    """The store's snapshots (of `model`, a model digest, if given), newest first."""
+    out = []
+    directory = snapshot_dir(root)
+    paths = sorted(directory.glob("*.kv.npz"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in paths:
+        try:
+            with np.load(path) as z:
+                meta = json.loads(z["meta"].tobytes())
+                n_tokens, n_cached = len(z["tokens"]), z["k"].shape[1]
+        except (OSError, ValueError, KeyError):
+            continue  # not a snapshot (or being replaced): not listed
+        if model is None or meta.get("model") == model:
+            digest = "sha256:" + path.name.removesuffix(".kv.npz")
+            size = path.stat().st_size
+            out.append(
+                StoredSnapshot(
+                    digest, meta["model"], meta["kv_dtype"], n_tokens, n_cached, size, path
+                )
+            )
+    return out
 
 
 def _raw(a: np.ndarray) -> np.ndarray:
