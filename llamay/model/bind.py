@@ -4,19 +4,26 @@ Matrices stay quantised as `QTensor`s (device copies of the packed GGUF blocks);
 1-D tensors (norms, biases) become f32 arrays. Per-layer tensors are stacked
 along a leading layer axis for `lax.scan`; when a role's layers differ in GGML
 type they become a `MixedQTensor` (per-type stacks plus a per-layer choice).
+
+On XLA's CPU backend, in exact numerics, quantised matrices are repacked at load into
+`AffineQTensor`s (int8 quants + f32 scales: what XLA CPU dequantises fastest, see
+`llamay.quant.cpu_dot`). Not when several devices are visible: a mesh shards
+`QTensor` blocks (`llamay.model.sharding`), which knows nothing of the repacked form.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from llamay.arch.base import Architecture
 from llamay.errors import ModelFormatError
 from llamay.gguf import GGUFFile
-from llamay.quant import MixedQTensor, QTensor
+from llamay.quant import AffineQTensor, MixedQTensor, QTensor
+from llamay.quant.cpu_dot import repackable
 from llamay.quant.np_dequant import dequantize
 
 
@@ -25,14 +32,27 @@ def _small(gf: GGUFFile, name: str) -> np.ndarray:
     return dequantize(gf.raw(name), info.ggml_type).reshape(info.shape)
 
 
-def _single(gf: GGUFFile, name: str, numerics: str):
+def default_repack(numerics: str) -> bool:
+    """Whether `bind` repacks by default: exact numerics on XLA CPU, one device."""
+    return numerics == "exact" and jax.default_backend() == "cpu" and jax.device_count() == 1
+
+
+def _matrix(raw: np.ndarray, ggml_type, numerics: str, repack: bool):
+    """A [rows, row_bytes] matrix or a stack of them ([L, rows, row_bytes]): repacked
+    when asked and its type has the affine form; expert stacks stay GGUF blocks."""
+    if repack and raw.ndim <= 3 and repackable(ggml_type):
+        return AffineQTensor.from_raw(raw, ggml_type)
+    return QTensor.from_raw(raw, ggml_type, numerics)
+
+
+def _single(gf: GGUFFile, name: str, numerics: str, repack: bool = False):
     info = gf.tensors[name]
     if len(info.ne) == 1:
         return jnp.asarray(_small(gf, name))
-    return QTensor.from_raw(gf.raw(name), info.ggml_type, numerics)
+    return _matrix(gf.raw(name), info.ggml_type, numerics, repack and len(info.ne) == 2)
 
 
-def _stacked(gf: GGUFFile, names: list[str], numerics: str):
+def _stacked(gf: GGUFFile, names: list[str], numerics: str, repack: bool = False):
     infos = [gf.tensors[n] for n in names]
     shapes = {i.shape for i in infos}
     if len(shapes) != 1:
@@ -40,12 +60,13 @@ def _stacked(gf: GGUFFile, names: list[str], numerics: str):
     if len(infos[0].ne) == 1:
         return jnp.asarray(np.stack([_small(gf, n) for n in names]))
     types = list(dict.fromkeys(i.ggml_type for i in infos))
+    repack = repack and len(infos[0].ne) == 2
     if len(types) == 1:
-        return QTensor.from_raw(np.stack([gf.raw(n) for n in names]), types[0], numerics)
+        return _matrix(np.stack([gf.raw(n) for n in names]), types[0], numerics, repack)
     stacks, which, index = [], [], []
     for t in types:
         members = [n for n, i in zip(names, infos, strict=True) if i.ggml_type == t]
-        stacks.append(QTensor.from_raw(np.stack([gf.raw(n) for n in members]), t, numerics))
+        stacks.append(_matrix(np.stack([gf.raw(n) for n in members]), t, numerics, repack))
     seen: dict = {}
     for info in infos:
         which.append(types.index(info.ggml_type))
@@ -55,13 +76,23 @@ def _stacked(gf: GGUFFile, names: list[str], numerics: str):
 
 
 def bind(
-    gf: GGUFFile, arch: Architecture, n_layers: int, numerics: str = "exact"
+    gf: GGUFFile,
+    arch: Architecture,
+    n_layers: int,
+    numerics: str = "exact",
+    repack: bool | None = None,
 ) -> dict[str, Any]:
     """The weight pytree: {role: tensor, ..., "layers": {role: stacked tensor}}.
 
     `numerics` ("exact" or "llamacpp") is stored in every QTensor: it decides how
-    `qmatmul` computes with that weight (see `llamay.quant.qtensor`).
+    `qmatmul` computes with that weight (see `llamay.quant.qtensor`). `repack`:
+    quantised matrices as `AffineQTensor`s (exact numerics only); None means
+    `default_repack(numerics)`.
     """
+    if repack is None:
+        repack = default_repack(numerics)
+    if repack and numerics != "exact":
+        raise ValueError(f"repacked weights compute in exact numerics only, not {numerics!r}")
     weights: dict[str, Any] = {}
     layers: dict[str, Any] = {}
     for spec in arch.tensors:
@@ -75,8 +106,8 @@ def bind(
                 "which the file lacks"
             )
         if spec.per_layer:
-            layers[spec.role] = _stacked(gf, names, numerics)
+            layers[spec.role] = _stacked(gf, names, numerics, repack)
         else:
-            weights[spec.role] = _single(gf, names[0], numerics)
+            weights[spec.role] = _single(gf, names[0], numerics, repack)
     weights["layers"] = layers
     return weights

@@ -8,6 +8,7 @@ from llamay.quant.act_quant import (
     quantize_q8_k,
     round_activations,
 )
+from llamay.quant.cpu_dot import AffineQTensor
 from llamay.quant.jnp_dequant import dequantize_jnp
 from llamay.quant.layouts import LAYOUTS, BlockLayout, layout_of
 from llamay.quant.np_dequant import dequantize
@@ -16,6 +17,7 @@ from llamay.quant.quantize import quantize
 
 __all__ = [
     "LAYOUTS",
+    "AffineQTensor",
     "VEC_DOT_TYPES",
     "BlockLayout",
     "MixedQTensor",

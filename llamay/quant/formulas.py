@@ -59,12 +59,12 @@ def _grouped(x: Array, groups: int) -> Array:
     return x.reshape(*x.shape[:-1], groups, x.shape[-1] // groups)
 
 
-def _scaled(bk: Backend, q: Array, scale: Array, minus: Array | None = None) -> Array:
-    """q [..., n*g] grouped by the n entries of scale [..., n]: scale*q (- minus)."""
+def _scaled(bk: Backend, q: Array, scale: Array, offset: Array | None = None) -> Array:
+    """q [..., n*g] grouped by the n entries of scale [..., n]: q*scale (+ offset)."""
     n = scale.shape[-1]
     out = _grouped(_f32(bk, q), n) * scale[..., None]
-    if minus is not None:
-        out = out - minus[..., None]
+    if offset is not None:
+        out = out + offset[..., None]
     return out.reshape(q.shape)
 
 
@@ -119,72 +119,84 @@ def _d(bk: Backend, f: F, name: str = "d") -> Array:
     return _f32(bk, f[name])  # [..., 1]
 
 
-def _q4_0(bk: Backend, f: F) -> Array:
-    return _f32(bk, _nibbles(bk, f["qs"]).astype(bk.xp.int8) - 8) * _d(bk, f)
+# Every quantised type is affine per group: value = q · scale + offset, with q small
+# integers (int8), and scale and offset f32 per group of `len(q) // len(scale)` elements
+# (offset None where there is none). Both products are exact in f32 (module doc), so
+# the one rounding is the final add, whichever way a caller groups the sum.
+Parts = tuple[Array, Array, Array | None]  # q int8 [..., n·g], scale [..., n], offset or None
 
 
-def _q4_1(bk: Backend, f: F) -> Array:
-    return _f32(bk, _nibbles(bk, f["qs"])) * _d(bk, f) + _d(bk, f, "m")
+def _i8(bk: Backend, x: Array) -> Array:
+    return x.astype(bk.xp.int8)
+
+
+def _neg(x: Array) -> Array:
+    return -x  # a + (-b) == a - b exactly: K-quant mins become offsets
+
+
+def _q4_0(bk: Backend, f: F) -> Parts:
+    return _i8(bk, _nibbles(bk, f["qs"])) - 8, _d(bk, f), None
+
+
+def _q4_1(bk: Backend, f: F) -> Parts:
+    return _i8(bk, _nibbles(bk, f["qs"])), _d(bk, f), _d(bk, f, "m")
 
 
 def _q5(bk: Backend, f: F) -> Array:
-    return _nibbles(bk, f["qs"]) | (_bits_le(bk, f["qh"]) << 4)
+    return _i8(bk, _nibbles(bk, f["qs"]) | (_bits_le(bk, f["qh"]) << 4))
 
 
-def _q5_0(bk: Backend, f: F) -> Array:
-    return _f32(bk, _q5(bk, f).astype(bk.xp.int8) - 16) * _d(bk, f)
+def _q5_0(bk: Backend, f: F) -> Parts:
+    return _q5(bk, f) - 16, _d(bk, f), None
 
 
-def _q5_1(bk: Backend, f: F) -> Array:
-    return _f32(bk, _q5(bk, f)) * _d(bk, f) + _d(bk, f, "m")
+def _q5_1(bk: Backend, f: F) -> Parts:
+    return _q5(bk, f), _d(bk, f), _d(bk, f, "m")
 
 
-def _q8(bk: Backend, f: F) -> Array:
-    return _f32(bk, f["qs"]) * _d(bk, f)
+def _q8(bk: Backend, f: F) -> Parts:
+    return f["qs"], _d(bk, f), None
 
 
-def _q2_k(bk: Backend, f: F) -> Array:
+def _q2_k(bk: Backend, f: F) -> Parts:
     sc = f["scales"]
-    q = _planes(bk, f["qs"], (0, 2, 4, 6), 0x3, 32)
-    return _scaled(bk, q, _d(bk, f) * _f32(bk, sc & 0xF), _d(bk, f, "dmin") * _f32(bk, sc >> 4))
+    q = _i8(bk, _planes(bk, f["qs"], (0, 2, 4, 6), 0x3, 32))
+    return q, _d(bk, f) * _f32(bk, sc & 0xF), _neg(_d(bk, f, "dmin") * _f32(bk, sc >> 4))
 
 
-def _q3_k(bk: Backend, f: F) -> Array:
+def _q3_k(bk: Backend, f: F) -> Parts:
     low = _planes(bk, f["qs"], (0, 2, 4, 6), 0x3, 32)
     high = unpack_bits(bk, f["hmask"], range(8), 1, -2).reshape(low.shape)
     q = low.astype(bk.xp.int8) - ((high ^ 1) << 2).astype(bk.xp.int8)
-    return _scaled(bk, q, _d(bk, f) * _f32(bk, q3k_scales(bk, f["scales"])))
+    return q, _d(bk, f) * _f32(bk, q3k_scales(bk, f["scales"])), None
 
 
-def _q45_k(bk: Backend, f: F, q: Array) -> Array:
+def _q45_k(bk: Backend, f: F, q: Array) -> Parts:
     sc, mn = q4k_scales_mins(bk, f["scales"])
-    return _scaled(bk, q, _d(bk, f) * _f32(bk, sc), _d(bk, f, "dmin") * _f32(bk, mn))
+    return _i8(bk, q), _d(bk, f) * _f32(bk, sc), _neg(_d(bk, f, "dmin") * _f32(bk, mn))
 
 
-def _q4_k(bk: Backend, f: F) -> Array:
+def _q4_k(bk: Backend, f: F) -> Parts:
     return _q45_k(bk, f, _planes(bk, f["qs"], (0, 4), 0xF, 32))
 
 
-def _q5_k(bk: Backend, f: F) -> Array:
+def _q5_k(bk: Backend, f: F) -> Parts:
     low = _planes(bk, f["qs"], (0, 4), 0xF, 32)
     high = unpack_bits(bk, f["qh"], range(8), 1, -2).reshape(low.shape)
     return _q45_k(bk, f, low | (high << 4))
 
 
-def _q6_k(bk: Backend, f: F) -> Array:
+def _q6_k(bk: Backend, f: F) -> Parts:
     ql, qh = f["ql"], f["qh"]
     lead = ql.shape[:-1]
     # ql [..., n=2, half=2, 32] -> nibble planes on a new axis before `half`.
     low = unpack_bits(bk, ql.reshape(*lead, 2, 2, 32), (0, 4), 0xF, -3).reshape(*lead, 256)
     high = _planes(bk, qh, (0, 2, 4, 6), 0x3, 32)
     q = (low | (high << 4)).astype(bk.xp.int8) - 32
-    return _scaled(bk, q, _d(bk, f) * _f32(bk, f["scales"]))
+    return q, _d(bk, f) * _f32(bk, f["scales"]), None
 
 
-_DEQUANT: dict[GGMLType, Callable[[Backend, F], Array]] = {
-    GGMLType.F32: _f32_field,
-    GGMLType.F16: _f16,
-    GGMLType.BF16: _bf16,
+AFFINE: dict[GGMLType, Callable[[Backend, F], Parts]] = {
     GGMLType.Q4_0: _q4_0,
     GGMLType.Q4_1: _q4_1,
     GGMLType.Q5_0: _q5_0,
@@ -199,9 +211,28 @@ _DEQUANT: dict[GGMLType, Callable[[Backend, F], Array]] = {
 }
 
 
+def affine_parts(bk: Backend, lay: BlockLayout, blocks: Array) -> Parts:
+    """uint8 [..., block_bytes] of a quantised type -> (q, scale, offset) per block (above)."""
+    return AFFINE[lay.ggml_type](bk, lay.unpack(bk, blocks))
+
+
+def affine_values(bk: Backend, q: Array, scale: Array, offset: Array | None) -> Array:
+    """q · scale + offset, each group of q [..., n·g] by its scale/offset [..., n]: f32."""
+    return _scaled(bk, q, scale, offset)
+
+
+_FLOATS: dict[GGMLType, Callable[[Backend, F], Array]] = {
+    GGMLType.F32: _f32_field,
+    GGMLType.F16: _f16,
+    GGMLType.BF16: _bf16,
+}
+
+
 def dequantize_blocks(bk: Backend, lay: BlockLayout, blocks: Array) -> Array:
     """uint8 [..., block_bytes] -> float32 [..., block_elems]."""
-    return _DEQUANT[lay.ggml_type](bk, lay.unpack(bk, blocks))
+    if lay.ggml_type in _FLOATS:
+        return _FLOATS[lay.ggml_type](bk, lay.unpack(bk, blocks))
+    return affine_values(bk, *affine_parts(bk, lay, blocks))
 
 
 # --- quantiser helpers -------------------------------------------------------------------

@@ -39,6 +39,7 @@ from llamay.quant.act_quant import (
     quantize_q8_k,
     round_activations,
 )
+from llamay.quant.cpu_dot import AffineQTensor, affine_matmul, blocks_matmul
 from llamay.quant.formulas import unpack_bits
 from llamay.quant.layouts import blocks_of, jax_backend, layout_of
 
@@ -103,24 +104,30 @@ class MixedQTensor:
     Built inside the layer scan: `stacks` are closed over, `which`/`index` are scanned.
     """
 
-    stacks: tuple[QTensor, ...]
+    stacks: tuple[QTensor | AffineQTensor, ...]
     which: jax.Array  # int32 scalar: position in `stacks`
     index: jax.Array  # int32 scalar: entry within that stack
 
 
-def qmatmul(x: jax.Array, w: QTensor | MixedQTensor) -> jax.Array:
+def qmatmul(x: jax.Array, w: QTensor | AffineQTensor | MixedQTensor) -> jax.Array:
     """x @ W.T for x [..., cols] and W [rows, cols]: the one matmul every architecture calls.
 
     In the weight's numerics (module docstring): exact is f32 accumulation over the
-    dequantised weight; llamacpp rounds x to the weight's dot type first.
+    dequantised weight; llamacpp rounds x to the weight's dot type first. On XLA's CPU
+    backend exact numerics take `cpu_dot`'s formulations (same values, another
+    summation order): weights repacked at load (`AffineQTensor`), big ones in chunks.
     """
     if isinstance(w, MixedQTensor):
         branches = [lambda x, s=s: qmatmul(x, s.layer(w.index)) for s in w.stacks]
         return jax.lax.switch(w.which, branches, x)
+    if isinstance(w, AffineQTensor):
+        return affine_matmul(x, w)
     if w.numerics == "llamacpp":
         # Each emulated kernel is its own fusion island: letting XLA fuse across them
         # makes compile time explode (minutes per model) for no speed gain.
         return ggml_matmul(x, w)
+    if w.data.ndim == 2 and jax.default_backend() == "cpu":
+        return blocks_matmul(x, w.data, w.ggml_type, w.cols)
     wf = w.dequantize(jnp.float32)
     return jnp.einsum("...k,nk->...n", w.round_activations(x), wf, precision="highest")
 
