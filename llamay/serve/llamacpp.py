@@ -327,6 +327,11 @@ async def slots(request: Request):
 @router.post("/v1/rerank", summary="Rerank documents against a query")
 @router.post("/rerank", include_in_schema=False)
 async def rerank(body: RerankRequest, request: Request):
+    """Scores are the cosine of the query's and each document's embeddings (labelled
+    `"method": "embedding_cosine"`). A cross-encoder's rank head (llama.cpp's
+    `pooling_type` 4, RANK, with `cls.*` tensors) is not run: llamay does not load such
+    GGUFs yet (the bert architecture refuses pooling_type 4 with a clear error, which
+    becomes this endpoint's 400)."""
     from llamay.serve.openai import embed_all
 
     lm = await state(request).models.get(body.model)
@@ -350,6 +355,7 @@ async def rerank(body: RerankRequest, request: Request):
     return {
         "model": lm.name,
         "object": "list",
+        "method": "embedding_cosine",
         "results": results,
         "usage": {"prompt_tokens": n, "total_tokens": n},
     }

@@ -101,23 +101,55 @@ def test_health_metrics_slots(http):
     assert any(s["model"] == "tiny" for s in slots)
 
 
-def test_rerank(http):
+def test_rerank_by_embedding_cosine(http, tiny_paths):
+    import numpy as np
+
+    import llamay
+
+    docs = ["a cat", "stock prices", "a kitten"]
     r = http.post(
         "/v1/rerank",
-        json={
-            "model": "bert",
-            "query": "a cat",
-            "documents": ["a cat", "stock prices", "a kitten"],
-            "top_n": 2,
-        },
+        json={"model": "bert", "query": "a cat", "documents": docs, "top_n": 2},
     )
     assert r.status_code == 200, r.text
-    res = r.json()["results"]
-    assert len(res) == 2 and res[0]["index"] == 0
-    assert res[0]["relevance_score"] >= res[1]["relevance_score"]
-    assert (
-        http.post(
-            "/v1/rerank", json={"model": "tiny", "query": "q", "documents": ["d"]}
-        ).status_code
-        == 400
+    body = r.json()
+    assert body["method"] == "embedding_cosine"  # no rank head: the labelled fallback
+    bert = llamay.load(tiny_paths["bert"])
+    vec = [np.asarray(bert.embed(bert.tokenize(t)), np.float64) for t in ["a cat", *docs]]
+    cos = [float(v @ vec[0] / np.linalg.norm(v) / np.linalg.norm(vec[0])) for v in vec[1:]]
+    want = sorted(range(3), key=lambda i: -cos[i])[:2]
+    assert [x["index"] for x in body["results"]] == want
+    got = [x["relevance_score"] for x in body["results"]]
+    np.testing.assert_allclose(got, [cos[i] for i in want], rtol=1e-5, atol=1e-6)
+    r = http.post("/v1/rerank", json={"model": "tiny", "query": "q", "documents": ["d"]})
+    assert r.status_code == 400 and "decoder" in r.text
+
+
+def test_rerank_head_model_is_refused_clearly(tmp_path, tiny_paths, serve_home):
+    """A GGUF with a rank head (pooling_type 4, RANK, and cls.* tensors, as llama.cpp's
+    rerankers have) is not loaded yet: rerank on it is a 400 naming the pooling type."""
+    import numpy as np
+
+    from llamay.gguf.writer import copy_gguf
+    from llamay.serve import create_app
+    from llamay.serve.models import Models
+    from tests.serve.conftest import running
+
+    d = 64  # the tiny bert's width
+    rng = np.random.default_rng(0)
+    path = copy_gguf(
+        tiny_paths["bert"],
+        tmp_path / "rank.gguf",
+        metadata={"bert.pooling_type": 4},
+        tensors={
+            "cls.weight": rng.standard_normal((d, d), np.float32),
+            "cls.bias": np.zeros(d, np.float32),
+            "cls.output.weight": rng.standard_normal((1, d), np.float32),
+            "cls.output.bias": np.zeros(1, np.float32),
+        },
     )
+    with running(create_app(Models({"rank": path}, use_store=False))) as s:
+        r = httpx.post(
+            s.url + "/v1/rerank", json={"model": "rank", "query": "q", "documents": ["d"]}
+        )
+    assert r.status_code == 400 and "pooling_type 4" in r.text
