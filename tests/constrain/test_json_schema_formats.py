@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import random
 
+import jsonschema_rs
 import numpy as np
 import pytest
 from conftest import EOS
 
 from llamay.constrain import json_schema
 from llamay.errors import UnsupportedConstraintError
-
-jsonschema_rs = pytest.importorskip("jsonschema_rs")
 
 ASSERTED = ["email", "ipv4", "ipv6", "hostname", "date", "date-time", "time", "uri", "uuid"]
 ASSERTED += ["duration"]
