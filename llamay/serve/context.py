@@ -16,7 +16,8 @@ KV kept in the engine (`llamay.serve.kept`): create and append compute the new t
 KV at once, generate continues from the kept KV (computing only what was appended), fork
 makes N contexts that share the parent's KV pages (each child's continuation forks them
 in the engine, so the common prefix is never recomputed), snapshot writes the KV to the
-store beside the token list, and creating from a snapshot loads that KV back. A context
+store's KV snapshots (`llamay.kv.store_snapshot`) under a name that also keeps the token
+list, and creating from a snapshot loads that KV back. A context
 holds its KV pages until it is deleted. Over the serial comparison engine a context is
 its tokens only, re-sent with each generate.
 """
@@ -33,8 +34,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from llamay.errors import ContextOverflowError
+from llamay.errors import ContextOverflowError, SnapshotError
 from llamay.kv.snapshot import Snapshot as KVSnapshot
+from llamay.kv.snapshot import load_snapshot, snapshot_dir, store_snapshot
 from llamay.serve import kept
 from llamay.serve.core import EventStream, guarded, make_sampler, primed, sse
 from llamay.serve.errors import ApiError, error_body, not_found, to_http_status
@@ -200,11 +202,13 @@ async def create(body: CreateContext, request: Request):
             else []
         )
         ctx = Ctx(lm.name, tokens)
-        kv_file = path.parent / saved.get("kv", "-")
-        if saved.get("kv") and kv_file.is_file() and kept.supports_kv(lm.engine):
-            ctx.restore_from = await asyncio.get_running_loop().run_in_executor(
-                None, KVSnapshot.load, kv_file
-            )
+        if saved.get("kv") and kept.supports_kv(lm.engine):
+            try:
+                ctx.restore_from = await asyncio.get_running_loop().run_in_executor(
+                    None, load_snapshot, saved["kv"]
+                )
+            except SnapshotError:
+                pass  # its KV left the store: the tokens are computed again
     else:
         lm = await st.models.get(body.model)
         ctx = Ctx(lm.name, _tokens_of(lm, body, True))
@@ -366,7 +370,8 @@ def _snapshot_path(name: str):
     return _snapshot_dir() / f"{name}.json"
 
 
-def _kv_files_in_use(directory, but=None) -> set[str]:
+def _kv_in_use(directory, but=None) -> set[str]:
+    """The KV digests the named snapshots (but `but`) refer to."""
     out = set()
     for p in directory.glob("*.json"):
         if p == but:
@@ -392,9 +397,9 @@ async def snapshot(cid: str, body: Snapshot, request: Request):
     await _ensure_kv(await st.models.get(ctx.model), ctx)
     if ctx.kv is not None:
         snap = await kept.snapshot_of(ctx.kv)
-        # content-addressed: the same sequence saved under two names is one file
-        kv_path = await asyncio.get_running_loop().run_in_executor(None, snap.save, path.parent)
-        saved.update(kv=kv_path.name, kv_tokens=snap.n_cached)
+        # into the store's KV snapshots (content-addressed: one file per sequence)
+        digest = await asyncio.get_running_loop().run_in_executor(None, store_snapshot, snap)
+        saved.update(kv=digest, kv_tokens=snap.n_cached)
     _atomic_write_json(path, saved)
     return {
         "name": name,
@@ -423,7 +428,8 @@ async def delete_snapshot(name: str):
     if not path.is_file():
         raise not_found(f"snapshot {name!r} does not exist")
     kv = json.loads(path.read_text()).get("kv")
-    if kv and kv not in _kv_files_in_use(path.parent, but=path):
-        (path.parent / kv).unlink(missing_ok=True)
+    if kv and kv not in _kv_in_use(path.parent, but=path):
+        # the store's KV file of a snapshot no other name uses goes too
+        (snapshot_dir() / (kv.removeprefix("sha256:") + ".kv.npz")).unlink(missing_ok=True)
     path.unlink()
     return Response(status_code=204)
