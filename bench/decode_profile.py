@@ -1,0 +1,121 @@
+"""Where a decode step's time goes: XLA ops of `decode_logits` under jax.profiler, summed.
+
+    .venv/bin/python bench/decode_profile.py [--model smollm2:135m] [--batch 1] [--steps 5]
+        [--slots 256] [--top 25] [--json]
+
+Runs `steps` decode steps (after warm-up) under a trace, then prints the ops by total
+time per step (ms), with how often each runs per step and its HLO shape, and a share
+per kind: dequantisation fusions (f32 [N, K] weights), dots, KV-cache traffic
+(dynamic-slice / update-slice / copies / broadcasts of the cache), the rest.
+Numbers only; note `uptime` beside them (the CPU is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+import llamay
+from llamay.engine.steps import decode_logits
+from llamay.kv import new_dense_kv
+
+
+def hlo_shapes(hlo: str) -> dict[str, str]:
+    """op name -> its result shape, from the optimised HLO text."""
+    out = {}
+    for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = (\S+\[[^\]]*\])", hlo, re.M):
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def kind(name: str, shape: str) -> str:
+    if name.startswith("dot"):
+        return "dot"
+    if "dynamic" in name or name.startswith(("copy", "wrapped_broadcast")):
+        return "kv/copies"
+    if shape.startswith("f32[") and name.startswith(("add_", "multiply_", "convert_")):
+        return "dequant"
+    return "other"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2:135m")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--slots", type=int, default=256)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    m = llamay.load(args.model, progress=False)
+    cfg, b = m.config, args.batch
+    kv = new_dense_kv(cfg.n_layers, b, args.slots, cfg.n_kv_heads, cfg.head_dim, m.runtime.kv_dtype)
+    tok = jnp.ones((b,), jnp.int32)
+    shapes = hlo_shapes(
+        decode_logits.lower(cfg, m.weights, kv, tok, jnp.zeros((b,), jnp.int32)).compile().as_text()
+    )
+    pos = 0
+
+    def steps(n: int):
+        nonlocal kv, pos
+        for _ in range(n):
+            logits, kv = decode_logits(cfg, m.weights, kv, tok, jnp.full((b,), pos, jnp.int32))
+            pos += 1
+        logits.block_until_ready()
+
+    steps(3)
+    t0 = time.perf_counter()
+    steps(args.steps)
+    step_ms = (time.perf_counter() - t0) / args.steps * 1e3
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d)
+        steps(args.steps)
+        jax.profiler.stop_trace()
+        trace = json.load(gzip.open(glob.glob(f"{d}/plugins/profile/*/*.trace.json.gz")[0]))
+    total, count = collections.Counter(), collections.Counter()
+    for e in trace["traceEvents"]:
+        name = e.get("name", "")
+        if e.get("ph") == "X" and name in shapes:
+            total[name] += e["dur"] / 1e3 / args.steps
+            count[name] += 1 / args.steps
+    kinds = collections.Counter()
+    for name, ms in total.items():
+        kinds[kind(name, shapes[name])] += ms
+    ops_ms = sum(total.values())
+    result = dict(
+        model=args.model,
+        batch=b,
+        step_ms=round(step_ms, 2),
+        ops_ms=round(ops_ms, 2),
+        load=round(os.getloadavg()[0], 2),
+        kinds={k: round(v, 2) for k, v in kinds.most_common()},
+        ops=[
+            dict(op=n, ms=round(v, 3), per_step=round(count[n]), shape=shapes[n])
+            for n, v in total.most_common(args.top)
+        ],
+    )
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"# {args.model} batch {b}: {step_ms:.2f} ms/step wall, {ops_ms:.2f} ms in XLA ops "
+          f"(load average {result['load']})")  # fmt: skip
+    for k, v in kinds.most_common():
+        print(f"#   {k:<10} {v:8.2f} ms  {100 * v / ops_ms:5.1f} %")
+    print(f"| {'op':<40} | {'ms/step':>8} | {'n':>4} | shape")
+    for r in result["ops"]:
+        print(f"| {r['op'][:40]:<40} | {r['ms']:>8.3f} | {r['per_step']:>4} | {r['shape']}")
+
+
+if __name__ == "__main__":
+    main()

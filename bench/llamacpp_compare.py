@@ -1,0 +1,239 @@
+"""llamay against llama.cpp on the same GGUF files: pp128 and tg128 at batch 1, tg128 at batch 8.
+
+    .venv/bin/python bench/llamacpp_compare.py [--models smollm2:135m,gemma3:270m]
+        [--threads 2] [--reps 3] [--rounds 1] [--label after] [--skip-llamacpp]
+
+llama.cpp runs through llama-cpp-python's low-level API in a separate virtual
+environment (it is never a llamay dependency); llamay through `llamay.bench.run_bench`
+(what `llamay bench` runs), in exact numerics. Both engines measure the same things:
+
+- pp128: one 128-token prompt from an empty cache, tokens/s;
+- tg128 batch 1: 128 decode steps of one sequence after an 8-token prompt;
+- tg128 batch 8: 128 decode steps of 8 sequences in lockstep (llama.cpp: 8 sequences
+  in one llama_batch per step, a unified KV cache), aggregate tokens/s.
+
+Each engine warms up once, then `reps` timed runs (mean ± stdev). `--rounds N` runs the
+two engines alternately N times (the CPU is shared: compare runs taken together). The
+table gives llamay / llama.cpp ratios; the JSON (with `uptime`'s load averages) goes to
+bench/results/llamacpp-<label>-<time>.json. `--skip-llamacpp` measures llamay alone
+(e.g. an older checkout, with PYTHONPATH pointing at it, for before/after numbers).
+
+Building llama.cpp once (about 30 min on 2 cores; CMAKE_BUILD_PARALLEL_LEVEL=1 leaves a
+core to others; the sdist is llama-cpp-python's source release):
+
+    python3.12 -m venv ~/.cache/llamay/llamacpp-venv
+    CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=1 nice -n 10 \\
+        ~/.cache/llamay/llamacpp-venv/bin/pip install --no-deps llama_cpp_python-0.3.36.tar.gz
+
+Thread count: llama.cpp gets `--threads` for decode and batch; XLA's CPU client uses
+one thread per core, so run on a machine (or under `taskset`) with that many cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VENV = Path.home() / ".cache" / "llamay" / "llamacpp-venv"
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = "smollm2:135m,gemma3:270m"
+CACHED = {  # store names -> the files as the test fixtures' wheel cache holds them
+    "smollm2:135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma3:270m": "gemma-3-270m-q4_k_m.gguf",
+}
+
+# Runs inside the llama.cpp venv: argv = path threads pp tg batches reps; prints JSON lines.
+LLAMACPP_RUNNER = r"""
+import ctypes, json, statistics, sys, time
+import llama_cpp as L
+
+path, threads, pp, tg, reps = sys.argv[1], *map(int, sys.argv[2:5]), int(sys.argv[6])
+batches = [int(b) for b in sys.argv[5].split(",")]
+quiet = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda *a: None)
+L.llama_log_set(quiet, None)
+L.llama_backend_init()
+model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+if not model:
+    sys.exit(f"llama.cpp could not load {path}")
+n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+
+
+def context(n_seq):
+    cp = L.llama_context_default_params()
+    cp.n_ctx = n_seq * (8 + tg + 8) + pp
+    cp.n_batch = cp.n_ubatch = max(pp, 8 * n_seq)
+    cp.n_seq_max = n_seq
+    cp.kv_unified = True
+    cp.n_threads = cp.n_threads_batch = threads
+    return L.llama_init_from_model(model, cp)
+
+
+def decode(ctx, batch, rows):
+    # rows: (token, pos, seq, wants logits)
+    batch.n_tokens = len(rows)
+    for i, (tok, pos, seq, out) in enumerate(rows):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+        batch.seq_id[i][0], batch.logits[i] = seq, out
+    if L.llama_decode(ctx, batch) != 0:
+        sys.exit("llama_decode failed")
+    L.llama_synchronize(ctx)
+
+
+def tok(i):
+    return 100 + (i * 7919) % min(n_vocab - 100, 30000)
+
+
+def timed(fn):
+    fn()
+    rates = []
+    for _ in range(reps):
+        rates.append(fn())
+    return statistics.mean(rates), statistics.pstdev(rates)
+
+
+def report(test, b, rate):
+    print(json.dumps(dict(engine="llama.cpp", test=test, batch=b, tokens_per_s=round(rate[0], 2),
+                          stdev=round(rate[1], 2))), flush=True)
+
+
+ctx = context(1)
+batch = L.llama_batch_init(max(pp, 64), 0, 8)
+mem = L.llama_get_memory(ctx)
+
+
+def pp_run():
+    L.llama_memory_clear(mem, True)
+    t = time.perf_counter()
+    decode(ctx, batch, [(tok(i), i, 0, i == pp - 1) for i in range(pp)])
+    return pp / (time.perf_counter() - t)
+
+
+if pp:
+    report(f"pp{pp}", 1, timed(pp_run))
+for b in batches:
+    if b != 1:
+        L.llama_free(ctx)
+        ctx = context(b)
+        mem = L.llama_get_memory(ctx)
+
+    def tg_run(b=b, ctx=ctx, mem=mem):
+        L.llama_memory_clear(mem, True)
+        decode(ctx, batch, [(tok(8 * s + i), i, s, i == 7) for s in range(b) for i in range(8)])
+        t = time.perf_counter()
+        for step in range(tg):
+            decode(ctx, batch, [(tok(step + s), 8 + step, s, True) for s in range(b)])
+        return tg * b / (time.perf_counter() - t)
+
+    report(f"tg{tg}", b, timed(tg_run))
+"""
+
+
+def model_path(name: str) -> Path:
+    p = Path(name).expanduser()
+    if p.is_file():
+        return p
+    cached = Path.home() / ".cache" / "llamay" / "models" / CACHED.get(name, "")
+    if name in CACHED and cached.is_file():
+        return cached
+    from llamay.store import resolve
+
+    return Path(resolve(name, progress=False))
+
+
+def run_llamacpp(path: Path, threads: int, reps: int, pp: int = 128, tg: int = 128) -> list[dict]:
+    """The runner in the llama.cpp venv. LLAMACPP_PYTHONPATH (its PYTHONPATH) and
+    LLAMA_CPP_LIB_PATH (llama-cpp-python's own) point it at an uninstalled build."""
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        sys.exit(f"no llama.cpp venv at {VENV}: build it as this script's docstring says")
+    env = dict(os.environ, PYTHONPATH=os.environ.get("LLAMACPP_PYTHONPATH", ""))
+    args = [str(python), "-c", LLAMACPP_RUNNER, str(path), str(threads), str(pp), str(tg), "1,8"]
+    out = subprocess.run([*args, str(reps)], capture_output=True, text=True, check=False, env=env)
+    if out.returncode != 0:
+        sys.exit(f"llama.cpp run failed:\n{out.stderr[-2000:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def run_llamay(path: Path, name: str, reps: int) -> list[dict]:
+    import llamay
+    from llamay.bench import run_bench
+
+    m = llamay.load(path, numerics="exact", progress=False)
+    results = run_bench(m, name, 128, 128, (1,), reps)
+    results += run_bench(m, name, 0, 128, (8,), reps)
+    keep = ("test", "batch", "tokens_per_s", "stdev", "compile_s")
+    return [dict(engine="llamay", **{k: r.as_dict()[k] for k in keep}) for r in results]
+
+
+def cell(v: float | None, width: int) -> str:
+    return f"{v:>{width}.2f}" if v is not None else " " * (width - 1) + "-"
+
+
+def summarise(rows: list[dict]) -> dict:
+    """(model, test, batch) -> {engine: median tokens/s over rounds}."""
+    out: dict = {}
+    for r in rows:
+        key = (r["model"], r["test"], r["batch"])
+        out.setdefault(key, {}).setdefault(r["engine"], []).append(r["tokens_per_s"])
+    return {k: {e: statistics.median(v) for e, v in d.items()} for k, d in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=MODELS, help="store names or .gguf paths")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--label", default="run")
+    ap.add_argument("--skip-llamacpp", action="store_true")
+    args = ap.parse_args()
+
+    rows: list[dict] = []
+    loads = [os.getloadavg()]
+    for name in args.models.split(","):
+        path = model_path(name)
+        for _ in range(args.rounds):
+            if not args.skip_llamacpp:
+                rows += [r | {"model": name} for r in run_llamacpp(path, args.threads, args.reps)]
+                loads.append(os.getloadavg())
+            rows += [r | {"model": name} for r in run_llamay(path, name, args.reps)]
+            loads.append(os.getloadavg())
+    import jax
+
+    meta = dict(
+        label=args.label,
+        time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        threads=args.threads,
+        reps=args.reps,
+        rounds=args.rounds,
+        cpus=os.cpu_count(),
+        jax=jax.__version__,
+        load_averages=[[round(v, 2) for v in la] for la in loads],
+    )
+    print(f"# {meta['time']}  load averages (1/5/15 min) during the run: {meta['load_averages']}")
+    print(f"| {'model':<14} | {'test':>6} | {'batch':>5} | {'llamay t/s':>10} "
+          f"| {'llama.cpp t/s':>13} | {'ratio':>6} |")  # fmt: skip
+    print("|" + "|".join("-" * w for w in (16, 8, 7, 12, 15, 8)) + "|")
+    table = []
+    for (model, test, batch), by in summarise(rows).items():
+        ours, theirs = by.get("llamay"), by.get("llama.cpp")
+        ratio = ours / theirs if ours and theirs else None
+        table.append(dict(model=model, test=test, batch=batch, llamay=ours, llamacpp=theirs,
+                          ratio=None if ratio is None else round(ratio, 3)))  # fmt: skip
+        print(f"| {model:<14} | {test:>6} | {batch:>5} | {cell(ours, 10)} | {cell(theirs, 13)} "
+              f"| {cell(ratio, 6)} |")  # fmt: skip
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M", time.gmtime())
+    out = RESULTS / f"llamacpp-{args.label}-{stamp}.json"
+    out.write_text(json.dumps(dict(meta=meta, summary=table, runs=rows), indent=1) + "\n")
+    print(f"# wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
