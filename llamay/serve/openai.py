@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -260,8 +261,6 @@ def _oa_reason(reason: str | None) -> str:
 
 
 def _message_of(gen: TextGen, text: str, forced: bool, names: set[str]) -> tuple[dict, str]:
-    import json
-
     calls = T.calls_in(text, forced, names)
     if calls:
         tool_calls = [
@@ -272,8 +271,21 @@ def _message_of(gen: TextGen, text: str, forced: bool, names: set[str]) -> tuple
             }
             for c in calls
         ]
+        if forced:  # the arguments as generated, as a stream sends them
+            call = T.ForcedCallStream()
+            call.feed(text)
+            if call.name is not None:
+                tool_calls[0]["function"]["arguments"] = call.args
         return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls"
     return {"role": "assistant", "content": text}, _oa_reason(gen.finish_reason)
+
+
+def _call_delta(name: str | None, arguments: str = "") -> dict:
+    """A chunk delta of the one tool call: its start (with `name`), or more arguments."""
+    if name is not None:
+        fn = {"name": name, "arguments": arguments}
+        return {"tool_calls": [{"index": 0, "id": T.call_id(), "type": "function", "function": fn}]}
+    return {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
 
 
 def _piece(lm, token_id: int) -> tuple[str, list[int]]:
@@ -352,7 +364,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = lm.name
-    buffered = forced is not None  # a forced call is sent whole
 
     if not body.stream:
         texts = await asyncio.gather(*(g.collect(request) for g in gens))
@@ -392,19 +403,26 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     async def events():
         for i in range(len(gens)):
             yield chunk([choice(i, {"role": "assistant", "content": ""})])
-        if buffered:  # tool calls are recognised in the whole text
-            for i, g in enumerate(gens):
-                msg, reason = _message_of(g, await g.collect(), forced is not None, names)
-                delta = {k: v for k, v in msg.items() if k != "role"}
-                if "tool_calls" in delta:
-                    delta["tool_calls"] = [
-                        {"index": j, **c} for j, c in enumerate(delta["tool_calls"])
-                    ]
-                yield chunk([choice(i, delta)])
-                yield chunk([choice(i, {}, reason)])
+        if forced is not None:
+            # The enforced call as it is generated: its id and name once the name is
+            # complete, then the arguments piece by piece.
+            calls = [T.ForcedCallStream() for _ in gens]
+            async for i, delta in merged(gens):
+                call = calls[i]
+                if delta is None:
+                    whole = call.finish()
+                    if call.name is None:  # keys in another order: nothing streamed
+                        yield chunk([choice(i, _call_delta(whole["name"]))])
+                        args = json.dumps(whole["arguments"])
+                        yield chunk([choice(i, _call_delta(None, args))])
+                    yield chunk([choice(i, {}, "tool_calls")])
+                    continue
+                name, piece = call.feed(delta)
+                if name is not None:
+                    yield chunk([choice(i, _call_delta(name))])
+                if piece:
+                    yield chunk([choice(i, _call_delta(None, piece))])
         else:
-            # With tools ("auto"), an answer that starts like a tool call is held back and
-            # recognised whole; any other answer streams as it comes.
             autos = [T.AutoCalls(names) for _ in gens]
             async for i, delta in merged(gens):
                 if delta is None:

@@ -174,6 +174,8 @@ class ForcedCallStream:
         for ch in piece:
             if self._closed:
                 break
+            if not self.args and not out and ch.isspace():
+                continue  # before the value (however the deltas split the text)
             out.append(ch)
             if self._in_str:
                 if self._esc:

@@ -184,18 +184,21 @@ def test_named_tool_choice_is_enforced(client, stream, server):
         tools=[TIME, WEATHER],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "tool_calls"
+    call = r.choices[0].message.tool_calls[0]
+    name, args = call.function.name, call.function.arguments
+    assert call.id.startswith("call_")
     if stream:
         chunks = list(client.chat.completions.create(stream=True, **kw))
         calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
         reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
-        name, args = calls[0].function.name, calls[0].function.arguments
         assert reasons[-1] == "tool_calls"
-    else:
-        r = client.chat.completions.create(**kw)
-        assert r.choices[0].finish_reason == "tool_calls"
-        call = r.choices[0].message.tool_calls[0]
-        name, args = call.function.name, call.function.arguments
-        assert call.id.startswith("call_")
+        assert calls[0].id.startswith("call_") and calls[0].function.name == "get_weather"
+        assert len(calls) > 2  # the arguments arrive in pieces, as they are generated
+        # the pieces add up to the non-streaming answer's arguments
+        assert "".join(c.function.arguments or "" for c in calls) == args
+        served += 1  # the non-streaming request above
     assert name == "get_weather"
     jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
     # the constrained request ran in the continuous-batching engine (no serial side engine)

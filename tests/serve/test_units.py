@@ -3,6 +3,8 @@ parsing, keep-alive durations, error statuses and bodies, `-m` parsing."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from llamay import errors as E
@@ -154,3 +156,24 @@ def test_models_load_once_keep_alive_and_unload(tmp_path):
             ms.find("b")
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_forced_call_stream_is_split_invariant(step):
+    from llamay.serve.tools import ForcedCallStream
+
+    args = {"city": 'Pa}ri"s {x}', "n": [1, {"a": [2, "]"]}], "t": "\\"}
+    text = '{"name": "get_\\"w", "arguments":  \n ' + json.dumps(args) + "\n }"
+    s = ForcedCallStream()
+    names = [n for i in range(0, len(text), step) if (n := s.feed(text[i : i + step])[0])]
+    assert names == ['get_"w']
+    assert json.loads(s.args) == args and s.args == json.dumps(args)
+    assert s.finish() == {"name": 'get_"w', "arguments": args}
+
+
+def test_forced_call_stream_other_key_order():
+    from llamay.serve.tools import ForcedCallStream
+
+    s = ForcedCallStream()
+    assert s.feed('{"arguments": {"a": 1}, "name": "f"}') == (None, "")
+    assert s.name is None and s.finish() == {"name": "f", "arguments": {"a": 1}}
