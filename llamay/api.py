@@ -292,6 +292,11 @@ class Model:
         Structured output: one of `json_schema`, `grammar` (GBNF), `regex`, `choices`,
         `json`. Other llama.cpp sampler parameters (`repeat_penalty`, `dry_multiplier`,
         `mirostat`, `typical_p`, `samplers`...) pass through `sampling` to `Sampler`."""
+        if not self.config.causal:
+            raise RequestError(
+                f"{self.config.arch} is an embedding encoder, not a language model: it does "
+                "not generate text (use embed())"
+            )
         try:
             sampler = Sampler(temperature, top_k, top_p, min_p, seed, **sampling)
         except TypeError as e:

@@ -98,3 +98,24 @@ def test_the_pool_grows_for_a_long_request(tiny):
         e.mgr.check()
     finally:
         e.close()
+
+
+DECODERS = ["gemma2", "gemma3", "olmo2", "phi3", "qwen2", "qwen3", "qwen3moe", "starcoder2"]
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_every_family_generates_as_the_reference(fixtures_dir, family):
+    m = llamay.load(fixtures_dir / "tiny" / f"{family}.gguf")
+    try:
+        prompt = "Some words to continue, long enough to pass a small window:"
+        assert m.generate(prompt, max_tokens=10, temperature=0.0) == reference(
+            m, prompt, 10, temperature=0.0
+        )
+    finally:
+        m.close()
+
+
+def test_an_encoder_does_not_generate(fixtures_dir):
+    m = llamay.load(fixtures_dir / "tiny" / "bert.gguf")
+    with pytest.raises(llamay.errors.RequestError, match="encoder"):
+        m.generate("hello", max_tokens=2)
