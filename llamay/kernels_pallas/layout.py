@@ -224,8 +224,10 @@ def integer_tile(q: jax.Array, high: jax.Array | None, fmt: Format) -> jax.Array
     b = q.astype(jnp.int32)
     half, n = b.shape
     g = half // 16
-    lo, hi = (b & 0xF).reshape(g, 1, 16, n), (b >> 4).reshape(g, 1, 16, n)
-    v = jnp.concatenate([lo, hi], axis=1).reshape(g, 32, n)
+    # nibble h of the 16 bytes of group g -> elements 16h..16h+15: a broadcast shift,
+    # not a concatenate (Triton concatenates only along the last dim)
+    shifts = 4 * jax.lax.broadcasted_iota(jnp.int32, (1, 2, 1, 1), 1)
+    v = ((b.reshape(g, 1, 16, n) >> shifts) & 0xF).reshape(g, 32, n)
     if high is not None:
         hb = fmt.high_bits
         per_word = 32 // hb

@@ -6,14 +6,17 @@ Reference (`qmatmul_reference`): dequantise the QTensor with llamay.quant and do
 in VMEM/registers (`layout.dequantize_tile`: the same exact values) and accumulates
 x_tile @ w_tile in f32, so it equals the reference up to f32 summation order.
 
-Grid (M/tm, N/tn, K/tk); the output block stays resident across the K axis, which
-accumulates ("arbitrary" on TPU). Inside a block the kernel walks K in `chunk`-row
+Grid (M/tm, N/tn, K/tk); inside a block the kernel walks its K range in `chunk`-row
 steps. Two tilings per platform (`tiling_for`):
 
-- TPU (Mosaic): a K grid axis with one chunk per step, so Mosaic double-buffers the
-  weight planes; decode tm = 8 (one sublane tile), prefill tm = 256.
-- GPU (Pallas' Triton lowering: every grid point runs in parallel, so the K grid axis
-  must be 1): whole K per block, walked in chunks; tm >= 16 (the smallest tl.dot).
+- TPU (Mosaic): the output block stays resident across the K axis, which accumulates
+  ("arbitrary"); one chunk per step, so Mosaic double-buffers the weight planes;
+  decode tm = 8 (one sublane tile), prefill tm = 256.
+- GPU (Pallas' Triton lowering: every grid point runs in parallel, so nothing may
+  accumulate across the grid): split-K, each K range writes its own partial sums
+  [K/tk, M, N], added up after the kernel; tk is chosen so that the grid has enough
+  programs to fill the GPU (`GPU_PROGRAMS`) even for a single row; tm >= 16 (the
+  smallest tl.dot).
 
 Both are the same kernel body; the tests run both tilings in interpret mode.
 """
@@ -43,17 +46,19 @@ def qmatmul_reference(x: jax.Array, w: QTensor) -> jax.Array:
 class Tiling:
     tm: int  # rows of x per block
     tn: int  # weight rows (outputs) per block
-    tk: int  # K per grid step (0: all of K)
+    tk: int  # K per grid step (0 in TILINGS: chosen for parallelism, GPU)
     chunk: int  # K rows dequantised at once inside a block
+    split_k: bool = False  # K ranges write partial sums instead of accumulating
 
 
 # (platform, prefill?) -> tiling targets; `tiling_for` fits them to the shapes.
 TILINGS = {
     ("tpu", False): Tiling(tm=8, tn=512, tk=1024, chunk=1024),
     ("tpu", True): Tiling(tm=256, tn=256, tk=512, chunk=512),
-    ("gpu", False): Tiling(tm=16, tn=64, tk=0, chunk=256),
-    ("gpu", True): Tiling(tm=64, tn=128, tk=0, chunk=64),
+    ("gpu", False): Tiling(tm=16, tn=64, tk=0, chunk=256, split_k=True),
+    ("gpu", True): Tiling(tm=64, tn=128, tk=0, chunk=64, split_k=True),
 }
+GPU_PROGRAMS = 4 * 132  # split-K target: a few programs per H100/H200 SM
 DECODE_MAX_ROWS = 8  # M <= this: the decode (matvec) tiling
 
 
@@ -80,11 +85,15 @@ def tiling_for(M: int, N: int, K: int, platform: str) -> Tiling:
     if platform not in PLATFORMS:
         raise ValueError(f"platform must be one of {PLATFORMS}, not {platform!r}")
     t = TILINGS[platform, M > DECODE_MAX_ROWS]
-    tk = K if t.tk == 0 else _divisor(K, t.tk, 256)
-    chunk = _divisor(tk, t.chunk, 32)
     tm = _fit(M, t.tm, platform, 16)
     tn = _fit(N, t.tn, platform, 16)
-    return Tiling(tm, tn, tk, chunk)
+    if t.tk == 0:  # split K until the grid has about GPU_PROGRAMS programs
+        blocks = pl.cdiv(M, tm) * pl.cdiv(N, tn)
+        tk = _divisor(K, max(256, K * blocks // GPU_PROGRAMS), 256)
+    else:
+        tk = _divisor(K, t.tk, 256)
+    chunk = _divisor(tk, t.chunk, 32)
+    return Tiling(tm, tn, tk, chunk, t.split_k)
 
 
 def check_tiling(t: Tiling, K: int) -> None:
@@ -142,13 +151,9 @@ def k_chunks(tk: int, chunk: int, body, init):
     return jax.lax.fori_loop(0, n, body, init)
 
 
-def _kernel(x_ref, *refs, fmt: Format, names: list[str], chunk: int):
+def _kernel(x_ref, *refs, fmt: Format, names: list[str], chunk: int, split_k: bool):
     *w_refs, o_ref = refs
     planes = dict(zip(names, w_refs, strict=True))
-
-    @pl.when(pl.program_id(2) == 0)
-    def _init():
-        o_ref[...] = jnp.zeros(o_ref.shape, F32)
 
     def body(c, acc):
         p = load_planes(planes, fmt, c, chunk)
@@ -156,7 +161,16 @@ def _kernel(x_ref, *refs, fmt: Format, names: list[str], chunk: int):
         xc = x_ref[:, pl.ds(c * chunk, chunk)].astype(F32)
         return acc + jnp.dot(xc, w, precision=HIGHEST, preferred_element_type=F32)
 
-    o_ref[...] += k_chunks(x_ref.shape[1], chunk, body, jnp.zeros(o_ref.shape, F32))
+    acc = k_chunks(x_ref.shape[1], chunk, body, jnp.zeros(o_ref.shape, F32))
+    if split_k:  # this K range's partial sums
+        o_ref[...] = acc
+        return
+
+    @pl.when(pl.program_id(2) == 0)
+    def _init():
+        o_ref[...] = jnp.zeros(o_ref.shape, F32)
+
+    o_ref[...] += acc
 
 
 def compiler_params(platform: str, interpret) -> object | None:
@@ -189,15 +203,25 @@ def qmatmul_pallas(
     check_tiling(t, K)
     arrays, specs = weight_specs(w, t)
     grid = (pl.cdiv(M, t.tm), pl.cdiv(N, t.tn), K // t.tk)
-    kernel = functools.partial(_kernel, fmt=w.fmt, names=plane_names(w), chunk=t.chunk)
+    kernel = functools.partial(
+        _kernel, fmt=w.fmt, names=plane_names(w), chunk=t.chunk, split_k=t.split_k
+    )
+    if t.split_k:
+        out_shape = jax.ShapeDtypeStruct((grid[2], M, N), F32)
+        out_spec = pl.BlockSpec((None, t.tm, t.tn), lambda i, j, k: (k, i, j))
+    else:
+        out_shape = jax.ShapeDtypeStruct((M, N), F32)
+        out_spec = pl.BlockSpec((t.tm, t.tn), lambda i, j, k: (i, j))
     y = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((M, N), F32),
+        out_shape=out_shape,
         grid=grid,
         in_specs=[pl.BlockSpec((t.tm, t.tk), lambda i, j, k: (i, k)), *specs],
-        out_specs=pl.BlockSpec((t.tm, t.tn), lambda i, j, k: (i, j)),
+        out_specs=out_spec,
         compiler_params=compiler_params(platform, interpret),
         interpret=interpret,
         name=f"qmatmul_{w.ggml_type.name.lower()}",
     )(x2, *arrays)
+    if t.split_k:
+        y = jnp.sum(y, axis=0)
     return y.reshape(*lead, N)

@@ -110,13 +110,16 @@ def _kernel(qa_ref, da_ref, xs_ref, *refs, fmt: Format, names: list[str], chunk:
             (((2,), (1,)), ((1,), (0,))),
             preferred_element_type=jnp.int32,
         )
-        da = da_ref[:, pl.ds(c * (chunk // 32), chunk // 32)]  # [tm, chunk/32]
-        da = jnp.repeat(da, 32 // G, axis=1).T.reshape(groups, tm, 1)
+        da = da_ref[pl.ds(c * (chunk // 32), chunk // 32), :]  # [chunk/32, tm]
+        da = jnp.broadcast_to(da[:, None, :], (chunk // 32, 32 // G, tm)).reshape(groups, tm, 1)
         s = p["scale"].reshape(groups, 1, tn)
         acc = acc + jnp.sum(isum.astype(F32) * (da * s), axis=0)
         if p["offset"] is not None:
-            xs = xs_ref[:, pl.ds(c * (chunk // 32), chunk // 32)]
-            acc = acc + jnp.dot(xs, p["offset"], precision=HIGHEST, preferred_element_type=F32)
+            xs = xs_ref[pl.ds(c * (chunk // 32), chunk // 32), :]  # [chunk/32, tm]
+            dims = (((0,), (0,)), ((), ()))
+            acc = acc + jax.lax.dot_general(
+                xs, p["offset"], dims, precision=HIGHEST, preferred_element_type=F32
+            )
         return acc
 
     o_ref[...] += k_chunks(qa_ref.shape[1], chunk, body, jnp.zeros(o_ref.shape, F32))
@@ -131,9 +134,12 @@ def w4a8_pallas(
     interpret=False,
     tiling: Tiling | None = None,
 ) -> jax.Array:
-    """x [..., K] @ W.T -> [..., N] f32 with int8 activations (module docstring). TPU-shaped
-    (a batched integer dot per scale group); Triton has no batched dot, so the dispatcher
-    never sends it to a GPU."""
+    """x [..., K] @ W.T -> [..., N] f32 with int8 activations (module docstring). TPU only:
+    a batched integer dot per scale group, which Pallas' Triton lowering does not have."""
+    if platform != "tpu":
+        raise ValueError("w4a8_pallas is a TPU kernel (Triton has no batched integer dot)")
+    if tiling is not None and tiling.split_k:
+        raise ValueError("w4a8_pallas accumulates over K on chip: no split-K tiling")
     N, K = w.rows, w.cols
     if x.shape[-1] != K or w.q.ndim != 2:
         raise ValueError(f"w4a8: x {x.shape} does not match a 2-D weight of shape {w.shape}")
@@ -142,13 +148,15 @@ def w4a8_pallas(
     M = x2.shape[0]
     qa, da = quantize_acts(x2)
     xs = jnp.sum(x2.reshape(M, K // 32, 32), axis=-1)
+    # per-block scales and sums transposed [K/32, M]: M on the lanes, as TPU blocks want
+    da, xs = da.T, xs.T
     t = tiling or tiling_for(M, N, K, platform)
     check_tiling(t, K)
     arrays, specs = weight_specs(w, t)
     act_specs = [
         pl.BlockSpec((t.tm, t.tk), lambda i, j, k: (i, k)),
-        pl.BlockSpec((t.tm, t.tk // 32), lambda i, j, k: (i, k)),
-        pl.BlockSpec((t.tm, t.tk // 32), lambda i, j, k: (i, k)),
+        pl.BlockSpec((t.tk // 32, t.tm), lambda i, j, k: (k, i)),
+        pl.BlockSpec((t.tk // 32, t.tm), lambda i, j, k: (k, i)),
     ]
     kernel = functools.partial(_kernel, fmt=w.fmt, names=plane_names(w), chunk=t.chunk)
     y = pl.pallas_call(

@@ -76,12 +76,13 @@ def test_repack_refuses_types_without_kernel():
 # platforms, multi-block grids on every axis, odd row counts (partial N blocks), M = 1.
 SHAPES = [
     (1, 200, 512, "tpu", Tiling(tm=8, tn=128, tk=256, chunk=256)),  # 2 N-blocks, 2 K-steps
-    (3, 40, 512, "gpu", Tiling(tm=16, tn=32, tk=512, chunk=64)),  # K walked in 8 chunks
+    (3, 40, 512, "gpu", Tiling(tm=16, tn=32, tk=256, chunk=64, split_k=True)),  # 2 splits x 4
 ]
 SHAPES_ONE_TYPE = [
     (1, 96, 256, "tpu", None),  # the default decode tiling (a single block)
     (130, 72, 512, "tpu", Tiling(tm=64, tn=32, tk=256, chunk=128)),  # prefill, M > tile
     (130, 48, 256, "gpu", None),  # default GPU prefill tiling: 3 M-blocks
+    (1, 64, 1024, "gpu", None),  # default GPU decode tiling: split into 4 K ranges
 ]
 
 
@@ -124,6 +125,8 @@ def test_tilings_fit_the_shapes():
     assert tiling_for(256, 1536, 2048, "tpu") == Tiling(tm=256, tn=256, tk=512, chunk=512)
     gpu = tiling_for(3, 49152, 640, "gpu")
     assert (gpu.tm, gpu.tk) == (16, 640) and 640 % gpu.chunk == 0
+    # one row of a 4096² matrix: 64 column blocks, split-K to fill the GPU
+    assert tiling_for(1, 4096, 4096, "gpu") == Tiling(16, 64, 256, 256, split_k=True)
     with pytest.raises(ValueError, match="tk must divide K"):
         qmatmul_pallas(
             random_x(1, 256),
@@ -134,13 +137,13 @@ def test_tilings_fit_the_shapes():
 
 
 W4A8_TPU = (1, 200, 512, "tpu", Tiling(tm=8, tn=128, tk=256, chunk=256))
-W4A8_GPU = (20, 40, 512, "gpu", Tiling(tm=16, tn=32, tk=512, chunk=64))
+W4A8_CHUNKED = (20, 40, 512, "tpu", Tiling(tm=16, tn=32, tk=512, chunk=64))  # K in 8 chunks
 # each type under one of the two tilings (both tilings are covered by the exact kernel)
-W4A8_CASES = [(t, W4A8_TPU if i % 2 else W4A8_GPU) for i, t in enumerate(TYPES)]
+W4A8_CASES = [(t, W4A8_TPU if i % 2 else W4A8_CHUNKED) for i, t in enumerate(TYPES)]
 
 
 @pytest.mark.parametrize(
-    ("t", "shape"), W4A8_CASES, ids=[f"{t.name}-{s[3]}" for t, s in W4A8_CASES]
+    ("t", "shape"), W4A8_CASES, ids=[f"{t.name}-chunk{s[4].chunk}" for t, s in W4A8_CASES]
 )
 def test_w4a8_within_its_quantisation_error(t, shape):
     m, n, k, platform, tiling = shape
@@ -153,3 +156,9 @@ def test_w4a8_within_its_quantisation_error(t, shape):
     ratio = np.asarray(jnp.abs(y - qmatmul_reference(x, w)) / error_bound(x, p))
     assert ratio.max() <= 1.0, ratio.max()
     assert ratio.max() > 1e-3
+
+
+def test_w4a8_refuses_gpu():
+    w = repack(random_weight(T.Q4_0, 8, 256))
+    with pytest.raises(ValueError, match="TPU kernel"):
+        w4a8_pallas(random_x(1, 256), w, platform="gpu", interpret=True)
