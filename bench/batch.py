@@ -6,7 +6,8 @@
   `--prefix`-token prefix is (is not) in the prefix cache (+ 8 new tokens each);
 - `decode_tok_s[N]`: aggregate decode tokens/s with N concurrent greedy streams
   (`--gen` tokens each, short distinct prompts), after a warm-up that compiles;
-- `serial_tok_s`: the dense single-sequence path (`Model.generation`) for comparison.
+- `serial_tok_s` / `engine_1_stream_tok_s`: the dense single-sequence path
+  (`Model.generation`) and one engine stream, three runs each, interleaved.
 Compilation is excluded (each shape runs once first). No assertions: numbers for notes.
 """
 
@@ -87,13 +88,21 @@ def main() -> None:
         total = sum(len(list(h)) for h in hs)
         rates[n] = round(total / (time.perf_counter() - t), 2)
     out["decode_tok_s"] = rates
-    e.close()
 
+    # One stream on the engine vs the dense path, interleaved (the load drifts).
     p = rng.integers(100, 20000, 8).tolist()
     list(m.generation(p, 4, GREEDY))
-    t = time.perf_counter()
-    k = len(list(m.generation(p, args.gen, GREEDY)))
-    out["serial_tok_s"] = round(k / (time.perf_counter() - t), 2)
+    serial, single = [], []
+    for _ in range(3):
+        for rates_, run in (
+            (serial, lambda: m.generation(p, args.gen, GREEDY)),
+            (single, lambda: e.submit(Request(p, args.gen, GREEDY))),
+        ):
+            t = time.perf_counter()
+            k = len(list(run()))
+            rates_.append(round(k / (time.perf_counter() - t), 2))
+    out["serial_tok_s"], out["engine_1_stream_tok_s"] = serial, single
+    e.close()
     out["loadavg_end"] = os.getloadavg()
     out["note"] = "shared, noisy CPU machine: compare within one run only"
     print(json.dumps(out))

@@ -1,8 +1,9 @@
 """The page allocator, prefix tree and sequence bookkeeping under random workloads.
 
-A hypothesis state machine submits, steps, forks, cancels, finishes and evicts, and a
-host model of every page's contents checks what the device would hold: a sequence
-reads back its own tokens, and a page with another holder is never written.
+A hypothesis state machine submits, steps, forks, cancels, finishes and evicts (in a
+pool that grows on demand), and a host model of every page's contents checks what the
+device would hold: a sequence reads back its own tokens, and a page with another
+holder is never written.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ tokens = st.lists(st.integers(0, 2), min_size=1, max_size=14)  # tiny alphabet: 
 class PoolMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self):
-        self.m = KVManager(N_PAGES, PS)
+        self.m = KVManager(N_PAGES // 3, PS, max_pages=N_PAGES)  # grows as reservations need
         self.seqs = []
         self.content = {}  # page -> {offset: token}: what the device holds
 
@@ -146,3 +147,16 @@ PoolMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_pool_machine = PoolMachine.TestCase
+
+
+def test_growth_stops_at_max_pages():
+    m = KVManager(3, PS, max_pages=9)  # 2 pages now, 8 at most
+    a = m.open([1] * 12, 8)  # 5 pages: grows
+    assert a is not None and m.alloc.n_pages >= 6
+    assert m.open([2] * 12, 8) is None  # 5 more would pass max_pages: wait
+    assert m.alloc.n_pages == 9
+    with pytest.raises(KVCacheFullError, match="pool has 8"):
+        m.open([3] * 30, 8)
+    m.release(a, cache=False)
+    assert m.open([2] * 12, 8) is not None
+    m.check()
