@@ -1,11 +1,13 @@
 """Load-test `llamay serve`: C concurrent streaming chat clients; prints one JSON line per
 concurrency with requests/s, generated tokens/s and time-to-first-token percentiles.
 
-    .venv/bin/python -m bench.serve [-m PATH_OR_NAME] [-c 8 32] [-r 2] [-n 32] [--url URL]
+    .venv/bin/python -m bench.serve [-m PATH_OR_NAME] [-c 8 32] [-r 2] [-n 32] [-p 32]
+                                    [--url URL]
 
 Without `--url` it starts a server on 127.0.0.1 (a free port) in this process over the
-model; with it, it drives that server (model name `-m`). A warm-up round at the same
-concurrency first (compilation). No assertions: numbers for notes and comparisons.
+model (`-p` engine slots; default: the largest concurrency); with it, it drives that
+server (model name `-m`). A full-length warm-up round at the same concurrency first
+(compilation). No assertions: numbers for notes and comparisons.
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ async def _run(url: str, model: str, concurrency: int, per_client: int, n: int) 
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
-        # warm-up at the same concurrency: compiles the step shapes the run will use
-        await asyncio.gather(*(_one(client, model, 4, -1 - w) for w in range(concurrency)))
+        # warm-up: one full-length round at the same concurrency, so the step shapes the
+        # run uses (row counts, prefill chunks, attention views as sequences grow) compile
+        await asyncio.gather(*(_one(client, model, n, -1 - w) for w in range(concurrency)))
         t0 = time.perf_counter()
 
         async def worker(w: int):
@@ -91,6 +94,7 @@ def main() -> None:
     ap.add_argument("-c", "--concurrency", type=int, nargs="+", default=[8, 32])
     ap.add_argument("-r", "--requests-per-client", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, default=32)
+    ap.add_argument("-p", "--parallel", type=int, default=None, help="engine slots")
     ap.add_argument("--url", default=None)
     args = ap.parse_args()
 
@@ -106,20 +110,21 @@ def main() -> None:
         return
 
     from llamay.serve import create_app
+    from llamay.serve.app import serve_in_thread
     from llamay.serve.models import Models
-    from tests.serve.conftest import running
+    from llamay.store import resolve
 
-    app = create_app(Models({"bench": args.model}, use_store=False, default_keep_alive=-1))
-    with running(app) as server:
+    parallel = args.parallel or max(args.concurrency)
+    models = Models(
+        {"bench": resolve(args.model)},
+        use_store=False,
+        default_keep_alive=-1,
+        parallel=parallel,
+    )
+    with serve_in_thread(create_app(models)) as url:
         for c in args.concurrency:
-            print(
-                json.dumps(
-                    asyncio.run(
-                        _run(server.url, "bench", c, args.requests_per_client, args.max_tokens)
-                    )
-                ),
-                flush=True,
-            )
+            out = asyncio.run(_run(url, "bench", c, args.requests_per_client, args.max_tokens))
+            print(json.dumps({**out, "parallel": parallel}), flush=True)
 
 
 if __name__ == "__main__":
