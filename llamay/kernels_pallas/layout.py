@@ -162,8 +162,8 @@ def _t(x: jax.Array) -> jax.Array:
 
 
 def repack(w: QTensor) -> PackedWeight:
-    """A QTensor [..., N, K] of a type in KERNEL_TYPES, in the kernel layout (jnp ops:
-    call it once at load, or inside jit to repack lazily)."""
+    """A QTensor [..., N, K] of a type in KERNEL_TYPES, in the kernel layout (one compiled
+    program: call it once at load, or inside jit to repack lazily)."""
     t = GGMLType(w.ggml_type)
     if t not in FORMATS:
         names = ", ".join(sorted(k.name for k in FORMATS))
@@ -171,6 +171,12 @@ def repack(w: QTensor) -> PackedWeight:
             f"no Pallas matmul kernel for GGML type {t.name} (kernels: {names}); "
             "use llamay.quant.qmatmul"
         )
+    return _repack(w)
+
+
+@jax.jit
+def _repack(w: QTensor) -> PackedWeight:
+    t = GGMLType(w.ggml_type)
     fmt = FORMATS[t]
     q, scale, offset = _quants(w)
     lead, K = q.shape[:-1], q.shape[-1]

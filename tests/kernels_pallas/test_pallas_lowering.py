@@ -70,3 +70,15 @@ def test_paged_attention_lowers(platform, case):
     pool = S((2, 100, 16, K, D), jnp.float32)
     args = (S((8, T, H, D), jnp.float32), pool, pool, S((8, 12), jnp.int32), S((8, T), jnp.int32))
     assert KERNEL_CALL[platform] in lower(platform, fn, *args, S((), jnp.int32))
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_vmapped_expert_matmul_lowers(platform):
+    """MoE experts: the kernel under vmap (one weight per expert), as `expert_matmul` maps it."""
+    w = repack(random_weight(GGMLType.Q4_K, 4 * 256, 512))
+    experts = jax.tree_util.tree_map(lambda a: a.reshape(a.shape[0], 4, -1).swapaxes(0, 1), w)
+
+    def fn(x, e):
+        return jax.vmap(lambda x, e: qmatmul_pallas(x, e, platform=platform))(x, e)
+
+    assert KERNEL_CALL[platform] in lower(platform, fn, S((4, 1, 512), jnp.float32), experts)
