@@ -18,6 +18,9 @@ steps. Two tilings per platform (`tiling_for`):
   programs to fill the GPU (`GPU_PROGRAMS`) even for a single row; tm >= 16 (the
   smallest tl.dot).
 
+A single row (M = 1, batch-1 decode) is a matvec on both: tm = 1 and a multiply-reduce
+instead of a dot (a dot would pad the row to 8 or 16 and, in f32, be compute-bound).
+
 Both are the same kernel body; the tests run both tilings in interpret mode.
 """
 
@@ -85,7 +88,7 @@ def tiling_for(M: int, N: int, K: int, platform: str) -> Tiling:
     if platform not in PLATFORMS:
         raise ValueError(f"platform must be one of {PLATFORMS}, not {platform!r}")
     t = TILINGS[platform, M > DECODE_MAX_ROWS]
-    tm = _fit(M, t.tm, platform, 16)
+    tm = 1 if M == 1 else _fit(M, t.tm, platform, 16)  # M = 1: the matvec
     tn = _fit(N, t.tn, platform, 16)
     if t.tk == 0:  # split K until the grid has about GPU_PROGRAMS programs
         blocks = pl.cdiv(M, tm) * pl.cdiv(N, tn)
@@ -159,6 +162,8 @@ def _kernel(x_ref, *refs, fmt: Format, names: list[str], chunk: int, split_k: bo
         p = load_planes(planes, fmt, c, chunk)
         w = dequantize_tile(p["q"], p["high"], p["scale"], p["offset"], fmt)  # [chunk, tn]
         xc = x_ref[:, pl.ds(c * chunk, chunk)].astype(F32)
+        if xc.shape[0] == 1:  # matvec: one multiply-add per weight, no padded dot rows
+            return acc + jnp.sum(xc.reshape(chunk, 1) * w, axis=0, keepdims=True)
         return acc + jnp.dot(xc, w, precision=HIGHEST, preferred_element_type=F32)
 
     acc = k_chunks(x_ref.shape[1], chunk, body, jnp.zeros(o_ref.shape, F32))
