@@ -1,6 +1,7 @@
 """Layers shared by the architecture families: norms, rope, attention, MLPs, MoE routing.
 
-All functions are pure jnp over arrays (and `QTensor`s through `qmatmul`);
+All functions are pure jnp over arrays (and `QTensor`s through `kernels_pallas.matmul`:
+`llamay.quant.qmatmul`, or the Pallas kernel on GPU/TPU);
 shapes use B batch, T query tokens, S cache slots, H heads, K kv heads, D head dim,
 E experts.
 """
@@ -271,7 +272,7 @@ def _per_layer(w, fn):
 
 def expert_matmul(x: jax.Array, w, experts: jax.Array | None = None, per_expert: bool = False):
     """Per-expert x @ W_e.T with W [E, n, k] (a QTensor, or one layer of a MixedQTensor),
-    through `qmatmul` (so each numerics applies) mapped over the experts.
+    through `kernels_pallas.matmul` (so each numerics applies) mapped over the experts.
 
     experts None: every expert, -> [..., E, n]; experts [..., k'] (ids): only those,
     gathered while still packed, -> [..., k', n]. x is [..., k], or with `per_expert`

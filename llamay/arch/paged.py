@@ -3,10 +3,11 @@ array (slot j holds position j), or one layer of the paged pool seen through pag
 tables. `write_kv` and `attention` dispatch on the cache type at trace time, so one
 block serves both and the dense path is exactly `llamay.arch.layers`.
 
-`paged_attention(q, k_pages, v_pages, page_table, q_pos, ...)` is the signature the
-Pallas paged-attention kernel plugs into; its jnp reference here gathers each row's
-pages into a dense view (view slot j = position j) and runs the dense attention, so
-both caches share one set of numerics (including the f16-cache rounding).
+`paged_attention(q, k_pages, v_pages, page_table, q_pos, ...)` is the jnp reference of
+the Pallas paged-attention kernel (`llamay.kernels_pallas`, which `attention` dispatches
+to on GPU/TPU): it gathers each row's pages into a dense view (view slot j = position j)
+and runs the dense attention, so both caches share one set of numerics (including the
+f16-cache rounding).
 """
 
 from __future__ import annotations
