@@ -125,7 +125,7 @@ def register_serve(app: typer.Typer) -> None:
 CHAT_HELP = """commands:
   /bye              leave
   /clear            forget the conversation (the system prompt stays)
-  /save NAME        save the conversation
+  /save NAME        save the conversation (with its KV, so /load resumes fast)
   /load NAME        load a saved conversation
   /system TEXT      set the system prompt
   /help             this text
@@ -155,6 +155,7 @@ class ChatSession:
         self.max_tokens = max_tokens
         self.system = system
         self.history: list[dict] = []
+        self.restored = None  # a loaded conversation's KV snapshot, for the next answer
 
     def messages(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -169,7 +170,7 @@ class ChatSession:
         self.history.append({"role": "user", "content": text})
         prompt = self.model.tokenizer.apply_chat_template(self.messages())
         ids = self.model.tokenize(prompt, add_special=True, parse_special=True)
-        handle = self.engine.submit(Request(ids, self.max_tokens, self.sampler))
+        handle = self._start(Request(ids, self.max_tokens, self.sampler))
         dec = IncrementalDecoder(self.model.tokenizer)
         parts: list[str] = []
         try:
@@ -191,7 +192,45 @@ class ChatSession:
         self.history.append({"role": "assistant", "content": reply})
         return reply
 
+    def _start(self, request):
+        """Submit `request`; after a /load, continue from the saved conversation's KV
+        (only the new turn is computed) when its tokens begin the prompt."""
+        from llamay.errors import SnapshotError
+
+        snap, self.restored = self.restored, None
+        ids = request.prompt_ids
+        if (
+            snap is not None
+            and len(ids) > len(snap.tokens)
+            and ids[: len(snap.tokens)] == snap.tokens
+        ):
+            import dataclasses
+
+            try:
+                more = dataclasses.replace(request, prompt_ids=ids[len(snap.tokens) :])
+                return self.engine.restore(snap, more)
+            except SnapshotError:
+                pass  # another model's, or another KV type: compute it all
+        return self.engine.submit(request)
+
+    def _snapshot(self, ids: list[int]) -> str | None:
+        """The KV of `ids` computed and saved in the store's snapshots (its digest), or None
+        where the engine cannot keep KV."""
+        import asyncio
+
+        from llamay.kv.snapshot import store_snapshot
+        from llamay.serve import kept
+
+        if not ids or not kept.supports_kv(self.engine):
+            return None
+        kv = asyncio.run(kept.prefill(self.engine, self.model, ids))
+        try:
+            return store_snapshot(self.engine.snapshot(kv.handle))
+        finally:
+            kv.drop()
+
     def save(self, name: str) -> Path:
+        """The conversation as JSON (messages, tokens) and its KV as a store snapshot."""
         import json
 
         path = _chat_path(name)
@@ -203,17 +242,26 @@ class ChatSession:
             add_special=bool(self.history),
             parse_special=True,
         )
-        path.write_text(
-            json.dumps({"system": self.system, "messages": self.history, "tokens": ids})
-        )
+        data = {"system": self.system, "messages": self.history, "tokens": ids}
+        data["kv"] = self._snapshot(ids)
+        path.write_text(json.dumps(data))
         return path
 
     def load(self, name: str) -> None:
         import json
 
+        from llamay.errors import SnapshotError
+        from llamay.kv.snapshot import load_snapshot
+
         data = json.loads(_chat_path(name).read_text())
         self.system = data.get("system")
         self.history = list(data.get("messages", []))
+        self.restored = None
+        if data.get("kv"):
+            try:
+                self.restored = load_snapshot(data["kv"])
+            except SnapshotError:
+                pass  # its KV left the store: the next answer computes the conversation
 
 
 def _read_input(prompt: str) -> str | None:

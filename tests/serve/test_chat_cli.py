@@ -129,3 +129,37 @@ def test_ctrl_c_stops_an_answer_not_the_chat(chat):
     assert "[stopped]" in out
     t.send("/bye\n")
     assert t.close() == 0
+
+
+def test_saved_conversation_carries_its_kv(tiny_paths, serve_home, tiny):
+    """/save writes the conversation's KV to the store's snapshots; after /load (here in
+    a fresh engine, nothing cached) the next answer computes only the new turn."""
+    import io
+    import json
+
+    from llamay.sample import GREEDY
+    from llamay.serve.models import make_engine
+    from llamay_cli.serve_cmds import ChatSession
+
+    first = make_engine(tiny, 1)
+    s1 = ChatSession(tiny, first, GREEDY, 6, system="You answer briefly.")
+    s1.answer("Hello there", io.StringIO())
+    data = json.loads(s1.save("kvconv").read_text())
+    first.close()
+    assert (serve_home / "kv" / (data["kv"].removeprefix("sha256:") + ".kv.npz")).is_file()
+
+    fresh = make_engine(tiny, 1)
+    try:
+        s2 = ChatSession(tiny, fresh, GREEDY, 6)
+        s2.load("kvconv")
+        reply = s2.answer("And then?", io.StringIO())
+        prompt = chat_prompt(tiny, s2.messages()[:-1])
+        assert reply == greedy(tiny, prompt, 6)
+        ids = tiny.tokenize(prompt, add_special=True, parse_special=True)
+        saved = data["tokens"]
+        assert ids[: len(saved)] == saved and len(saved) > 20
+        new = len(ids) - len(saved)
+        # the new turn, then at most the 6 answer tokens fed back: the saved part was not
+        assert new <= fresh.stats()["computed_tokens"] <= new + 6
+    finally:
+        fresh.close()
