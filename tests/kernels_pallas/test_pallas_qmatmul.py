@@ -78,11 +78,12 @@ SHAPES = [
     (1, 200, 512, "tpu", Tiling(tm=8, tn=128, tk=256, chunk=256)),  # 2 N-blocks, 2 K-steps
     (3, 40, 512, "gpu", Tiling(tm=16, tn=32, tk=256, chunk=64, split_k=True)),  # 2 splits x 4
 ]
-SHAPES_ONE_TYPE = [
-    (1, 96, 256, "tpu", None),  # the default decode tiling (a single block)
-    (130, 72, 512, "tpu", Tiling(tm=64, tn=32, tk=256, chunk=128)),  # prefill, M > tile
-    (130, 48, 256, "gpu", None),  # default GPU prefill tiling: 3 M-blocks
-    (1, 64, 1024, "gpu", None),  # default GPU decode tiling: split into 4 K ranges
+# (type, shape): the default tilings and a multi-tile prefill, each on one K-quant
+TILING_CASES = [
+    (T.Q4_K, (1, 96, 256, "tpu", None)),  # the default decode tiling: a matvec block
+    (T.Q6_K, (130, 72, 512, "tpu", Tiling(tm=64, tn=32, tk=256, chunk=128))),  # M > tile
+    (T.Q6_K, (130, 48, 256, "gpu", None)),  # default GPU prefill tiling: 3 M-blocks
+    (T.Q4_K, (1, 64, 1024, "gpu", None)),  # default GPU decode tiling: 4 K ranges, matvec
 ]
 
 
@@ -101,8 +102,9 @@ def test_qmatmul_kernel_equals_reference(t, shape):
     assert_f32_close(y, qmatmul_reference(x, w), x, w)
 
 
-@pytest.mark.parametrize("shape", SHAPES_ONE_TYPE, ids=shape_id)
-@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    ("t", "shape"), TILING_CASES, ids=[f"{t.name}-{shape_id(s)}" for t, s in TILING_CASES]
+)
 def test_qmatmul_tilings_equal_reference(t, shape):
     m, n, k, platform, tiling = shape
     w, x = random_weight(t, n, k, seed=3), random_x(m, k, seed=4)
@@ -139,7 +141,9 @@ def test_tilings_fit_the_shapes():
 W4A8_TPU = (1, 200, 512, "tpu", Tiling(tm=8, tn=128, tk=256, chunk=256))
 W4A8_CHUNKED = (20, 40, 512, "tpu", Tiling(tm=16, tn=32, tk=512, chunk=64))  # K in 8 chunks
 # each type under one of the two tilings (both tilings are covered by the exact kernel)
-W4A8_CASES = [(t, W4A8_TPU if i % 2 else W4A8_CHUNKED) for i, t in enumerate(TYPES)]
+# (the reference models' types: Q8_0 Q4_0 Q4_1 Q5_0 Q4_K Q6_K)
+MODEL_TYPES = [t for t in TYPES if t not in (T.Q5_1, T.Q5_K)]
+W4A8_CASES = [(t, W4A8_TPU if i % 2 else W4A8_CHUNKED) for i, t in enumerate(MODEL_TYPES)]
 
 
 @pytest.mark.parametrize(
