@@ -272,10 +272,7 @@ def _message_of(gen: TextGen, text: str, forced: bool, names: set[str]) -> tuple
             for c in calls
         ]
         if forced:  # the arguments as generated, as a stream sends them
-            call = T.ForcedCallStream()
-            call.feed(text)
-            if call.name is not None:
-                tool_calls[0]["function"]["arguments"] = call.args
+            tool_calls[0]["function"]["arguments"] = T.forced_arguments(text)
         return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls"
     return {"role": "assistant", "content": text}, _oa_reason(gen.finish_reason)
 
@@ -754,8 +751,6 @@ def _responses_tools(body: ResponsesRequest):
 
 @router.post("/v1/responses", summary="Create a model response (OpenAI Responses API)")
 async def responses(body: ResponsesRequest, request: Request):
-    import json
-
     st: ServerState = state(request)
     lm = await st.models.get(body.model)
     tools, forced = _responses_tools(body)
@@ -789,7 +784,9 @@ async def responses(body: ResponsesRequest, request: Request):
                     "id": f"fc_{uuid.uuid4().hex[:24]}",
                     "call_id": T.call_id(),
                     "name": c["name"],
-                    "arguments": json.dumps(c["arguments"]),
+                    "arguments": T.forced_arguments(text)
+                    if forced is not None
+                    else json.dumps(c["arguments"]),
                     "status": "completed",
                 }
                 for c in calls
@@ -844,9 +841,65 @@ async def responses(body: ResponsesRequest, request: Request):
     def ev(obj: dict) -> str:
         return sse({**obj, "sequence_number": next(seq)}, event=obj["type"])
 
+    async def forced_call():
+        """The enforced call as it is generated: its item once the name is complete, then
+        the arguments as function_call_arguments.delta events."""
+        call, item = T.ForcedCallStream(), None
+
+        def added(name: str) -> tuple[dict, str]:
+            it = {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex[:24]}",
+                "call_id": T.call_id(),
+                "name": name,
+                "arguments": "",
+                "status": "in_progress",
+            }
+            return it, ev({"type": "response.output_item.added", "output_index": 0, "item": it})
+
+        def args_delta(piece: str) -> str:
+            return ev(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": item["id"],
+                    "output_index": 0,
+                    "delta": piece,
+                }
+            )
+
+        async for delta in g.stream():
+            name, piece = call.feed(delta)
+            if name is not None:
+                item, e = added(name)
+                yield e
+            if piece:
+                yield args_delta(piece)
+        whole = call.finish()
+        args = T.forced_arguments(call.text)
+        if item is None:  # keys in another order: nothing streamed yet
+            item, e = added(whole["name"])
+            yield e
+            yield args_delta(args)
+        yield ev(
+            {
+                "type": "response.function_call_arguments.done",
+                "item_id": item["id"],
+                "output_index": 0,
+                "arguments": args,
+            }
+        )
+        item = {**item, "arguments": args, "status": "completed"}
+        yield ev({"type": "response.output_item.done", "output_index": 0, "item": item})
+        done = "response.incomplete" if g.finish_reason == "length" else "response.completed"
+        yield ev({"type": done, "response": response("completed", [item])})
+
     async def events():
         yield ev({"type": "response.created", "response": response("in_progress", [])})
         yield ev({"type": "response.in_progress", "response": response("in_progress", [])})
+        if forced is not None:
+            async for e in forced_call():
+                yield e
+            return
         if names:  # tool calls are recognised in the whole text
             items = output_items(await g.collect())
             for i, item in enumerate(items):

@@ -201,3 +201,12 @@ class ForcedCallStream:
         if self.name is not None and json.loads(self.args) != call["arguments"]:
             raise RequestError("the streamed tool call arguments do not parse as sent")
         return call
+
+
+def forced_arguments(text: str) -> str:
+    """A forced call's arguments as the JSON text generated (what a stream sends piece by
+    piece, so streamed and whole answers agree); re-serialised when keys came in another
+    order."""
+    call = ForcedCallStream()
+    call.feed(text)
+    return call.args if call.name is not None else json.dumps(forced_call(text)["arguments"])

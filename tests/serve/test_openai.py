@@ -328,6 +328,20 @@ def test_responses_forced_function_call(client):
     call = r.output[0]
     assert call.type == "function_call" and call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), tool["parameters"])
+    stream = client.responses.create(
+        model="tiny",
+        input="Weather in Oslo?",
+        tools=[tool],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=60,
+        temperature=0,
+        stream=True,
+    )
+    events = list(stream)
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(pieces) > 1 and "".join(pieces) == call.arguments  # streamed as generated
+    final = events[-1].response.output[0]
+    assert final.name == "get_weather" and final.arguments == call.arguments
 
 
 def test_logprobs(client, tiny):
