@@ -189,11 +189,14 @@ def decode_run(model, choice: str, steps: int, prompt: int = 8, page: int = 16):
     from llamay.arch import architecture_of
     from llamay.kernels_pallas import dispatch, repack_weights
     from llamay.kv.pages import new_paged_kv
+    from llamay.model.bind import bind
     from llamay.model.forward import forward
 
     os.environ[dispatch.ENV] = choice
     cfg, arch = model.config, architecture_of(model.config)
-    w = model.weights if choice == "reference" else repack_weights(model.weights)
+    # GGUF-block QTensors, as bound on GPU/TPU (on one CPU device `bind` would repack)
+    w = bind(model.gguf, model.arch, cfg.n_layers, cfg.numerics, repack=False)
+    w = w if choice == "reference" else repack_weights(w)
     M = -(-(prompt + steps + 1) // page)
     kv = new_paged_kv(
         cfg.n_layers, 1 + M, page, cfg.n_kv_heads, cfg.head_dim, model.runtime.kv_dtype

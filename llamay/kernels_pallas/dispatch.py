@@ -53,10 +53,15 @@ def backend() -> Backend:
     return Backend(False)
 
 
-def matmul(x: jax.Array, w: QTensor | MixedQTensor | PackedWeight) -> jax.Array:
-    """x @ W.T: `llamay.quant.qmatmul` off GPU/TPU, in llama.cpp numerics, for types without
-    a kernel and for stacked weights; else the Pallas kernel, repacking a QTensor inside
-    the trace (`repack` it once at load to save that work)."""
+def _packable(w) -> bool:
+    return isinstance(w, QTensor) and w.numerics == "exact" and w.ggml_type in KERNEL_TYPES
+
+
+def matmul(x: jax.Array, w) -> jax.Array:
+    """x @ W.T for a QTensor, PackedWeight, MixedQTensor or any other weight `qmatmul`
+    takes: `llamay.quant.qmatmul` off GPU/TPU, in llama.cpp numerics, for types without a
+    kernel and for weights that are not GGUF-block QTensors; else the Pallas kernel,
+    repacking a QTensor inside the trace (`repack_weights` once at load saves that)."""
     if isinstance(w, MixedQTensor):
         branches = [lambda x, s=s: matmul(x, s.layer(w.index)) for s in w.stacks]
         return jax.lax.switch(w.which, branches, x)
@@ -66,18 +71,9 @@ def matmul(x: jax.Array, w: QTensor | MixedQTensor | PackedWeight) -> jax.Array:
             return jnp.einsum("...k,nk->...n", x.astype(jnp.float32), dequantize_packed(w),
                               precision=HIGHEST)  # fmt: skip
         return qmatmul_pallas(x, w, platform=be.platform, interpret=be.interpret)
-    if (
-        not be.pallas
-        or w.numerics != "exact"
-        or w.ggml_type not in KERNEL_TYPES
-        or w.data.ndim != 2
-    ):
-        return qmatmul(x, w)
+    if not (be.pallas and _packable(w) and w.data.ndim == 2):
+        return qmatmul(x, w)  # incl. the CPU layout (AffineQTensor) and llama.cpp numerics
     return qmatmul_pallas(x, repack(w), platform=be.platform, interpret=be.interpret)
-
-
-def _packable(w) -> bool:
-    return isinstance(w, QTensor) and w.numerics == "exact" and w.ggml_type in KERNEL_TYPES
 
 
 def repack_weights(weights: dict) -> dict:

@@ -8,12 +8,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_pallas_qmatmul import random_weight, random_x
 
 import llamay
 from llamay.arch import architecture_of
+from llamay.gguf.constants import GGMLType
 from llamay.kernels_pallas import dispatch, repack_weights
 from llamay.kv.pages import new_paged_kv
+from llamay.model.bind import bind
 from llamay.model.forward import forward
+from llamay.quant import AffineQTensor, QTensor, qmatmul
 
 PAGE = 4
 
@@ -28,7 +32,9 @@ def paged_logits(model, tokens: np.ndarray, monkeypatch, choice: str, prepack: b
     token per row: logits of both steps, [B, T + 1, V], and the prefill step's jaxpr.
     Traced afresh under `choice`; `prepack`: weights repacked beforehand (`repack_weights`)."""
     monkeypatch.setenv(dispatch.ENV, choice)
-    cfg, w = model.config, model.weights
+    cfg = model.config
+    # GGUF-block QTensors (the layout GPU/TPU binds; on one CPU device `bind` repacks)
+    w = bind(model.gguf, model.arch, cfg.n_layers, cfg.numerics, repack=False)
     if prepack:
         w = repack_weights(w)
     B, T = tokens.shape
@@ -82,3 +88,23 @@ def test_backend_choice(monkeypatch):
     monkeypatch.setenv(dispatch.ENV, "triton")
     with pytest.raises(ValueError, match="LLAMAY_BACKEND='triton'"):
         dispatch.backend()
+
+
+def test_weights_without_a_kernel_take_qmatmul(monkeypatch):
+    """Under a forced Pallas dispatch: the CPU layout (AffineQTensor), llama.cpp numerics
+    and types without a kernel still go to `qmatmul` (the same numbers, no pallas_call);
+    a GGUF-block QTensor of a kernel type does take the kernel."""
+    monkeypatch.setenv(dispatch.ENV, "pallas-interpret")
+    raw = np.asarray(random_weight(GGMLType.Q4_0, 16, 256).data)
+    x = random_x(2, 256)
+    others = [
+        AffineQTensor.from_raw(raw, GGMLType.Q4_0),
+        QTensor.from_raw(raw, GGMLType.Q4_0, "llamacpp"),
+        random_weight(GGMLType.Q3_K, 16, 256),
+    ]
+    for w in others:
+        assert "pallas_call" not in str(jax.make_jaxpr(dispatch.matmul)(x, w))
+        np.testing.assert_array_equal(dispatch.matmul(x, w), qmatmul(x, w))
+    assert "pallas_call" in str(
+        jax.make_jaxpr(dispatch.matmul)(x, QTensor.from_raw(raw, GGMLType.Q4_0))
+    )
