@@ -27,6 +27,10 @@ core to others; the sdist is llama-cpp-python's source release):
 
 Thread count: llama.cpp gets `--threads` for decode and batch; XLA's CPU client uses
 one thread per core, so run on a machine (or under `taskset`) with that many cores.
+On a shared, oversubscribed CPU ggml's OpenMP threads must not spin: with the default
+wait policy two threads ran SmolLM2 tg at 3 tok/s under load 11 (1 thread: 32,
+OMP_WAIT_POLICY=PASSIVE with 2 threads: 60). `--omp-wait-policy` (default PASSIVE)
+sets it; ACTIVE is llama.cpp's best case on an idle machine.
 """
 
 from __future__ import annotations
@@ -146,13 +150,17 @@ def model_path(name: str) -> Path:
     return Path(resolve(name, progress=False))
 
 
-def run_llamacpp(path: Path, threads: int, reps: int, pp: int = 128, tg: int = 128) -> list[dict]:
+def run_llamacpp(
+    path: Path, threads: int, reps: int, pp: int = 128, tg: int = 128, omp_wait: str = "PASSIVE"
+) -> list[dict]:
     """The runner in the llama.cpp venv. LLAMACPP_PYTHONPATH (its PYTHONPATH) and
-    LLAMA_CPP_LIB_PATH (llama-cpp-python's own) point it at an uninstalled build."""
+    LLAMA_CPP_LIB_PATH (llama-cpp-python's own) point it at an uninstalled build.
+    `omp_wait` is OMP_WAIT_POLICY for ggml's OpenMP threads (see the module doc)."""
     python = VENV / "bin" / "python"
     if not python.exists():
         sys.exit(f"no llama.cpp venv at {VENV}: build it as this script's docstring says")
     env = dict(os.environ, PYTHONPATH=os.environ.get("LLAMACPP_PYTHONPATH", ""))
+    env["OMP_WAIT_POLICY"] = omp_wait
     args = [str(python), "-c", LLAMACPP_RUNNER, str(path), str(threads), str(pp), str(tg), "1,8"]
     out = subprocess.run([*args, str(reps)], capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
@@ -192,24 +200,32 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--label", default="run")
     ap.add_argument("--skip-llamacpp", action="store_true")
+    ap.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE"])
     args = ap.parse_args()
 
     rows: list[dict] = []
     loads = [os.getloadavg()]
+
+    def add(results: list[dict], name: str) -> None:
+        for r in results:
+            rows.append(r | {"model": name})
+            print("# " + json.dumps(rows[-1]), flush=True)  # partial results as they come
+        loads.append(os.getloadavg())
+
     for name in args.models.split(","):
         path = model_path(name)
         for _ in range(args.rounds):
             if not args.skip_llamacpp:
-                rows += [r | {"model": name} for r in run_llamacpp(path, args.threads, args.reps)]
-                loads.append(os.getloadavg())
-            rows += [r | {"model": name} for r in run_llamay(path, name, args.reps)]
-            loads.append(os.getloadavg())
+                opts = dict(omp_wait=args.omp_wait_policy)
+                add(run_llamacpp(path, args.threads, args.reps, **opts), name)
+            add(run_llamay(path, name, args.reps), name)
     import jax
 
     meta = dict(
         label=args.label,
         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         threads=args.threads,
+        omp_wait_policy=args.omp_wait_policy,
         reps=args.reps,
         rounds=args.rounds,
         cpus=os.cpu_count(),
