@@ -6,8 +6,8 @@ concurrency with requests/s, generated tokens/s and time-to-first-token percenti
 
 Without `--url` it starts a server on 127.0.0.1 (a free port) in this process over the
 model (`-p` engine slots; default: the largest concurrency); with it, it drives that
-server (model name `-m`). A full-length warm-up round at the same concurrency first
-(compilation). No assertions: numbers for notes and comparisons.
+server (model name `-m`). The same workload runs once untimed first (compilation).
+No assertions: numbers for notes and comparisons.
 """
 
 from __future__ import annotations
@@ -58,13 +58,14 @@ async def _run(url: str, model: str, concurrency: int, per_client: int, n: int) 
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
-        # warm-up: one full-length round at the same concurrency, so the step shapes the
-        # run uses (row counts, prefill chunks, attention views as sequences grow) compile
-        await asyncio.gather(*(_one(client, model, n, -1 - w) for w in range(concurrency)))
-        t0 = time.perf_counter()
 
-        async def worker(w: int):
-            return [await _one(client, model, n, w * 1000 + k) for k in range(per_client)]
+        async def worker(w: int, base: int = 0):
+            return [await _one(client, model, n, base + w * 1000 + k) for k in range(per_client)]
+
+        # warm-up: the same workload once, so the step shapes the run uses (row counts,
+        # prefill chunks, attention views as sequences grow) are compiled before timing
+        await asyncio.gather(*(worker(w, 1 << 20) for w in range(concurrency)))
+        t0 = time.perf_counter()
 
         results = [
             x for xs in await asyncio.gather(*(worker(w) for w in range(concurrency))) for x in xs
