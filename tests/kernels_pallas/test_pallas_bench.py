@@ -4,8 +4,9 @@ the GPU script runs end to end here, and every on-device check it makes passes."
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from conftest import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pallas_gpu_bench_dry_run(fixtures_dir, monkeypatch):
