@@ -113,6 +113,10 @@ def test_streaming_generate(http, tiny):
 
 
 def test_snapshot_carries_the_kv(http, server, tiny, serve_home):
+    def kv_files() -> set:
+        return set((serve_home / "kv").glob("*.kv.npz"))
+
+    others = kv_files()  # other tests' snapshots in the same store
     c = http.post("/v1/contexts", json={"model": "tiny", "text": WORDS}).json()
     g = gen(http, c["id"], max_tokens=5)
     tokens = c["tokens"] + g["tokens"]
@@ -132,13 +136,12 @@ def test_snapshot_carries_the_kv(http, server, tiny, serve_home):
     # the same context under a second name shares the KV file; deleting one keeps it
     http.post(f"/v1/contexts/{r['id']}/snapshot", json={"name": "s2"})
     http.post(f"/v1/contexts/{r['id']}/snapshot", json={"name": "s3"})
-    kv_files = list((serve_home / "kv").glob("*.kv.npz"))
-    assert len(kv_files) == 2  # s1's, and s2 = s3's
+    assert len(kv_files() - others) == 2  # s1's, and s2 = s3's
     assert http.delete("/v1/snapshots/s2").status_code == 204
-    assert len(list((serve_home / "kv").glob("*.kv.npz"))) == 2
+    assert len(kv_files() - others) == 2
     assert http.delete("/v1/snapshots/s3").status_code == 204
     assert http.delete("/v1/snapshots/s1").status_code == 204
-    assert list((serve_home / "kv").glob("*.kv.npz")) == []
+    assert kv_files() == others
     assert http.delete(f"/v1/contexts/{r['id']}").status_code == 204
 
 
