@@ -40,8 +40,9 @@ NUMERICS = ("exact", "llamacpp")
 # against an f16 cache rounds as ggml does (see `llamay.arch.layers.attention`).
 KV_DTYPES = {"exact": jnp.float32, "llamacpp": jnp.float16}
 # The engine behind `generate`: a few slots for concurrent callers; a pool that starts
-# at ENGINE_START_TOKENS positions and grows to one whole context; long prefill chunks.
-ENGINE_SLOTS, ENGINE_PAGE, ENGINE_CHUNK, ENGINE_START_TOKENS = 4, 16, 512, 2048
+# at ENGINE_START_TOKENS positions and grows to one whole context; prefill in chunks of
+# 256 (a 2,000-token prompt: first token ~40 % sooner than one 2,048 chunk, SmolLM2 CPU).
+ENGINE_SLOTS, ENGINE_PAGE, ENGINE_CHUNK, ENGINE_START_TOKENS = 4, 16, 256, 2048
 
 
 class Model:
