@@ -391,6 +391,19 @@ def _expert_rows(x: jax.Array, w, experts: jax.Array) -> jax.Array:
     return one(w)
 
 
+def expert_weights(probs: jax.Array, n_used: int) -> tuple[jax.Array, jax.Array]:
+    """build_moe_ffn's routing from the router's softmax [N, E]: the n_used largest
+    probabilities (ggml_argsort_top_k) divided by their sum (ggml_sum_rows: a double sum,
+    rounded once; clamped at 2**-14), and the chosen experts [N, n_used]."""
+    top_w, top_i = jax.lax.top_k(probs, n_used)
+    hi, lo = dsum(top_w)
+    total = jnp.maximum(hi + lo, np.float32(6.103515625e-5))
+    # ggml_div divides. With the divisor broadcast outside the barrier, XLA rewrites
+    # x / broadcast(s) as x * broadcast(1 / s): an ulp off in about half the rows, which
+    # the K-quant experts after it amplify to ~0.1 in the logits.
+    return top_w / opaque(jnp.broadcast_to(total[..., None], top_w.shape)), top_i
+
+
 def moe(x, w_router, w_gate, w_up, w_down, n_used: int, act: str = "silu") -> jax.Array:
     """llama.cpp's build_moe_ffn (softmax gating, weights renormalised): router matmul,
     ggml_soft_max, top-k, weights / max(Σ, 2**-14), the experts' MUL_MAT_IDs (one row at
@@ -399,12 +412,7 @@ def moe(x, w_router, w_gate, w_up, w_down, n_used: int, act: str = "silu") -> ja
 
     lead = x.shape[:-1]
     xf = x.reshape(-1, x.shape[-1]).astype(F32)
-    probs = _softmax_rows(qmatmul(xf, w_router))  # [N, E]
-    top_w, top_i = jax.lax.top_k(probs, n_used)
-    total = top_w[..., 0]
-    for j in range(1, n_used):
-        total = total + top_w[..., j]  # a double sum of f32s, rounded once: exact here for 2
-    top_w = top_w / opaque(jnp.maximum(total, np.float32(6.103515625e-5))[..., None])
+    top_w, top_i = expert_weights(_softmax_rows(qmatmul(xf, w_router)), n_used)
     rows = top_i.reshape(-1)  # row r = token r // k, slot r % k
     xr = jnp.repeat(xf, n_used, axis=0)
     g = _expert_rows(xr, w_gate, rows)
