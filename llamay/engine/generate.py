@@ -92,7 +92,7 @@ class Generation:
         kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, rt.kv_dtype)
         vocab = getattr(cfg, "vocab", None) or (len(self.pieces) if self.pieces else None)
         params = SamplingParams.stack([self.sampler], vocab, self.pieces, self.encode)
-        state = SamplerState.init([self.sampler], [self.prompt_ids])
+        state = SamplerState.init([self.sampler], [self.prompt_ids], history=rt.n_ctx)
         tokens, positions = padded_batch(self.prompt_ids, slots)
         last = jnp.asarray([n - 1], jnp.int32)
         return budget, kv, params, state, tokens, positions, last

@@ -329,11 +329,13 @@ class BatchEngine:
             self._params = SamplingParams.stack(samplers, vocab, pieces, encode)
             self._params_key = key
             if self._state is None or self._state.top_ids.shape[1] != fill.n_probs:
-                self._state = SamplerState.init(samplers)
+                self._state = SamplerState.init(samplers, history=self.n_ctx)
         fresh = [i for i, a in enumerate(self.slots) if a is not None and a.fresh]
         if fresh:
             rows = SamplerState.init(
-                [self.slots[i].sampler for i in fresh], [self.slots[i].seq.tokens for i in fresh]
+                [self.slots[i].sampler for i in fresh],
+                [self.slots[i].seq.tokens for i in fresh],
+                history=self.n_ctx,  # the whole context: llama.cpp's repeat_last_n=-1
             )
             self._state = set_rows(self._state, fresh, rows)
             for i in fresh:
