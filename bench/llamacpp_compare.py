@@ -168,13 +168,13 @@ def run_llamacpp(
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def run_llamay(path: Path, name: str, reps: int) -> list[dict]:
+def run_llamay(path: Path, name: str, reps: int, pp: int = 128, tg: int = 128) -> list[dict]:
     import llamay
     from llamay.bench import run_bench
 
     m = llamay.load(path, numerics="exact", progress=False)
-    results = run_bench(m, name, 128, 128, (1,), reps)
-    results += run_bench(m, name, 0, 128, (8,), reps)
+    results = run_bench(m, name, pp, tg, (1,), reps)
+    results += run_bench(m, name, 0, tg, (8,), reps)
     keep = ("test", "batch", "tokens_per_s", "stdev", "compile_s")
     return [dict(engine="llamay", **{k: r.as_dict()[k] for k in keep}) for r in results]
 
@@ -199,6 +199,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--label", default="run")
+    ap.add_argument("--pp", type=int, default=128, help="prompt tokens")
+    ap.add_argument("--tg", type=int, default=128, help="generated tokens")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE"])
     args = ap.parse_args()
@@ -217,8 +219,8 @@ def main() -> None:
         for _ in range(args.rounds):
             if not args.skip_llamacpp:
                 opts = dict(omp_wait=args.omp_wait_policy)
-                add(run_llamacpp(path, args.threads, args.reps, **opts), name)
-            add(run_llamay(path, name, args.reps), name)
+                add(run_llamacpp(path, args.threads, args.reps, args.pp, args.tg, **opts), name)
+            add(run_llamay(path, name, args.reps, args.pp, args.tg), name)
     import jax
 
     meta = dict(
