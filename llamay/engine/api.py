@@ -21,7 +21,7 @@ import itertools
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from llamay.errors import LlamayError
@@ -38,6 +38,10 @@ class Request:
     stop_ids: frozenset[int] | None = None  # None: the tokenizer's end-of-generation ids
     constraint: Any = None  # a llamay.sample constraint, or None
     keep: bool = False  # BatchEngine: keep the KV after finishing (fork/snapshot/release)
+    # Log-probabilities on each TokenEvent (the model's own, before the sampler): None
+    # for none, 0 for the token's own, N (<= 64) for its top N alternatives too.
+    # Default: the sampler's n_probs when set.
+    logprobs: int | None = None
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
 
@@ -45,6 +49,8 @@ class Request:
 class TokenEvent:
     token_id: int
     index: int  # 0-based position in the completion
+    logprob: float | None = None  # when the request asked for logprobs
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # (id, logprob), best first
 
 
 @dataclass
@@ -75,8 +81,9 @@ class Handle:
 
     # -- producer side (the engine) -------------------------------------------------
 
-    def _emit(self, token_id: int) -> None:
-        self._events.put(TokenEvent(token_id, self.usage.completion_tokens))
+    def _emit(self, token_id: int, logprob: float | None = None, top=()) -> None:
+        ev = TokenEvent(token_id, self.usage.completion_tokens, logprob, tuple(top))
+        self._events.put(ev)
         self.usage.completion_tokens += 1
 
     def _finish(self, reason: str, error: BaseException | None = None) -> None:
@@ -177,7 +184,9 @@ class SerialEngine:
             handle._finish("cancelled")
             return
         r = handle.request
-        gen = self.model.generation(r.prompt_ids, r.max_tokens, r.sampler)
+        n = r.logprobs if r.logprobs is not None else (r.sampler.n_probs or None)
+        sampler = r.sampler if n is None else replace(r.sampler, n_probs=max(n, 1))
+        gen = self.model.generation(r.prompt_ids, r.max_tokens, sampler)
         if r.stop_ids is not None:
             gen.stop_ids = frozenset(r.stop_ids)
         if r.constraint is not None:
@@ -186,5 +195,9 @@ class SerialEngine:
             if handle.cancelled:
                 handle._finish("cancelled")
                 return
-            handle._emit(tok)
+            if n is None:
+                handle._emit(tok)
+            else:
+                logprob, top = gen.logprobs[-1]
+                handle._emit(tok, logprob, top[:n])
         handle._finish(gen.finish_reason or "length")

@@ -31,6 +31,7 @@ place), and the per-slot sampler state is gathered and scattered by slot.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import queue
 import threading
@@ -51,17 +52,22 @@ from llamay.kv import bucket
 from llamay.kv.pages import copy_pages, grow_paged_kv, new_paged_kv, read_pages, write_pages
 from llamay.kv.sequences import KVManager, SeqKV
 from llamay.kv.snapshot import Snapshot
-from llamay.sample import Sampler, SamplerState, SamplingParams
+from llamay.sample import Sampler, SamplerState, SamplingParams, read_logprobs
 
 MIN_VIEW = 256  # the smallest attention view (positions), as the dense cache's MIN_SLOTS
+# Top-N log-probabilities computed per step while any row asks for some: one fixed width
+# (OpenAI's top_logprobs maximum), so requests asking different N share a batch and its
+# compiled step; a request asking more than that widens the batch to the Sampler's limit.
+LOGPROB_WIDTH, LOGPROB_WIDTH_MAX = 20, 64
 
 
 @dataclass(eq=False)
 class _Active:
     handle: Handle
-    sampler: Sampler
+    sampler: Sampler  # n_probs 0: the batch sets the width (`BatchEngine._width`)
     stop_ids: frozenset[int]
     budget: int  # tokens it may still generate
+    logprobs: int | None = None  # None: none; 0: the token's own; N: with its top N
     seq: SeqKV | None = None
     fresh: bool = True  # sampler state not yet seeded in its slot
     prompt_cached: bool = False
@@ -81,6 +87,7 @@ class _Plan:
     last: np.ndarray  # [R]
     sampling: np.ndarray  # [R] bool
     slots: np.ndarray  # [R] engine slot per row (padding: out of range)
+    state: SamplerState | None = None  # the sampler state the step returned
 
 
 def model_digest(path: Path) -> str:
@@ -245,7 +252,11 @@ class BatchEngine:
         check_prompt(n, self.n_ctx)
         budget = max(0, min(r.max_tokens, self.n_ctx - n))
         stop = frozenset(self.model.tokenizer.stop_ids if r.stop_ids is None else r.stop_ids)
-        a = _Active(handle, r.sampler, stop, budget, seq)
+        logprobs = r.logprobs if r.logprobs is not None else (r.sampler.n_probs or None)
+        if logprobs is not None and not 0 <= logprobs <= LOGPROB_WIDTH_MAX:
+            raise RequestError(f"logprobs must be in [0, {LOGPROB_WIDTH_MAX}], not {logprobs}")
+        sampler = dataclasses.replace(r.sampler, n_probs=0)
+        a = _Active(handle, sampler, stop, budget, seq=seq, logprobs=logprobs)
         if seq is None and not self.mgr.fits_ever(n + budget + 1):
             raise KVCacheFullError(
                 f"a request of {n} prompt + {budget} new tokens needs "
@@ -314,12 +325,23 @@ class BatchEngine:
             self._sampler_plan = plan
             a.fresh = True
 
+    def _width(self) -> int:
+        """The top-N width the batch computes: 0 unless some slot asks for top logprobs."""
+        most = max((a.logprobs or 0 for a in self.slots if a is not None), default=0)
+        if most == 0:
+            return 0
+        return LOGPROB_WIDTH if most <= LOGPROB_WIDTH else LOGPROB_WIDTH_MAX
+
     def _refresh_params(self) -> None:
         active = [a for a in self.slots if a is not None]
         if not active:
             return
+        width = self._width()
         fill = active[0].sampler
-        samplers = [a.sampler if a is not None else fill for a in self.slots]
+        samplers = [
+            dataclasses.replace(a.sampler if a is not None else fill, n_probs=width)
+            for a in self.slots
+        ]
         key = tuple(samplers)  # by value: equal samplers, equal params
         if self._params is None or key != getattr(self, "_params_key", None):
             dry = any(s.uses_dry for s in samplers)
@@ -328,12 +350,18 @@ class BatchEngine:
             vocab = self._vocab or (len(pieces) if pieces else None)
             self._params = SamplingParams.stack(samplers, vocab, pieces, encode)
             self._params_key = key
-            if self._state is None or self._state.top_ids.shape[1] != fill.n_probs:
+            if self._state is None:
                 self._state = SamplerState.init(samplers, history=self.n_ctx)
+            elif self._state.top_ids.shape[1] != width:  # only the per-step outputs change
+                self._state = dataclasses.replace(
+                    self._state,
+                    top_logprobs=jnp.zeros((self.n_slots, width), jnp.float32),
+                    top_ids=jnp.zeros((self.n_slots, width), jnp.int32),
+                )
         fresh = [i for i, a in enumerate(self.slots) if a is not None and a.fresh]
         if fresh:
             rows = SamplerState.init(
-                [self.slots[i].sampler for i in fresh],
+                [samplers[i] for i in fresh],
                 [self.slots[i].seq.tokens for i in fresh],
                 history=self.n_ctx,  # the whole context: llama.cpp's repeat_last_n=-1
             )
@@ -439,11 +467,28 @@ class BatchEngine:
             self._state,
             self._masks(plan),
         )
+        plan.state = self._state
         self.counters["steps"] += 1
         return nxt
 
+    def _logprobs(self, plan: _Plan) -> dict[int, tuple]:
+        """{row: (logprob, [(id, logprob)...])} of the plan's sampling rows that asked for
+        log-probabilities, read off the step's sampler state in one copy."""
+        want = [
+            j
+            for j, a in enumerate(plan.rows)
+            if plan.sampling[j] and a.logprobs is not None and self.slots[plan.idx[j]] is a
+        ]
+        if not want:
+            return {}
+        got = read_logprobs(
+            plan.state, [plan.idx[j] for j in want], [plan.rows[j].logprobs for j in want]
+        )
+        return dict(zip(want, got, strict=True))
+
     def _complete(self, plan: _Plan, nxt: np.ndarray) -> None:
         """Commit a finished step: positions fed, tokens sampled, requests ended."""
+        logprobs = self._logprobs(plan)
         for j, (i, a) in enumerate(zip(plan.idx, plan.rows, strict=True)):
             if self.slots[i] is not a:
                 continue  # ended while this step was in flight: its result is moot
@@ -471,7 +516,7 @@ class BatchEngine:
                     continue
             a.seq.tokens.append(tok)
             a.budget -= 1
-            a.handle._emit(tok)
+            a.handle._emit(tok, *logprobs.get(j, (None, ())))
             if con is not None and con.done:
                 self.slots[i] = None
                 self._end(a, "stop")

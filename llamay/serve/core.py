@@ -4,6 +4,10 @@
     async for delta in gen.stream(): ...     # text pieces, stop strings cut out
     gen.finish_reason, gen.stop_sequence, gen.prompt_tokens, gen.completion_tokens
 
+Set `gen.logprobs` (0: each token's own, N: with its top N) before streaming to have
+`gen.token_logprobs` filled as tokens arrive (the engine's, from the sampling step);
+`gen.take_logprobs()` hands over the rows not yet taken, for streamed chunks.
+
 Leaving the stream early (a client disconnect cancels the response task, or the body
 iterator is closed) cancels the request in the engine, which frees its state.
 """
@@ -97,6 +101,9 @@ class TextGen:
         self.stop_ids = stop_ids
         self.start = start
         self.token_ids: list[int] = []
+        self.logprobs: int | None = None  # None: no log-probabilities
+        self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
+        self._logprobs_taken = 0
         self.text = ""
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
@@ -149,6 +156,7 @@ class TextGen:
             self.sampler,
             stop_ids=self.stop_ids,
             constraint=self.constraint,
+            logprobs=self.logprobs,
         )
         try:
             if self.start is not None:
@@ -166,6 +174,8 @@ class TextGen:
                 if self.t_first is None:
                     self.t_first = time.perf_counter()
                 self.token_ids.append(ev.token_id)
+                if ev.logprob is not None:
+                    self.token_logprobs.append((ev.logprob, list(ev.top_logprobs)))
                 pending += dec.feed(ev.token_id)
                 out, hit = self._cut(pending, final=False)
                 pending = pending[len(out) :]
@@ -191,6 +201,18 @@ class TextGen:
                     self.finish_reason = "cancelled"
             self.t_end = time.perf_counter()
             lm.busy -= 1
+
+    def logprob_rows(self) -> list[tuple[int, float, list[tuple[int, float]]]]:
+        """(token id, logprob, [(id, logprob)] alternatives) of every token so far."""
+        return [
+            (t, lp, top) for t, (lp, top) in zip(self.token_ids, self.token_logprobs, strict=False)
+        ]
+
+    def take_logprobs(self) -> list[tuple[int, float, list[tuple[int, float]]]]:
+        """`logprob_rows` of the tokens received since the last call."""
+        rows = self.logprob_rows()[self._logprobs_taken :]
+        self._logprobs_taken += len(rows)
+        return rows
 
     def _cut(self, pending: str, final: bool) -> tuple[str, bool]:
         """(text that may be emitted now, whether a stop string was found)."""
@@ -288,39 +310,6 @@ async def primed(agen: AsyncIterator[str]) -> AsyncIterator[str]:
             await agen.aclose()
 
     return rest()
-
-
-async def token_logprobs(
-    lm: Loaded, prompt_ids: list[int], token_ids: list[int], top: int
-) -> list[tuple[float, list[tuple[int, float]]]]:
-    """Each generated token's log-probability under the model, with the `top` most likely
-    alternatives: one forward pass over prompt + completion, off the event loop (the
-    model's own distribution, before sampler transforms, as OpenAI reports it)."""
-    import asyncio
-
-    import numpy as np
-
-    if not token_ids:
-        return []
-
-    def run():
-        logits = lm.model.logits(list(prompt_ids) + list(token_ids))
-        rows = np.asarray(
-            logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(token_ids)], np.float64
-        )
-        rows = rows - rows.max(axis=1, keepdims=True)
-        logp = rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
-        out = []
-        for row, tok in zip(logp, token_ids, strict=True):
-            alts: list[tuple[int, float]] = []
-            if top:
-                idx = np.argpartition(-row, top - 1)[:top]
-                idx = idx[np.argsort(-row[idx])]
-                alts = [(int(i), float(row[i])) for i in idx]
-            out.append((float(row[tok]), alts))
-        return out
-
-    return await asyncio.get_running_loop().run_in_executor(None, run)
 
 
 async def merged(gens: Sequence[TextGen]) -> AsyncIterator[tuple[int, str | None]]:

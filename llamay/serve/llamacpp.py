@@ -20,7 +20,6 @@ from llamay.serve.core import (
     make_sampler,
     primed,
     sse,
-    token_logprobs,
 )
 from llamay.serve.errors import ApiError, error_body, to_http_status
 from llamay.serve.models import Loaded
@@ -157,8 +156,6 @@ def _bias(raw) -> tuple:
 @router.post("/completions", include_in_schema=False)
 async def completion(body: CompletionRequest, request: Request):
     st: ServerState = state(request)
-    if body.n_probs and body.stream:
-        raise ApiError(400, "n_probs with stream is not supported yet (ask without stream)")
     lm = await st.models.get(body.model)
     ids = _prompt_ids(lm, body.prompt)
     extras = body.model_extra or {}
@@ -173,6 +170,8 @@ async def completion(body: CompletionRequest, request: Request):
     con = await st.constraint(lm, json_schema=body.json_schema, grammar=body.grammar)
     stop_ids = frozenset() if body.ignore_eos else None
     g = st.textgen(lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids)
+    if body.n_probs:
+        g.logprobs = min(body.n_probs, 64)
 
     def final(content: str) -> dict[str, Any]:
         return {
@@ -195,13 +194,19 @@ async def completion(body: CompletionRequest, request: Request):
     if not body.stream:
         out = final(await g.collect(request))
         if body.n_probs:
-            out["completion_probabilities"] = await _probs(lm, g, body.n_probs)
+            out["completion_probabilities"] = _probs(lm, g.logprob_rows())
         return out
 
     async def events():
         async for delta in g.stream():
-            yield sse({"content": delta, "tokens": [], "stop": False, "id_slot": 0})
-        yield sse(final(""))
+            out = {"content": delta, "tokens": [], "stop": False, "id_slot": 0}
+            if body.n_probs:
+                out["completion_probabilities"] = _probs(lm, g.take_logprobs())
+            yield sse(out)
+        end = final("")
+        if body.n_probs and (rest := g.take_logprobs()):
+            end["completion_probabilities"] = _probs(lm, rest)
+        yield sse(end)
 
     def on_error(exc: Exception) -> str:
         return sse(error_body("llamacpp", to_http_status(exc), str(exc)))
@@ -209,17 +214,16 @@ async def completion(body: CompletionRequest, request: Request):
     return EventStream(guarded(await primed(events()), on_error), media_type="text/event-stream")
 
 
-async def _probs(lm: Loaded, g: TextGen, n: int) -> list[dict[str, Any]]:
+def _probs(lm: Loaded, rows) -> list[dict[str, Any]]:
+    """llama.cpp's completion_probabilities of rows (token id, logprob, alternatives)."""
     tok = lm.model.tokenizer
 
     def entry(i: int, lp: float) -> dict[str, Any]:
         raw = tok.token_to_piece(i)
         return {"id": i, "token": raw.decode("utf-8", "replace"), "bytes": list(raw), "logprob": lp}
 
-    rows = await token_logprobs(lm, g.prompt_ids, g.token_ids, min(n, 64))
     return [
-        {**entry(t, lp), "top_logprobs": [entry(i, a) for i, a in alts]}
-        for t, (lp, alts) in zip(g.token_ids, rows, strict=True)
+        {**entry(t, lp), "top_logprobs": [entry(i, a) for i, a in alts]} for t, lp, alts in rows
     ]
 
 

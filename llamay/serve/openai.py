@@ -28,7 +28,6 @@ from llamay.serve.core import (
     merged,
     primed,
     sse,
-    token_logprobs,
 )
 from llamay.serve.errors import ApiError, error_body, not_found, to_http_status
 from llamay.serve.state import ServerState, state
@@ -130,10 +129,6 @@ class EmbeddingRequest(_Open):
 
 
 def _sampler(body: _Sampling, index: int = 0):
-    if body.logprobs not in (None, False) and body.stream:
-        raise ApiError(
-            400, "logprobs with stream are not supported yet (ask without stream)", param="logprobs"
-        )
     bias = []
     for k, v in (body.logit_bias or {}).items():
         try:
@@ -290,10 +285,10 @@ def _piece(lm, token_id: int) -> tuple[str, list[int]]:
     return raw.decode("utf-8", "replace"), list(raw)
 
 
-async def _chat_logprobs(lm, g: TextGen, top: int) -> dict:
-    rows = await token_logprobs(lm, g.prompt_ids, g.token_ids, top)
+def _chat_logprobs(lm, rows) -> dict:
+    """A chat choice's `logprobs` of rows (token id, logprob, alternatives)."""
     content = []
-    for tok, (lp, alts) in zip(g.token_ids, rows, strict=True):
+    for tok, lp, alts in rows:
         text, raw = _piece(lm, tok)
         tops = []
         for i, alp in alts:
@@ -303,20 +298,19 @@ async def _chat_logprobs(lm, g: TextGen, top: int) -> dict:
     return {"content": content, "refusal": None}
 
 
-async def _legacy_logprobs(lm, g: TextGen, n: Any) -> dict:
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 20:
-        raise ApiError(400, "logprobs must be an integer in [0, 20]", param="logprobs")
-    rows = await token_logprobs(lm, g.prompt_ids, g.token_ids, n)
-    tokens, offsets, pos = [], [], 0
-    for tok in g.token_ids:
+def _legacy_logprobs(lm, rows, pos: int = 0) -> dict:
+    """A completion choice's `logprobs` of rows (token id, logprob, alternatives); the
+    text offsets start at `pos` (the characters sent before, when streaming)."""
+    tokens, offsets = [], []
+    for tok, _, _ in rows:
         text, _ = _piece(lm, tok)
         tokens.append(text)
         offsets.append(pos)
         pos += len(text)
     return {
         "tokens": tokens,
-        "token_logprobs": [lp for lp, _ in rows],
-        "top_logprobs": [{_piece(lm, i)[0]: a for i, a in alts} for _, alts in rows],
+        "token_logprobs": [lp for _, lp, _ in rows],
+        "top_logprobs": [{_piece(lm, i)[0]: a for i, a in alts} for _, _, alts in rows],
         "text_offset": offsets,
     }
 
@@ -357,7 +351,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     gens = []
     for i in range(body.n):
         con = await st.constraint(lm, **ckw) if ckw else None
-        gens.append(st.textgen(lm, ids, max_tokens, _sampler(body, i), _stops(body.stop), con))
+        g = st.textgen(lm, ids, max_tokens, _sampler(body, i), _stops(body.stop), con)
+        g.logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        gens.append(g)
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = lm.name
@@ -367,7 +363,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         choices = []
         for i, (g, t) in enumerate(zip(gens, texts, strict=True)):
             msg, reason = _message_of(g, t, forced is not None, names)
-            lp = await _chat_logprobs(lm, g, body.top_logprobs or 0) if body.logprobs else None
+            lp = _chat_logprobs(lm, g.logprob_rows()) if body.logprobs else None
             choices.append({"index": i, "message": msg, "finish_reason": reason, "logprobs": lp})
         return {
             "id": cid,
@@ -395,7 +391,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         return sse(obj)
 
     def choice(i: int, delta: dict, reason: str | None = None) -> dict:
-        return {"index": i, "delta": delta, "finish_reason": reason, "logprobs": None}
+        """A chunk's choice, with the log-probabilities of the tokens that arrived since
+        the last chunk of choice i (when asked for)."""
+        rows = gens[i].take_logprobs() if body.logprobs else []
+        lp = _chat_logprobs(lm, rows) if rows else None
+        return {"index": i, "delta": delta, "finish_reason": reason, "logprobs": lp}
 
     async def events():
         for i in range(len(gens)):
@@ -492,7 +492,9 @@ async def completions(body: CompletionRequest, request: Request):
     gens = []
     for p in prompts:
         for i in range(body.n):
-            gens.append(st.textgen(lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop)))
+            g = st.textgen(lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop))
+            g.logprobs = lp
+            gens.append(g)
     tok = lm.model.tokenizer
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -512,9 +514,7 @@ async def completions(body: CompletionRequest, request: Request):
                 "index": i,
                 "text": echo(g) + t,
                 "finish_reason": _oa_reason(g.finish_reason),
-                "logprobs": await _legacy_logprobs(lm, g, body.logprobs)
-                if body.logprobs is not None
-                else None,
+                "logprobs": _legacy_logprobs(lm, g.logprob_rows()) if lp is not None else None,
             }
             for i, (g, t) in enumerate(zip(gens, texts, strict=True))
         ]
@@ -543,8 +543,14 @@ async def completions(body: CompletionRequest, request: Request):
             obj["usage"] = use
         return sse(obj)
 
+    sent = [0] * len(gens)  # characters of each choice's text sent (logprob offsets)
+
     def choice(i: int, text: str, reason: str | None = None) -> dict:
-        return {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
+        rows = gens[i].take_logprobs() if lp is not None else []
+        logprobs = _legacy_logprobs(lm, rows, sent[i]) if rows else None
+        if logprobs:
+            sent[i] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+        return {"index": i, "text": text, "finish_reason": reason, "logprobs": logprobs}
 
     async def events():
         if body.echo:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import pytest
 
+from llamay.sample import GREEDY
 from tests.serve.conftest import chat_prompt, greedy
 
 
@@ -29,13 +31,27 @@ def test_completion_equals_generate(http, tiny):
     assert body["timings"]["predicted_n"] == 8
 
 
-def test_completion_n_probs(http):
-    r = http.post(
-        "/completion", json={"prompt": "The sea", "n_predict": 3, "temperature": 0, "n_probs": 2}
-    ).json()
-    probs = r["completion_probabilities"]
-    assert len(probs) == 3
-    assert all(p["top_logprobs"][0]["id"] == p["id"] and len(p["top_logprobs"]) == 2 for p in probs)
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_n_probs_equal_the_logits(http, tiny, stream):
+    body = {"prompt": "The sea", "n_predict": 4, "temperature": 0, "n_probs": 3}
+    if stream:
+        with http.stream("POST", "/completion", json={**body, "stream": True}) as r:
+            events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
+        probs = [p for e in events for p in e.get("completion_probabilities", [])]
+        assert sum(1 for e in events if e.get("completion_probabilities")) > 1  # streamed
+    else:
+        probs = http.post("/completion", json=body).json()["completion_probabilities"]
+    ids = tiny.tokenize("The sea", parse_special=True)
+    toks = list(tiny.generation(ids, 4, GREEDY))
+    rows = np.asarray(tiny.logits(ids + toks)[len(ids) - 1 : -1], np.float64)
+    want = rows - rows.max(-1, keepdims=True)
+    want = want - np.log(np.exp(want).sum(-1, keepdims=True))
+    assert [p["id"] for p in probs] == toks
+    for p, t, row in zip(probs, toks, want, strict=True):
+        assert p["logprob"] == pytest.approx(row[t], abs=1e-4)
+        best = np.argsort(-row, kind="stable")[:3]
+        assert [a["id"] for a in p["top_logprobs"]] == best.tolist()
+        np.testing.assert_allclose([a["logprob"] for a in p["top_logprobs"]], row[best], atol=1e-4)
 
 
 def test_completion_stream(http, tiny):

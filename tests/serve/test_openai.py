@@ -8,9 +8,11 @@ import base64
 import json
 
 import jsonschema
+import numpy as np
 import openai
 import pytest
 
+from llamay.sample import GREEDY
 from tests.serve.conftest import chat_prompt, greedy
 
 MSGS = [{"role": "user", "content": "Name three colours."}]
@@ -344,28 +346,80 @@ def test_responses_forced_function_call(client):
     assert final.name == "get_weather" and final.arguments == call.arguments
 
 
-def test_logprobs(client, tiny):
-    r = client.chat.completions.create(
-        model="tiny", messages=MSGS, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
-    )
-    content = r.choices[0].logprobs.content
-    assert len(content) == 6
-    assert "".join(c.token for c in content) == r.choices[0].message.content
-    for c in content:
-        assert c.logprob <= 0 and len(c.top_logprobs) == 3
-        assert c.top_logprobs[0].token == c.token  # greedy took the most likely token
-        assert c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-6)
-        assert c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
-    legacy = client.completions.create(
-        model="tiny", prompt="Once upon a time", max_tokens=4, temperature=0, logprobs=2
-    )
-    lp = legacy.choices[0].logprobs
-    assert len(lp.tokens) == 4 and len(lp.top_logprobs[0]) == 2
-    assert "".join(lp.tokens) == legacy.choices[0].text
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(
-            model="tiny", messages=MSGS, max_tokens=2, logprobs=True, stream=True
+def _want_logprobs(tiny, prompt_ids, n):
+    """Greedy tokens after prompt_ids and a float64 log-softmax of the model's logits
+    at each: the oracle for the logprobs the server reports."""
+    toks = list(tiny.generation(prompt_ids, n, GREEDY))
+    rows = np.asarray(tiny.logits(prompt_ids + toks)[len(prompt_ids) - 1 : -1], np.float64)
+    rows = rows - rows.max(-1, keepdims=True)
+    return toks, rows - np.log(np.exp(rows).sum(-1, keepdims=True))
+
+
+def _piece(tiny, i):
+    return tiny.tokenizer.token_to_piece(i).decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_equal_the_logits(client, tiny, stream):
+    kw = dict(model="tiny", messages=MSGS, max_tokens=6, temperature=0, logprobs=True)
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, top_logprobs=3, **kw))
+        content = [
+            c
+            for ch in chunks
+            if ch.choices and ch.choices[0].logprobs
+            for c in ch.choices[0].logprobs.content
+        ]
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert sum(1 for ch in chunks if ch.choices and ch.choices[0].logprobs) > 1  # streamed
+    else:
+        r = client.chat.completions.create(top_logprobs=3, **kw)
+        content, text = r.choices[0].logprobs.content, r.choices[0].message.content
+    ids = tiny.tokenize(chat_prompt(tiny, MSGS), add_special=True, parse_special=True)
+    toks, want = _want_logprobs(tiny, ids, 6)
+    assert [c.token for c in content] == [_piece(tiny, t) for t in toks]
+    assert "".join(c.token for c in content) == text
+    for c, t, row in zip(content, toks, want, strict=True):
+        assert c.logprob == pytest.approx(row[t], abs=1e-4)
+        best = np.argsort(-row, kind="stable")[:3]
+        assert [a.token for a in c.top_logprobs] == [_piece(tiny, i) for i in best]
+        np.testing.assert_allclose([a.logprob for a in c.top_logprobs], row[best], atol=1e-4)
+    # logprobs without top_logprobs: the token's own only
+    r = client.chat.completions.create(**kw)
+    assert [len(c.top_logprobs) for c in r.choices[0].logprobs.content] == [0] * 6
+    assert r.choices[0].logprobs.content[0].logprob == pytest.approx(want[0][toks[0]], abs=1e-4)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_legacy_logprobs_equal_the_logits(client, tiny, stream):
+    prompt = "Once upon a time"
+    kw = dict(model="tiny", prompt=prompt, max_tokens=5, temperature=0, logprobs=2)
+    if stream:
+        parts = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
+        lps = [p.logprobs for p in parts if p.logprobs]
+        assert len(lps) > 1
+        tokens = [t for lp in lps for t in lp.tokens]
+        values = [v for lp in lps for v in lp.token_logprobs]
+        tops = [t for lp in lps for t in lp.top_logprobs]
+        offsets = [o for lp in lps for o in lp.text_offset]
+        text = "".join(p.text for p in parts)
+    else:
+        r = client.completions.create(**kw).choices[0]
+        lp, text = r.logprobs, r.text
+        tokens, values, tops, offsets = (
+            lp.tokens,
+            lp.token_logprobs,
+            lp.top_logprobs,
+            lp.text_offset,
         )
+    toks, want = _want_logprobs(tiny, tiny.tokenize(prompt, parse_special=True), 5)
+    assert tokens == [_piece(tiny, t) for t in toks] and "".join(tokens) == text
+    assert offsets == [len("".join(tokens[:k])) for k in range(5)]
+    for v, top, t, row in zip(values, tops, toks, want, strict=True):
+        assert v == pytest.approx(row[t], abs=1e-4)
+        best = np.argsort(-row, kind="stable")[:2]
+        assert list(top) == [_piece(tiny, i) for i in best]
+        np.testing.assert_allclose(list(top.values()), row[best], atol=1e-4)
 
 
 def test_auto_tools_stream_plain_answers(client):
