@@ -557,7 +557,8 @@ class BatchEngine:
 
     def _fork(self, handle: Handle, requests: list[Request]) -> list[Handle]:
         parent = self._find(handle).seq
-        out = []
+        out: list[Handle] = []
+        out_active: list[_Active] = []
         for r in requests:
             tokens = parent.tokens + list(r.prompt_ids)
             at = min(parent.n_cached, len(tokens) - 1)
@@ -575,12 +576,25 @@ class BatchEngine:
                 src, dst = zip(*copies, strict=True)
                 self.kv = copy_pages(self.kv, jnp.asarray(src), jnp.asarray(dst))
             h = Handle(r)
-            a = self._enqueue(h, child)
+            try:
+                made_active = self._enqueue(h, child)
+            except BaseException:
+                # no handle reaches the caller: free this child and undo the earlier ones
+                self._drop(child)
+                for a in out_active:
+                    self.waiting.remove(a)
+                    self._drop(a.seq)
+                raise
+            out_active.append(made_active)
             h.usage.prompt_tokens = len(tokens)
             h.usage.cached_tokens = at
             out.append(h)
-            del a
         return out
+
+    def _drop(self, seq: SeqKV) -> None:
+        """Free a sequence no request was started on (nothing of it is worth caching)."""
+        with self._lock:
+            self.mgr.release(seq, cache=False)
 
     def _digest_of_model(self) -> str:
         if self._digest is None:
@@ -629,7 +643,11 @@ class BatchEngine:
                 self.kv, jnp.asarray(seq.pages[:P]), jnp.asarray(k), jnp.asarray(v)
             )
         h = Handle(request)
-        self._enqueue(h, seq)
+        try:
+            self._enqueue(h, seq)
+        except BaseException:
+            self._drop(seq)
+            raise
         h.usage.prompt_tokens = len(tokens)
         h.usage.cached_tokens = n
         return h
