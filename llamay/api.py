@@ -211,12 +211,15 @@ class Model:
         json: bool = False,
         lenient: bool = False,
         after: str | None = None,
+        format: str = "assert",
     ):
         """A structured-output constraint for `generation()`, or None: a JSON schema (dict
         or text), a GBNF `grammar`, a `regex`, a list of `choices`, or `json` (any JSON);
-        `after` starts it once that text has been generated (e.g. "</think>").
+        `after` starts it once that text has been generated (e.g. "</think>"). `format`:
+        a schema's string formats are enforced ("assert") or ignored ("annotation").
         Fails closed: what cannot be enforced raises ConstraintError naming it."""
         from llamay import constrain
+        from llamay.constrain.guidance import FORMAT_MODES
         from llamay.errors import ConstraintError
 
         given = [
@@ -230,6 +233,8 @@ class Model:
             )
             if v is not None
         ]
+        if format not in FORMAT_MODES:
+            raise RequestError(f"format must be one of {FORMAT_MODES}, not {format!r}")
         if not given:
             return None
         if len(given) > 1:
@@ -249,7 +254,7 @@ class Model:
         else:
             lltok = constrain.lltokenizer_for(self.tokenizer, n_vocab)
             if json_schema is not None:
-                c = constrain.json_schema(lltok, json_schema, lenient=lenient)
+                c = constrain.json_schema(lltok, json_schema, lenient=lenient, format=format)
                 if c.dropped:  # lenient: say what is not enforced (also in `c.dropped`)
                     warnings.warn(
                         "JSON schema (lenient): not enforced: " + "; ".join(c.dropped),
@@ -284,6 +289,7 @@ class Model:
         json: bool = False,
         lenient: bool = False,
         after: str | None = None,
+        format: str = "assert",
         **sampling,
     ) -> str | Iterator[str]:
         """Continue `prompt` (special-token text parsed, BOS per the model, as llama.cpp's
@@ -291,7 +297,8 @@ class Model:
         it early cancels the request). Runs on `self.engine`.
 
         Structured output: one of `json_schema`, `grammar` (GBNF), `regex`, `choices`,
-        `json`. Other llama.cpp sampler parameters (`repeat_penalty`, `dry_multiplier`,
+        `json` (`format`: "assert" enforces a schema's string formats, "annotation"
+        ignores them). Other llama.cpp sampler parameters (`repeat_penalty`, `dry_multiplier`,
         `mirostat`, `typical_p`, `samplers`...) pass through `sampling` to `Sampler`."""
         if not self.config.causal:
             raise RequestError(
@@ -302,7 +309,7 @@ class Model:
             sampler = Sampler(temperature, top_k, top_p, min_p, seed, **sampling)
         except TypeError as e:
             raise RequestError(f"unknown sampling parameter: {e}") from None
-        con = self.constraint(json_schema, grammar, regex, choices, json, lenient, after)
+        con = self.constraint(json_schema, grammar, regex, choices, json, lenient, after, format)
         ids = self.tokenize(prompt, add_special=True, parse_special=True)
         engine = self.engine
         handle = engine.submit(Request(ids, max_tokens, sampler, constraint=con))

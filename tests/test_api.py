@@ -70,3 +70,28 @@ def test_generation_stops_at_context_end(tiny):
     gen = m.generation(list(range(1000, 1030)), max_tokens=100, sampler=GREEDY)
     out = list(gen)
     assert len(out) == 10 and gen.finish_reason == "length"
+
+
+def test_generate_json_schema_format_modes(tiny):
+    import json
+
+    import jsonschema
+
+    from llamay.errors import LlamayError
+
+    m = llamay.load(tiny)
+    try:
+        date = {"type": "string", "format": "date"}
+        out = json.loads(m.generate("Day:", max_tokens=40, temperature=0, json_schema=date))
+        jsonschema.validate(out, date, format_checker=jsonschema.FormatChecker())
+        unknown = {"type": "string", "format": "x-no-such-format", "maxLength": 6}
+        with pytest.raises(LlamayError, match="x-no-such-format"):
+            m.generate("Day:", max_tokens=8, json_schema=unknown, format="assert")
+        got = m.generate(
+            "Day:", max_tokens=40, temperature=0, json_schema=unknown, format="annotation"
+        )
+        assert isinstance(json.loads(got), str)
+        with pytest.raises(RequestError, match="format"):
+            m.generate("Day:", max_tokens=8, json_schema=date, format="strict")
+    finally:
+        m.close()
