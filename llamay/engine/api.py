@@ -37,7 +37,9 @@ class Request:
     sampler: Sampler = field(default_factory=Sampler)
     stop_ids: frozenset[int] | None = None  # None: the tokenizer's end-of-generation ids
     constraint: Any = None  # a llamay.sample constraint, or None
-    keep: bool = False  # BatchEngine: keep the KV after finishing (fork/snapshot/release)
+    # BatchEngine: keep the KV after finishing (fork/snapshot/release); with max_tokens=0
+    # the request only computes its prompt's KV (prefill-only) and ends "length"
+    keep: bool = False
     # Log-probabilities on each TokenEvent (the model's own, before the sampler): None
     # for none, 0 for the token's own, N (<= 64) for its top N alternatives too.
     # Default: the sampler's n_probs when set.

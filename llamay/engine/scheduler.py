@@ -307,7 +307,7 @@ class BatchEngine:
             plan = a.sampler.plan
             if self._sampler_plan is not None and plan != self._sampler_plan and any(self.slots):
                 return  # the batch shares one sampler plan: wait for it to drain
-            if a.budget <= 0 and a.seq is None:
+            if a.budget <= 0 and a.seq is None and not a.handle.request.keep:
                 self.waiting.popleft()
                 self._end(a, "length")
                 continue
@@ -501,6 +501,10 @@ class BatchEngine:
                 a.prompt_cached = True
                 with self._lock:
                     self.mgr.cache(a.seq)
+            if a.budget <= 0:  # prefill-only (max_tokens=0, keep=True): the KV is the point
+                self.slots[i] = None
+                self._end(a, "length")
+                continue
             tok = int(nxt[j])
             con = a.handle.request.constraint
             if tok in a.stop_ids and (con is None or con.accepting):

@@ -17,13 +17,10 @@ import asyncio
 import dataclasses
 from typing import Any
 
-import numpy as np
-
 from llamay.engine.api import Handle, Request
 from llamay.errors import LlamayError
 from llamay.kv.snapshot import Snapshot
 from llamay.sample import GREEDY
-from llamay.sample.constraint import mask_words
 
 
 def supports_kv(engine: Any) -> bool:
@@ -57,38 +54,10 @@ class Kept:
         return engine is self.engine and tokens[: len(self.tokens)] == self.tokens
 
 
-class _EndAtOnce:
-    """A constraint that allows only `token`, a stop id, and accepts at once: the request
-    computes its prompt's KV and ends ("stop", kept) without emitting a token.
-
-    The engine has no prefill-only request (max_tokens=0 ends before computing anything),
-    so this is how a context's text gets its KV before anything is generated."""
-
-    def __init__(self, vocab_size: int, token: int):
-        self.vocab_size = vocab_size
-        self._mask = np.zeros(mask_words(vocab_size), np.uint32)
-        self._mask[token // 32] = np.uint32(1 << (token % 32))
-
-    def mask(self) -> np.ndarray:
-        return self._mask
-
-    def advance(self, token: int) -> None:  # never reached: the only token allowed stops
-        raise LlamayError("a prefill-only request sampled a token")
-
-    done = False
-    accepting = True
-
-
-def _prefill_request(model: Any, prompt_ids: list[int]) -> Request:
-    end = 0
-    return Request(
-        list(prompt_ids),
-        max_tokens=1,
-        sampler=GREEDY,
-        stop_ids=frozenset({end}),
-        constraint=_EndAtOnce(model.tokenizer.vocab_size, end),
-        keep=True,
-    )
+def _prefill_request(prompt_ids: list[int]) -> Request:
+    """Computes the prompt's KV and keeps it, generating nothing (the engine's
+    prefill-only request)."""
+    return Request(list(prompt_ids), max_tokens=0, sampler=GREEDY, keep=True)
 
 
 async def _run(fn, *args):
@@ -123,10 +92,10 @@ async def prefill(
     snapshot: Snapshot | None = None,
 ) -> Kept:
     """`tokens`' KV computed now and kept (from `kv` or `snapshot` where they cover a
-    prefix of `tokens`)."""
-    handle = await start(engine, _prefill_request(model, tokens), kv, snapshot)
+    prefix of `tokens`). `model` is not needed any more (kept for the callers)."""
+    handle = await start(engine, _prefill_request(tokens), kv, snapshot)
     await _drained(handle)
-    if handle.finish_reason != "stop":
+    if handle.finish_reason != "length":
         raise LlamayError(f"computing the context's KV ended with {handle.finish_reason}")
     return Kept(engine, handle, tokens)
 
