@@ -7,8 +7,8 @@ type they become a `MixedQTensor` (per-type stacks plus a per-layer choice).
 
 On XLA's CPU backend, in exact numerics, quantised matrices are repacked at load into
 `AffineQTensor`s (int8 quants + f32 scales: what XLA CPU dequantises fastest, see
-`llamay.quant.cpu_dot`). Not when several devices are visible: a mesh shards
-`QTensor` blocks (`llamay.model.sharding`), which knows nothing of the repacked form.
+`llamay.quant.cpu_dot`), whatever the device count: `llamay.model.sharding` places
+both forms on a mesh.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def _small(gf: GGUFFile, name: str) -> np.ndarray:
 
 
 def default_repack(numerics: str) -> bool:
-    """Whether `bind` repacks by default: exact numerics on XLA CPU, one device."""
-    return numerics == "exact" and jax.default_backend() == "cpu" and jax.device_count() == 1
+    """Whether `bind` repacks by default: exact numerics on XLA CPU."""
+    return numerics == "exact" and jax.default_backend() == "cpu"
 
 
 def _matrix(raw: np.ndarray, ggml_type, numerics: str, repack: bool):

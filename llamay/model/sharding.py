@@ -12,6 +12,8 @@ blocks [..., rows=out, row_bytes], so:
   w_up, output, tok_embd): split along rows (column-parallel);
 - "heads_in" / "ffn_in" are input columns (wo, w_down): split along row_bytes, which is
   only allowed in whole quantisation blocks (row-parallel; XLA adds the all-reduce);
+  a repacked `AffineQTensor` (CPU, `llamay.quant.cpu_dot`) keeps rows on axis -2 of its
+  quants, scales and offsets alike, and splits columns only in whole scale groups;
 - norms, biases of row-parallel layers, routers and the stacked layer axis: replicated.
 
 A logical axis is sharded only when it divides evenly: attention only when both the head
@@ -49,7 +51,7 @@ from jax.sharding import PartitionSpec as P
 from llamay.errors import RequestError
 from llamay.gguf.constants import BLOCK_SIZES
 from llamay.kv import DenseKV
-from llamay.quant import MixedQTensor, QTensor
+from llamay.quant import AffineQTensor, MixedQTensor, QTensor
 
 AXES = ("data", "model")
 MESH_KEYS = {"dp": "data", "data": "data", "tp": "model", "model": "model"}
@@ -159,17 +161,15 @@ def _divides(cfg, mesh: Mesh, logical: str | None) -> bool:
     return True
 
 
-def _matrix_spec(cfg, mesh: Mesh, role: str, shape, ggml_type, lead: int) -> P:
-    """Spec for a packed matrix [*lead dims, rows, row_bytes] (lead: layer/expert axes)."""
+def _matrix_spec(cfg, mesh: Mesh, role: str, rows: int, col_units: int, ndim: int) -> P:
+    """Spec for a matrix array [*lead dims, rows, cols] of `ndim` dims (lead: layer/expert
+    axes) whose columns split only in whole units (quantisation blocks, scale groups)."""
     rows_ax, cols_ax = ROLE_AXES.get(role, (None, None))
-    spec: list[str | None] = [None] * (lead + 2)
-    if _divides(cfg, mesh, rows_ax) and shape[-2] % mesh.shape[RULES[rows_ax]] == 0:
+    spec: list[str | None] = [None] * ndim
+    if _divides(cfg, mesh, rows_ax) and rows % mesh.shape[RULES[rows_ax]] == 0:
         spec[-2] = RULES[rows_ax]
-    elif _divides(cfg, mesh, cols_ax):
-        n = mesh.shape[RULES[cols_ax]]
-        _, block_bytes = BLOCK_SIZES[ggml_type]
-        if (shape[-1] // block_bytes) % n == 0:
-            spec[-1] = RULES[cols_ax]
+    elif _divides(cfg, mesh, cols_ax) and col_units % mesh.shape[RULES[cols_ax]] == 0:
+        spec[-1] = RULES[cols_ax]
     return P(*spec)
 
 
@@ -186,14 +186,21 @@ def _leaf_specs(cfg, mesh: Mesh, role: str, leaf, lead: int):
         stacks = tuple(_leaf_specs(cfg, mesh, role, s, lead) for s in leaf.stacks)
         return dataclasses.replace(leaf, stacks=stacks, which=P(), index=P())
     if isinstance(leaf, QTensor):
-        extra = leaf.data.ndim - 2 - lead  # expert axes
-        spec = _matrix_spec(cfg, mesh, role, leaf.data.shape, leaf.ggml_type, lead + extra)
+        shape = leaf.data.shape
+        blocks = shape[-1] // BLOCK_SIZES[leaf.ggml_type][1]
+        spec = _matrix_spec(cfg, mesh, role, shape[-2], blocks, len(shape))
         return dataclasses.replace(leaf, data=spec)
+    if isinstance(leaf, AffineQTensor):
+        # quants, scales and offsets share their row and scale-group splits
+        spec = _matrix_spec(cfg, mesh, role, leaf.q.shape[-2], leaf.scale.shape[-1], leaf.q.ndim)
+        offset = None if leaf.offset is None else spec
+        return dataclasses.replace(leaf, q=spec, scale=spec, offset=offset)
     return _vector_spec(cfg, mesh, role, np.shape(leaf), lead)
 
 
 def weight_specs(cfg, weights: dict[str, Any], mesh: Mesh) -> dict[str, Any]:
-    """A pytree like `weights` whose leaves are PartitionSpecs (QTensor.data's included)."""
+    """A pytree like `weights` whose leaves are PartitionSpecs (QTensor.data's and
+    AffineQTensor's arrays included)."""
     out = {r: _leaf_specs(cfg, mesh, r, w, 0) for r, w in weights.items() if r != "layers"}
     out["layers"] = {r: _leaf_specs(cfg, mesh, r, w, 1) for r, w in weights["layers"].items()}
     return out

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 from llamay.errors import RequestError
 from llamay.model.score import batch_logits
 from llamay.model.sharding import make_mesh, parse_mesh, put_batch, sharded_model, weight_specs
+from llamay.quant import AffineQTensor
 
 MESHES = ["dp=2,tp=2", "tp=4"]
 CONTEXTS = ["The capital of France is", "Once upon a time", "", "A B C "]
@@ -28,6 +29,11 @@ def batch(seed: int = 0, B: int = 4, T: int = 32):
     positions = np.tile(np.arange(T, dtype=np.int32), (B, 1))
     positions[1, 20:] = T  # a padded row
     return tokens, positions
+
+
+def placed(w):
+    """Where a bound matrix's quants live: GGUF blocks, or the CPU repacked form."""
+    return (w.q if isinstance(w, AffineQTensor) else w.data).sharding.spec
 
 
 def check_equal(m, mesh_spec, atol):
@@ -51,9 +57,10 @@ def check_equal(m, mesh_spec, atol):
 @pytest.mark.parametrize("mesh_spec", MESHES)
 def test_tiny_sharded_equals_unsharded(tiny_llama_model, mesh_spec):
     sm = check_equal(tiny_llama_model, mesh_spec, atol=1e-4)
-    wq = sm.weights["layers"]["wq"].data
     # tiny llama: 4 heads / 2 kv heads, so tp=2 splits attention and tp=4 does not
-    assert wq.sharding.spec == P(None, "model" if "tp=2" in mesh_spec else None, None)
+    assert placed(sm.weights["layers"]["wq"]) == P(
+        None, "model" if "tp=2" in mesh_spec else None, None
+    )
 
 
 @needs_4
@@ -63,20 +70,27 @@ def test_smollm2_sharded_equals_unsharded(smollm2_model, mesh_spec):
     sm = check_equal(smollm2_model, mesh_spec, atol=2e-3)
     layers = sm.weights["layers"]
     # 9 heads / 3 kv heads: attention replicated; the FFN splits (rows, then whole blocks)
-    assert layers["w_up"].data.sharding.spec == P(None, "model", None)
-    assert layers["w_down"].data.sharding.spec == P(None, None, "model")
-    assert layers["wq"].data.sharding.spec == P(None, None, None)
+    assert placed(layers["w_up"]) == P(None, "model", None)
+    assert placed(layers["w_down"]) == P(None, None, "model")
+    assert placed(layers["wq"]) == P(None, None, None)
+    # on CPU the quantised matrices are repacked; scales split with their quants
+    assert layers["w_down"].scale.sharding.spec == P(None, None, "model")
 
 
 @needs_4
 def test_rules_shard_quantised_columns_in_whole_blocks(smollm2_path):
     import llamay
+    from llamay.model.bind import bind
 
     m = llamay.load(smollm2_path)
-    specs = weight_specs(m.config, m.weights, make_mesh("tp=4"))
-    # w_down: Q4_1, 1536 columns = 48 blocks of 20 bytes -> 12 blocks per device
-    assert specs["layers"]["w_down"].data == P(None, None, "model")
-    assert specs["tok_embd"].data == P("model", None)
+    for repack in (False, True):
+        w = bind(m.gguf, m.arch, m.config.n_layers, "exact", repack=repack)
+        specs = weight_specs(m.config, w, make_mesh("tp=4"))
+        down, embd = specs["layers"]["w_down"], specs["tok_embd"]
+        # w_down: Q4_1, 1536 columns = 48 blocks (or scale groups) -> 12 per device
+        for spec in (down.q, down.scale, down.offset) if repack else (down.data,):
+            assert spec == P(None, None, "model")
+        assert (embd.q if repack else embd.data) == P("model", None)
     assert specs["layers"]["attn_norm"] == P(None, None)
 
 
