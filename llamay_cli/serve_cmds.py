@@ -223,7 +223,7 @@ class ChatSession:
 
         if not ids or not kept.supports_kv(self.engine):
             return None
-        kv = asyncio.run(kept.prefill(self.engine, self.model, ids))
+        kv = asyncio.run(kept.prefill(self.engine, ids))
         try:
             return store_snapshot(self.engine.snapshot(kv.handle))
         finally:

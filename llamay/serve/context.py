@@ -127,7 +127,7 @@ async def _ensure_kv(lm: Loaded, ctx: Ctx) -> None:
             f"the context would hold {len(ctx.tokens)} tokens; the model's context holds "
             f"{lm.model.n_ctx} (start the server with a larger --ctx)"
         )
-    new = await kept.prefill(engine, lm.model, ctx.tokens, ctx.kv, ctx.restore_from)
+    new = await kept.prefill(engine, ctx.tokens, ctx.kv, ctx.restore_from)
     ctx.drop_kv()
     ctx.kv, ctx.restore_from = new, None
 

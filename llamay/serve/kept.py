@@ -86,13 +86,12 @@ async def start(
 
 async def prefill(
     engine: Any,
-    model: Any,
     tokens: list[int],
     kv: Kept | None = None,
     snapshot: Snapshot | None = None,
 ) -> Kept:
     """`tokens`' KV computed now and kept (from `kv` or `snapshot` where they cover a
-    prefix of `tokens`). `model` is not needed any more (kept for the callers)."""
+    prefix of `tokens`)."""
     handle = await start(engine, _prefill_request(tokens), kv, snapshot)
     await _drained(handle)
     if handle.finish_reason != "length":
