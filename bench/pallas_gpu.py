@@ -60,19 +60,10 @@ def median_seconds(fn, reps: int) -> float:
 
 def random_weight(t, n: int, k: int, seed: int = 0):
     """Random well-formed blocks of GGML type t: random quant bits, finite f16 scales."""
-    from llamay.gguf.constants import BLOCK_SIZES
-    from llamay.quant import QTensor, layout_of
+    from llamay.quant import QTensor
+    from llamay.quant.quantize import random_blocks
 
-    rng = np.random.default_rng(seed)
-    elems, nbytes = BLOCK_SIZES[t]
-    raw = rng.integers(0, 256, (n, k // elems, nbytes), dtype=np.uint8)
-    pos = 0
-    for f in layout_of(t).fields:
-        if f.dtype == "float16":
-            vals = rng.uniform(-0.05, 0.05, (n, k // elems, f.count)).astype(np.float16)
-            raw[..., pos : pos + f.nbytes] = vals.view(np.uint8)
-        pos += f.nbytes
-    return QTensor.from_raw(raw.reshape(n, -1), t)
+    return QTensor.from_raw(random_blocks(t, n, k, seed, scales=(-0.05, 0.05)), t)
 
 
 def nbytes(*arrays) -> int:

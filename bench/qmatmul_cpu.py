@@ -33,9 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from llamay.gguf.constants import GGMLType
-from llamay.quant import LAYOUTS, AffineQTensor, QTensor, cpu_dot, dequantize
+from llamay.quant import AffineQTensor, QTensor, cpu_dot, dequantize
 from llamay.quant.formulas import affine_values
 from llamay.quant.layouts import jax_backend
+from llamay.quant.quantize import random_blocks
 
 T = GGMLType
 # name: (type, N, K, L): weights as in the two reference files.
@@ -62,20 +63,8 @@ CASES = {
 
 
 def random_weight(t: GGMLType, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """GGUF bytes [n, row_bytes] of a weight ~ N(0, 0.02): random quants, small scales."""
-    rng = np.random.default_rng(seed)
-    lay = LAYOUTS[t]
-    if t in (T.F16, T.F32):
-        return (rng.standard_normal((n, k)) * 0.02).astype(lay.fields[0].dtype).view(np.uint8)
-    nb = k // lay.block_elems
-    raw = rng.integers(0, 256, (n, nb, lay.block_bytes), dtype=np.uint8)
-    pos = 0
-    for f in lay.fields:
-        if f.dtype in ("float16", "float32"):
-            val = rng.uniform(0.5, 1.0, (n, nb)).astype(f.dtype) * np.asarray(0.002, f.dtype)
-            raw[..., pos : pos + f.nbytes] = val[..., None].view(np.uint8)
-        pos += f.nbytes
-    return raw.reshape(n, -1)
+    """GGUF bytes [n, row_bytes] of a weight of ~0.02 scale: random quants, small scales."""
+    return random_blocks(t, n, k, seed, scales=(0.001, 0.002))
 
 
 def formulations(t: GGMLType, raw: np.ndarray, n: int, k: int) -> dict[str, tuple]:

@@ -111,3 +111,25 @@ def quantize(x: np.ndarray, ggml_type: GGMLType | int) -> np.ndarray:
     blocks = x.reshape(*x.shape[:-1], -1, lay.block_elems)
     out = map_blocks(lambda b: lay.pack(NUMPY, fn(b)), blocks, lay.block_bytes, np.uint8)
     return out.reshape(*x.shape[:-1], -1)
+
+
+def random_blocks(
+    ggml_type: GGMLType, rows: int, cols: int, seed: int = 0, scales=(-0.1, 0.1)
+) -> np.ndarray:
+    """GGUF bytes [rows, row_bytes] of a random well-formed weight (for tests and benches):
+    every quant bit pattern, float fields (scales, mins) uniform in `scales`; float types
+    are N(0, 0.02)."""
+    rng = np.random.default_rng(seed)
+    lay = LAYOUTS[ggml_type]
+    if ggml_type in (GGMLType.F16, GGMLType.F32):
+        values = rng.standard_normal((rows, cols)) * 0.02
+        return values.astype(lay.fields[0].dtype).view(np.uint8)
+    n_blocks = cols // lay.block_elems
+    raw = rng.integers(0, 256, (rows, n_blocks, lay.block_bytes), dtype=np.uint8)
+    pos = 0
+    for f in lay.fields:
+        if f.dtype in ("float16", "float32"):
+            vals = rng.uniform(*scales, (rows, n_blocks, f.count)).astype(f.dtype)
+            raw[..., pos : pos + f.nbytes] = vals.view(np.uint8)
+        pos += f.nbytes
+    return raw.reshape(rows, -1)

@@ -12,11 +12,12 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from llamay.errors import UnsupportedTensorTypeError
-from llamay.gguf.constants import BLOCK_SIZES, GGMLType
+from llamay.gguf.constants import GGMLType
 from llamay.kernels_pallas.layout import FORMATS, dequantize_packed, repack
 from llamay.kernels_pallas.qmatmul import Tiling, qmatmul_pallas, qmatmul_reference, tiling_for
 from llamay.kernels_pallas.w4a8 import error_bound, w4a8_pallas, w4a8_reference
-from llamay.quant import QTensor, layout_of
+from llamay.quant import QTensor
+from llamay.quant.quantize import random_blocks
 
 T = GGMLType
 TYPES = list(FORMATS)  # Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K
@@ -24,16 +25,7 @@ TYPES = list(FORMATS)  # Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K
 
 def random_weight(t: GGMLType, n: int, k: int, seed: int = 0) -> QTensor:
     """Random blocks of type t (every quant bit pattern) with finite f16 scales."""
-    rng = np.random.default_rng(seed)
-    elems, nbytes = BLOCK_SIZES[t]
-    raw = rng.integers(0, 256, (n, k // elems, nbytes), dtype=np.uint8)
-    pos = 0
-    for f in layout_of(t).fields:
-        if f.dtype == "float16":
-            vals = rng.uniform(-0.1, 0.1, (n, k // elems, f.count)).astype(np.float16)
-            raw[..., pos : pos + f.nbytes] = vals.view(np.uint8)
-        pos += f.nbytes
-    return QTensor.from_raw(raw.reshape(n, -1), t)
+    return QTensor.from_raw(random_blocks(t, n, k, seed), t)
 
 
 def random_x(m: int, k: int, seed: int = 1) -> jnp.ndarray:
