@@ -60,12 +60,23 @@ def forward(cfg, weights, kv, tokens, positions, *, hidden: bool = False, page_t
         (x, k, v), hs = jax.lax.scan(paged_body, (x, kv.k, kv.v), (scanned, layer_ids))
         return x, dataclasses.replace(kv, k=k, v=v), hs
 
-    def body(x, xs):
-        lw_scanned, k, v, layer = xs
-        x, k, v = arch.block(cfg, layer_weights(lw_scanned), x, positions, k, v, layer)
-        return x, (k, v, x if hidden else None)
+    # The dense cache rides in the carry too: scanned as xs/ys, every step copied the
+    # whole cache out and back (measured: SmolLM2 decode 1.6x faster at batch 1, 1.9x
+    # at batch 8). Each layer writes back only this step's rows; the block's updated
+    # layer view is what its attention read.
+    rows = jnp.arange(tokens.shape[0])[:, None]
 
-    x, (k, v, hs) = jax.lax.scan(body, x, (scanned, kv.k, kv.v, layer_ids))
+    def dense_body(carry, xs):
+        x, kc, vc = carry
+        lw_scanned, layer = xs
+        k, v = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False) for c in (kc, vc))
+        x, k, v = arch.block(cfg, layer_weights(lw_scanned), x, positions, k, v, layer)
+        # positions past the cache (padding) are dropped, as `write_kv` drops them
+        kc = kc.at[layer, rows, positions].set(k[rows, positions], mode="drop")
+        vc = vc.at[layer, rows, positions].set(v[rows, positions], mode="drop")
+        return (x, kc, vc), x if hidden else None
+
+    (x, k, v), hs = jax.lax.scan(dense_body, (x, kv.k, kv.v), (scanned, layer_ids))
     return x, dataclasses.replace(kv, k=k, v=v), hs
 
 
