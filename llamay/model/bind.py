@@ -8,7 +8,9 @@ type they become a `MixedQTensor` (per-type stacks plus a per-layer choice).
 On XLA's CPU backend, in exact numerics, quantised matrices are repacked at load into
 `AffineQTensor`s (int8 quants + f32 scales: what XLA CPU dequantises fastest, see
 `llamay.quant.cpu_dot`), whatever the device count: `llamay.model.sharding` places
-both forms on a mesh.
+both forms on a mesh. Where the Pallas kernels run (GPU/TPU, or LLAMAY_BACKEND=
+pallas-interpret), the matrices they take are repacked once here into their layout
+(`llamay.kernels_pallas.repack_weights`), so no step repacks them per trace.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from llamay import kernels_pallas
 from llamay.arch.base import Architecture
 from llamay.errors import ModelFormatError
 from llamay.gguf import GGUFFile
@@ -33,8 +36,13 @@ def _small(gf: GGUFFile, name: str) -> np.ndarray:
 
 
 def default_repack(numerics: str) -> bool:
-    """Whether `bind` repacks by default: exact numerics on XLA CPU."""
-    return numerics == "exact" and jax.default_backend() == "cpu"
+    """Whether `bind` repacks by default: exact numerics on XLA CPU, unless the Pallas
+    kernels are forced there (they take GGUF blocks)."""
+    return (
+        numerics == "exact"
+        and jax.default_backend() == "cpu"
+        and not kernels_pallas.backend().pallas
+    )
 
 
 def _matrix(raw: np.ndarray, ggml_type, numerics: str, repack: bool):
@@ -87,8 +95,11 @@ def bind(
     `numerics` ("exact" or "llamacpp") is stored in every QTensor: it decides how
     `qmatmul` computes with that weight (see `llamay.quant.qtensor`). `repack`:
     quantised matrices as `AffineQTensor`s (exact numerics only); None means
-    `default_repack(numerics)`.
+    `default_repack(numerics)`, and then, where the Pallas kernels run, the matrices
+    they take come back in their layout (`kernels_pallas.repack_weights`); False: the
+    GGUF blocks as they are.
     """
+    kernel_layout = repack is None and numerics == "exact" and kernels_pallas.backend().pallas
     if repack is None:
         repack = default_repack(numerics)
     if repack and numerics != "exact":
@@ -110,4 +121,6 @@ def bind(
         else:
             weights[spec.role] = _single(gf, names[0], numerics, repack)
     weights["layers"] = layers
+    if kernel_layout:
+        weights = kernels_pallas.repack_weights(weights)
     return weights

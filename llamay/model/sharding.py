@@ -13,7 +13,9 @@ blocks [..., rows=out, row_bytes], so:
 - "heads_in" / "ffn_in" are input columns (wo, w_down): split along row_bytes, which is
   only allowed in whole quantisation blocks (row-parallel; XLA adds the all-reduce);
   a repacked `AffineQTensor` (CPU, `llamay.quant.cpu_dot`) keeps rows on axis -2 of its
-  quants, scales and offsets alike, and splits columns only in whole scale groups;
+  quants, scales and offsets alike, and splits columns only in whole scale groups; a
+  Pallas `PackedWeight` is transposed (rows on axis -1, columns in 32-element groups
+  on axis -2 of every plane);
 - norms, biases of row-parallel layers, routers and the stacked layer axis: replicated.
 
 A logical axis is sharded only when it divides evenly: attention only when both the head
@@ -50,6 +52,7 @@ from jax.sharding import PartitionSpec as P
 
 from llamay.errors import RequestError
 from llamay.gguf.constants import BLOCK_SIZES
+from llamay.kernels_pallas import PackedWeight
 from llamay.kv import DenseKV
 from llamay.quant import AffineQTensor, MixedQTensor, QTensor
 
@@ -161,15 +164,19 @@ def _divides(cfg, mesh: Mesh, logical: str | None) -> bool:
     return True
 
 
-def _matrix_spec(cfg, mesh: Mesh, role: str, rows: int, col_units: int, ndim: int) -> P:
+def _matrix_spec(
+    cfg, mesh: Mesh, role: str, rows: int, col_units: int, ndim: int, transposed: bool = False
+) -> P:
     """Spec for a matrix array [*lead dims, rows, cols] of `ndim` dims (lead: layer/expert
-    axes) whose columns split only in whole units (quantisation blocks, scale groups)."""
+    axes; [*lead, cols, rows] when `transposed`) whose columns split only in whole units
+    (quantisation blocks, scale groups)."""
     rows_ax, cols_ax = ROLE_AXES.get(role, (None, None))
+    row_dim, col_dim = (-1, -2) if transposed else (-2, -1)
     spec: list[str | None] = [None] * ndim
     if _divides(cfg, mesh, rows_ax) and rows % mesh.shape[RULES[rows_ax]] == 0:
-        spec[-2] = RULES[rows_ax]
+        spec[row_dim] = RULES[rows_ax]
     elif _divides(cfg, mesh, cols_ax) and col_units % mesh.shape[RULES[cols_ax]] == 0:
-        spec[-1] = RULES[cols_ax]
+        spec[col_dim] = RULES[cols_ax]
     return P(*spec)
 
 
@@ -195,6 +202,11 @@ def _leaf_specs(cfg, mesh: Mesh, role: str, leaf, lead: int):
         spec = _matrix_spec(cfg, mesh, role, leaf.q.shape[-2], leaf.scale.shape[-1], leaf.q.ndim)
         offset = None if leaf.offset is None else spec
         return dataclasses.replace(leaf, q=spec, scale=spec, offset=offset)
+    if isinstance(leaf, PackedWeight):
+        n_rows, cols = leaf.shape[-2:]
+        spec = _matrix_spec(cfg, mesh, role, n_rows, cols // 32, leaf.q.ndim, transposed=True)
+        planes = {f: None if getattr(leaf, f) is None else spec for f in ("high", "offset")}
+        return dataclasses.replace(leaf, q=spec, scale=spec, **planes)
     return _vector_spec(cfg, mesh, role, np.shape(leaf), lead)
 
 
