@@ -223,9 +223,22 @@ def _put(x, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
 
+def _keep_cpu_meshes_out_of_the_compile_cache(mesh: Mesh) -> None:
+    """XLA CPU (jax 0.12) crashes, intermittently, serialising or loading multi-device
+    executables of the persistent compilation cache (segfaults in `serialize()` and on
+    load, seen in full test runs over 4 host devices). A process that shards over several
+    CPU devices therefore stops writing to that cache; its programs compile in memory."""
+    if mesh.devices.size > 1 and mesh.devices.flat[0].platform == "cpu":
+        from llamay.runtime import enable_compilation_cache
+
+        enable_compilation_cache()  # first, so that it cannot lower the threshold later
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+
+
 def shard_weights(cfg, weights: dict[str, Any], mesh: Mesh) -> dict[str, Any]:
     """`weights` with every array placed on `mesh` by `weight_specs` (works multi-host:
     each process builds only its own shards from its host copy)."""
+    _keep_cpu_meshes_out_of_the_compile_cache(mesh)
     specs = weight_specs(cfg, weights, mesh)
     return jax.tree.map(lambda w, s: _put(w, NamedSharding(mesh, s)), weights, specs)
 
