@@ -10,7 +10,7 @@ install:
 
 test: install
 	scripts/test-oracles.sh
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	PY=$(PY) scripts/run-tests.sh $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff format --check .
