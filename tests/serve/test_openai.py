@@ -319,7 +319,7 @@ def test_responses_forced_function_call(client):
         "description": "weather",
         "parameters": WEATHER["function"]["parameters"],
     }
-    r = client.responses.create(
+    ask = dict(
         model="tiny",
         input="Weather in Oslo?",
         tools=[tool],
@@ -327,16 +327,12 @@ def test_responses_forced_function_call(client):
         max_output_tokens=60,
         temperature=0,
     )
+    r = client.responses.create(**ask)
     call = r.output[0]
     assert call.type == "function_call" and call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), tool["parameters"])
     stream = client.responses.create(
-        model="tiny",
-        input="Weather in Oslo?",
-        tools=[tool],
-        tool_choice={"type": "function", "name": "get_weather"},
-        max_output_tokens=60,
-        temperature=0,
+        **ask,
         stream=True,
     )
     events = list(stream)
