@@ -28,7 +28,9 @@ def enable_compilation_cache() -> None:
     path = cache_root() / "jax"
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    # Every program, however quick to compile: reading a small one back (~3 ms) beats
+    # compiling it (10-90 ms on CPU), and it lets `llamay warmup` leave nothing to compile.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
     _done = True

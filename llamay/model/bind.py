@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from llamay import kernels_pallas
@@ -55,8 +54,8 @@ def _matrix(raw: np.ndarray, ggml_type, numerics: str, repack: bool):
 
 def _single(gf: GGUFFile, name: str, numerics: str, repack: bool = False):
     info = gf.tensors[name]
-    if len(info.ne) == 1:
-        return jnp.asarray(_small(gf, name))
+    if len(info.ne) == 1:  # device_put: jnp.asarray(ndarray) compiles a program per shape
+        return jax.device_put(_small(gf, name))
     return _matrix(gf.raw(name), info.ggml_type, numerics, repack and len(info.ne) == 2)
 
 
@@ -66,7 +65,7 @@ def _stacked(gf: GGUFFile, names: list[str], numerics: str, repack: bool = False
     if len(shapes) != 1:
         raise ModelFormatError(f"{gf.path}: per-layer tensors differ in shape: {sorted(shapes)}")
     if len(infos[0].ne) == 1:
-        return jnp.asarray(np.stack([_small(gf, n) for n in names]))
+        return jax.device_put(np.stack([_small(gf, n) for n in names]))
     types = list(dict.fromkeys(i.ggml_type for i in infos))
     repack = repack and len(infos[0].ne) == 2
     if len(types) == 1:
@@ -80,7 +79,8 @@ def _stacked(gf: GGUFFile, names: list[str], numerics: str, repack: bool = False
         which.append(types.index(info.ggml_type))
         index.append(seen.get(info.ggml_type, 0))
         seen[info.ggml_type] = index[-1] + 1
-    return MixedQTensor(tuple(stacks), jnp.asarray(which, jnp.int32), jnp.asarray(index, jnp.int32))
+    which, index = jax.device_put((np.asarray(which, np.int32), np.asarray(index, np.int32)))
+    return MixedQTensor(tuple(stacks), which, index)
 
 
 def bind(

@@ -80,10 +80,9 @@ class AffineQTensor:
     def from_raw(raw: np.ndarray, ggml_type: GGMLType | int) -> AffineQTensor:
         """Repack uint8 GGUF blocks [..., row_bytes] (host side, in bounded chunks)."""
         q, scale, offset = repack(raw, ggml_type)
-        offset = None if offset is None else jnp.asarray(offset)
-        return AffineQTensor(
-            jnp.asarray(q), jnp.asarray(scale), offset, GGMLType(ggml_type), "exact"
-        )
+        # device_put: jnp.asarray(ndarray) compiles an identity program per shape (jax 0.12)
+        q, scale, offset = jax.device_put((q, scale, offset))
+        return AffineQTensor(q, scale, offset, GGMLType(ggml_type), "exact")
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """All of it: [..., rows, cols] in `dtype` (bit-equal to `QTensor.dequantize`)."""

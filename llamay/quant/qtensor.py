@@ -68,7 +68,8 @@ class QTensor:
             raise ValueError(f"numerics must be one of {NUMERICS}, not {numerics!r}")
         block, size = BLOCK_SIZES[ggml_type]
         cols = raw.shape[-1] // size * block
-        return QTensor(jnp.asarray(raw), GGMLType(ggml_type), cols, numerics)
+        # device_put: jnp.asarray(ndarray) compiles an identity program per shape (jax 0.12)
+        return QTensor(jax.device_put(raw), GGMLType(ggml_type), cols, numerics)
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """Dequantise all of it: [..., rows, cols] in `dtype` (call inside jit)."""

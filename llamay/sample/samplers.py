@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from llamay.errors import RequestError
@@ -312,14 +311,11 @@ class SamplingParams:
                 "the slots of one batch must share the sampler order, mirostat mode and n_probs"
             )
         order, n_probs = plans.pop()
-        arr = {
-            f: jnp.asarray(np.array([getattr(s, f) for s in samplers], np.float32))
-            for f in _F32_FIELDS
-        }
-        arr |= {
-            f: jnp.asarray(np.array([getattr(s, f) for s in samplers], np.int32))
-            for f in _I32_FIELDS
-        }
+        # Built in numpy and device_put whole: jnp.asarray(ndarray) would compile an
+        # identity program per shape (jax 0.12), on a request's path.
+        arr = {f: np.array([getattr(s, f) for s in samplers], np.float32) for f in _F32_FIELDS}
+        arr |= {f: np.array([getattr(s, f) for s in samplers], np.int32) for f in _I32_FIELDS}
+        arr = jax.device_put(arr)
         bias = breakers = tails = None
         if any(s.logit_bias for s in samplers):
             if vocab_size is None:
@@ -333,7 +329,7 @@ class SamplingParams:
                             f"(0..{vocab_size - 1})"
                         )
                     b[i, t] += v
-            bias = jnp.asarray(b)
+            bias = jax.device_put(b)
         if any(s.uses_dry for s in samplers):
             if pieces is None:
                 raise RequestError(
@@ -345,7 +341,7 @@ class SamplingParams:
                 else np.zeros(len(pieces), bool)
                 for s in samplers
             ]
-            breakers = jnp.asarray(np.stack(tables))
+            breakers = jax.device_put(np.stack(tables))
             if encode is not None:
                 seqs = [
                     cached_restart_sequences(pieces, s.dry_sequence_breakers, encode)
@@ -354,7 +350,7 @@ class SamplingParams:
                     for s in samplers
                 ]
                 if any(seqs):
-                    tails = jnp.asarray(_tail_table(seqs))
+                    tails = jax.device_put(_tail_table(seqs))
         return SamplingParams(
             **arr,
             logit_bias=bias,
@@ -395,15 +391,15 @@ class SamplerState:
             h = list(h)[-history:]
             ring[i, : len(h)] = h
             seen[i] = len(h)
-        return SamplerState(
-            keys=seed_keys(samplers),
-            history=jnp.asarray(ring),
-            n_seen=jnp.asarray(seen),
-            mu=jnp.asarray(np.array([2.0 * s.mirostat_tau for s in samplers], np.float32)),
-            top_logprobs=jnp.zeros((B, n_probs), jnp.float32),
-            top_ids=jnp.zeros((B, n_probs), jnp.int32),
-            token_logprob=jnp.zeros((B,), jnp.float32),
+        host = dict(  # numpy, device_put whole: no program compiled per shape
+            history=ring,
+            n_seen=seen,
+            mu=np.array([2.0 * s.mirostat_tau for s in samplers], np.float32),
+            top_logprobs=np.zeros((B, n_probs), np.float32),
+            top_ids=np.zeros((B, n_probs), np.int32),
+            token_logprob=np.zeros((B,), np.float32),
         )
+        return SamplerState(keys=seed_keys(samplers), **jax.device_put(host))
 
 
 def seed_keys(samplers: list[Sampler]) -> jax.Array:
@@ -415,6 +411,6 @@ def seed_keys(samplers: list[Sampler]) -> jax.Array:
         for s in samplers
     ]
     u = np.array([sd % 2**64 for sd in seeds], np.uint64)
-    return jnp.asarray(
+    return jax.device_put(
         np.stack([u >> np.uint64(32), u & np.uint64(0xFFFFFFFF)], -1).astype(np.uint32)
     )
