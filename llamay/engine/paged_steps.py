@@ -13,6 +13,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from llamay.arch import architecture_of
 from llamay.model import forward
@@ -51,5 +52,9 @@ def paged_step(
 
 def set_rows(params: SamplingParams | object, rows, new):
     """Rows `rows` of a per-slot pytree (sampler state) replaced by those of `new`."""
-    idx = jnp.asarray(rows, jnp.int32)
+    return _set_rows(params, jax.device_put(np.asarray(rows, np.int32)), new)
+
+
+@jax.jit  # one program (per row count), not a dozen eager scatters at a request's start
+def _set_rows(params, idx, new):
     return jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), params, new)

@@ -453,16 +453,19 @@ class BatchEngine:
 
     def _dispatch(self, plan: _Plan, tokens: jax.Array | None = None) -> jax.Array:
         self._sync_pool()
+        # device_put: jnp.asarray(ndarray) compiles an identity program per shape (jax 0.12)
+        host = (plan.tokens, plan.positions, plan.table, plan.last, plan.sampling, plan.slots)
+        fed, positions, table, last, sampling, slots = jax.device_put(host)
         nxt, self._state, self.kv = paged_step(
             self.cfg,
             self.weights,
             self.kv,
-            jnp.asarray(plan.tokens) if tokens is None else tokens,
-            jnp.asarray(plan.positions),
-            jnp.asarray(plan.table),
-            jnp.asarray(plan.last),
-            jnp.asarray(plan.sampling),
-            jnp.asarray(plan.slots),
+            fed if tokens is None else tokens,
+            positions,
+            table,
+            last,
+            sampling,
+            slots,
             self._params,
             self._state,
             self._masks(plan),
@@ -544,7 +547,7 @@ class BatchEngine:
         for j, r in got.items():
             mask[j] = 0
             mask[j, : r.shape[-1]] = r
-        return jnp.asarray(mask)
+        return jax.device_put(mask)
 
     # -- fork / snapshot / restore (on the worker, between steps) ------------------------
 
