@@ -88,6 +88,13 @@ class Model:
                 )
             return self._engine
 
+    def warmup(self, rows=(1,), length: int = 512, prefill=None):
+        """Compile the engine's step programs ahead of time into the persistent cache, so a
+        later process's `generate` starts without compiling (`llamay.engine.warmup`)."""
+        from llamay.engine.warmup import warmup
+
+        return warmup(self.engine, rows, length, prefill)
+
     def close(self) -> None:
         """Stop the engine (cancelling what it runs); the model stays usable."""
         with self._engine_lock:

@@ -303,6 +303,7 @@ __import__("llamay_cli.store_cmds").store_cmds.register(app)
 __import__("llamay_cli.ocr").ocr.register(app)
 __import__("llamay_cli.serve_cmds").serve_cmds.register(app)
 __import__("llamay_cli.eval_cmds").eval_cmds.register(app)
+__import__("llamay_cli.warmup_cmds").warmup_cmds.register(app)
 
 
 def main() -> None:

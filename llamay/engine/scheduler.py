@@ -429,22 +429,33 @@ class BatchEngine:
             for j, a in enumerate(rows):
                 self.mgr.ensure(a.seq, a.seq.n_cached + done[j] + feed[j])
         M = bucket(max(len(a.seq.pages) for a in rows), max(1, MIN_VIEW // ps))
-        tokens = np.zeros((R, T), np.int32)
-        positions = np.full((R, T), PAD_POSITION, np.int32)
-        table = np.zeros((R, M), np.int32)
-        last = np.zeros(R, np.int32)
-        sampling = np.zeros(R, bool)
-        slots = np.full(R, self.n_slots, np.int32)  # padding rows: out of range
-        slots[: len(idx)] = idx
+        p = self._blank_plan(R, T, M)
+        p.idx, p.rows, p.feed = list(idx), rows, feed
+        p.slots[: len(idx)] = idx
         for j, a in enumerate(rows):
             s, n, start = a.seq, feed[j], a.seq.n_cached + done[j]
             if after is None:
-                tokens[j, :n] = s.pending[:n]
-            positions[j, :n] = np.arange(start, start + n)
-            table[j, : len(s.pages)] = s.pages
-            last[j] = n - 1
-            sampling[j] = after is not None or n == len(s.pending)
-        return _Plan(list(idx), rows, feed, tokens, positions, table, last, sampling, slots)
+                p.tokens[j, :n] = s.pending[:n]
+            p.positions[j, :n] = np.arange(start, start + n)
+            p.table[j, : len(s.pages)] = s.pages
+            p.last[j] = n - 1
+            p.sampling[j] = after is not None or n == len(s.pending)
+        return p
+
+    def _blank_plan(self, R: int, T: int, M: int) -> _Plan:
+        """The inputs of a step over R rows of T tokens with M-page tables, every row
+        padding: what `_plan` fills in, and the shapes `llamay.engine.warmup` compiles."""
+        return _Plan(
+            [],
+            [],
+            [],
+            tokens=np.zeros((R, T), np.int32),
+            positions=np.full((R, T), PAD_POSITION, np.int32),
+            table=np.zeros((R, M), np.int32),
+            last=np.zeros(R, np.int32),
+            sampling=np.zeros(R, bool),
+            slots=np.full(R, self.n_slots, np.int32),  # padding rows: out of range
+        )
 
     def _sync_pool(self) -> None:
         """Pad the device pool to the allocator's size after the allocator grew."""
@@ -453,26 +464,21 @@ class BatchEngine:
 
     def _dispatch(self, plan: _Plan, tokens: jax.Array | None = None) -> jax.Array:
         self._sync_pool()
-        # device_put: jnp.asarray(ndarray) compiles an identity program per shape (jax 0.12)
-        host = (plan.tokens, plan.positions, plan.table, plan.last, plan.sampling, plan.slots)
-        fed, positions, table, last, sampling, slots = jax.device_put(host)
-        nxt, self._state, self.kv = paged_step(
-            self.cfg,
-            self.weights,
-            self.kv,
-            fed if tokens is None else tokens,
-            positions,
-            table,
-            last,
-            sampling,
-            slots,
-            self._params,
-            self._state,
-            self._masks(plan),
-        )
+        args = self._step_inputs(plan, tokens, self._params, self._state)
+        nxt, self._state, self.kv = paged_step(*args)
         plan.state = self._state
         self.counters["steps"] += 1
         return nxt
+
+    def _step_inputs(self, plan: _Plan, tokens, params, state) -> tuple:
+        """`paged_step`'s arguments for `plan` (`tokens`: fed from the device instead of
+        the plan's); `llamay.engine.warmup` lowers the step with them."""
+        # device_put: jnp.asarray(ndarray) compiles an identity program per shape (jax 0.12)
+        fed, *rows = jax.device_put(
+            (plan.tokens, plan.positions, plan.table, plan.last, plan.sampling, plan.slots)
+        )
+        fed = fed if tokens is None else tokens
+        return (self.cfg, self.weights, self.kv, fed, *rows, params, state, self._masks(plan))
 
     def _logprobs(self, plan: _Plan) -> dict[int, tuple]:
         """{row: (logprob, [(id, logprob)...])} of the plan's sampling rows that asked for

@@ -6,11 +6,22 @@ lowering there).
   unset / "auto"       Pallas on "gpu"/"tpu" (`jax.default_backend()`), else the reference
   "reference"          the reference everywhere
   "pallas-interpret"   the Pallas kernels in interpret mode on any backend (tests; TPU
-                       tiling), "pallas-interpret-gpu" with the GPU kernels' tiling/variant
+                       tiling), "pallas-interpret-gpu" with the GPU (Triton) kernels'
+                       tiling/variant, "pallas-interpret-mosaic-gpu" with the Mosaic GPU
+                       kernels (GPU interpret mode) and Triton for the rest
+
+On GPU two Pallas lowerings exist. `LLAMAY_GPU_KERNELS`:
+  unset / "auto"       Mosaic GPU on compute capability >= 9.0 (Hopper and newer), Triton
+                       below (Mosaic GPU has no pre-Hopper TMA/WGMMA)
+  "mosaic" / "triton"  that one whatever the device
+Mosaic GPU serves the quantised matmul for decode (rows of x <= `MOSAIC_MAX_ROWS`,
+`qmatmul_mosaic`); prefill matmuls and paged attention stay on the Triton kernels until
+they have Mosaic GPU versions.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -23,10 +34,18 @@ from llamay.kernels_pallas.qmatmul import HIGHEST, qmatmul_pallas
 from llamay.quant import MixedQTensor, QTensor, qmatmul
 
 ENV = "LLAMAY_BACKEND"
-CHOICES = ("auto", "reference", "pallas-interpret", "pallas-interpret-gpu")
+CHOICES = (
+    "auto", "reference", "pallas-interpret", "pallas-interpret-gpu", "pallas-interpret-mosaic-gpu"
+)  # fmt: skip
+GPU_KERNELS_ENV = "LLAMAY_GPU_KERNELS"
+GPU_KERNEL_CHOICES = ("auto", "mosaic", "triton")
+MOSAIC_MIN_CAPABILITY = (9, 0)  # Hopper: TMA, the Mosaic GPU pipeline's copies
 # Paged attention: the kernel holds T·(H/K) query rows per kv head on chip; longer
 # prefill chunks go to the reference.
 MAX_PAGED_QUERY_TOKENS = 16
+# Quantised matmul: x rows up to this take the Mosaic GPU decode kernel (where chosen);
+# more (prefill) take the Triton kernel, which reads each weight tile once per 64 rows.
+MOSAIC_MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -34,6 +53,26 @@ class Backend:
     pallas: bool
     platform: str = "tpu"  # which kernel variant / tiling: "tpu" or "gpu"
     interpret: bool = False
+    mosaic: bool = False  # GPU: the Mosaic GPU kernels where they exist, else Triton
+
+
+def gpu_kernels(device=None) -> str:
+    """ "mosaic" or "triton": `LLAMAY_GPU_KERNELS`, or for "auto" the device's compute
+    capability (default: the first device) against `MOSAIC_MIN_CAPABILITY`."""
+    choice = os.environ.get(GPU_KERNELS_ENV, "auto") or "auto"
+    if choice not in GPU_KERNEL_CHOICES:
+        raise ValueError(
+            f"{GPU_KERNELS_ENV}={choice!r} is not one of {', '.join(GPU_KERNEL_CHOICES)}"
+        )
+    if choice != "auto":
+        return choice
+    device = device or jax.devices()[0]
+    capability = getattr(device, "compute_capability", None)  # e.g. "9.0"; ROCm: "gfx..."
+    try:
+        major_minor = tuple(int(p) for p in str(capability).split("."))
+    except ValueError:
+        return "triton"
+    return "mosaic" if major_minor >= MOSAIC_MIN_CAPABILITY else "triton"
 
 
 def backend() -> Backend:
@@ -44,10 +83,11 @@ def backend() -> Backend:
     if choice == "reference":
         return Backend(False)
     if choice.startswith("pallas-interpret"):
-        return Backend(True, "gpu" if choice.endswith("-gpu") else "tpu", interpret=True)
+        gpu = choice.endswith("-gpu")
+        return Backend(True, "gpu" if gpu else "tpu", interpret=True, mosaic="mosaic" in choice)
     platform = jax.default_backend()
     if platform in ("gpu", "cuda", "rocm"):
-        return Backend(True, "gpu")
+        return Backend(True, "gpu", mosaic=gpu_kernels() == "mosaic")
     if platform == "tpu":
         return Backend(True, "tpu")
     return Backend(False)
@@ -70,10 +110,23 @@ def matmul(x: jax.Array, w) -> jax.Array:
         if not be.pallas:
             return jnp.einsum("...k,nk->...n", x.astype(jnp.float32), dequantize_packed(w),
                               precision=HIGHEST)  # fmt: skip
-        return qmatmul_pallas(x, w, platform=be.platform, interpret=be.interpret)
+        return _kernel_matmul(x, w, be)
     if not (be.pallas and _packable(w) and w.data.ndim == 2):
         return qmatmul(x, w)  # incl. the CPU layout (AffineQTensor) and llama.cpp numerics
-    return qmatmul_pallas(x, repack(w), platform=be.platform, interpret=be.interpret)
+    return _kernel_matmul(x, repack(w), be)
+
+
+def _kernel_matmul(x: jax.Array, w: PackedWeight, be: Backend) -> jax.Array:
+    """The Mosaic GPU kernel for decode rows where the backend has it, else Pallas'
+    Triton/TPU kernel."""
+    rows = math.prod(x.shape[:-1])
+    if be.mosaic and rows <= MOSAIC_MAX_ROWS:
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        from llamay.kernels_pallas.qmatmul_mosaic import qmatmul_mosaic
+
+        return qmatmul_mosaic(x, w, interpret=plgpu.InterpretGPUParams() if be.interpret else False)
+    return qmatmul_pallas(x, w, platform=be.platform, interpret=be.interpret)
 
 
 def repack_weights(weights: dict) -> dict:

@@ -141,6 +141,13 @@ def load_planes(refs: dict, fmt: Format, c, chunk: int) -> dict[str, jax.Array |
     return out
 
 
+def as_rows(x: jax.Array, w: PackedWeight, name: str = "qmatmul") -> tuple[jax.Array, tuple]:
+    """x [..., K] as f32 rows [M, K] and its leading dims, checked against a 2-D weight."""
+    if x.shape[-1] != w.cols or w.q.ndim != 2:
+        raise ValueError(f"{name}: x {x.shape} does not match a 2-D weight of shape {w.shape}")
+    return x.reshape(-1, w.cols).astype(F32), x.shape[:-1]
+
+
 def plane_names(w: PackedWeight) -> list[str]:
     names = ["q", "high", "scale", "offset"]
     return [n for n in names if getattr(w, n) is not None]
@@ -199,10 +206,7 @@ def qmatmul_pallas(
     """x [..., K] @ W.T -> [..., N] f32 with the Pallas kernel (W 2-D, kernel layout).
     `interpret`: False on hardware, True (or interpreter params) to run on CPU."""
     N, K = w.rows, w.cols
-    if x.shape[-1] != K or w.q.ndim != 2:
-        raise ValueError(f"qmatmul: x {x.shape} does not match a 2-D weight of shape {w.shape}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K).astype(F32)
+    x2, lead = as_rows(x, w)
     M = x2.shape[0]
     t = tiling or tiling_for(M, N, K, platform)
     check_tiling(t, K)

@@ -37,6 +37,7 @@ from llamay.kernels_pallas.layout import (
 from llamay.kernels_pallas.qmatmul import (
     HIGHEST,
     Tiling,
+    as_rows,
     check_tiling,
     compiler_params,
     k_chunks,
@@ -141,10 +142,7 @@ def w4a8_pallas(
     if tiling is not None and tiling.split_k:
         raise ValueError("w4a8_pallas accumulates over K on chip: no split-K tiling")
     N, K = w.rows, w.cols
-    if x.shape[-1] != K or w.q.ndim != 2:
-        raise ValueError(f"w4a8: x {x.shape} does not match a 2-D weight of shape {w.shape}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K).astype(F32)
+    x2, lead = as_rows(x, w, "w4a8")
     M = x2.shape[0]
     qa, da = quantize_acts(x2)
     xs = jnp.sum(x2.reshape(M, K // 32, 32), axis=-1)

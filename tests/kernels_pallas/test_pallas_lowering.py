@@ -1,8 +1,9 @@
 """The kernels the dispatcher sends to hardware lower through Pallas' real backends without
-the hardware: Triton (GPU, an abstract H200) and Mosaic (TPU, an abstract v5e). This runs
-the front ends that reject unsupported ops and block shapes (e.g. Triton's concatenate
-only along the last dim, Mosaic's (8, 128) block tiling); the device compilers after
-them (ptxas, libtpu) still need the hardware (bench/pallas_gpu.py)."""
+the hardware: Triton and Mosaic GPU (an abstract H200) and Mosaic (TPU, an abstract v5e).
+This runs the front ends that reject unsupported ops and block shapes (e.g. Triton's
+concatenate only along the last dim, Mosaic's (8, 128) block tiling, Mosaic GPU's register
+layouts and TMA copies); the device compilers after them (ptxas, libtpu) still need the
+hardware (bench/pallas_gpu.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from llamay.gguf.constants import GGMLType
 from llamay.kernels_pallas import repack
 from llamay.kernels_pallas.paged_attention import paged_attention_pallas
 from llamay.kernels_pallas.qmatmul import qmatmul_pallas
+from llamay.kernels_pallas.qmatmul_mosaic import qmatmul_mosaic
 from llamay.kernels_pallas.w4a8 import w4a8_pallas
 
 DEVICES = {
@@ -31,7 +33,7 @@ def lower(platform: str, fn, *args) -> str:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=(target,)).as_text()
 
 
-KERNEL_CALL = {"gpu": "xla.gpu.triton", "tpu": "tpu_custom_call"}
+KERNEL_CALL = {"gpu": "xla.gpu.triton", "tpu": "tpu_custom_call", "mosaic-gpu": "mosaic_gpu"}
 
 
 @pytest.mark.parametrize("m", [1, 256], ids=["decode", "prefill"])
@@ -82,3 +84,19 @@ def test_vmapped_expert_matmul_lowers(platform):
         return jax.vmap(lambda x, e: qmatmul_pallas(x, e, platform=platform))(x, e)
 
     assert KERNEL_CALL[platform] in lower(platform, fn, S((4, 1, 512), jnp.float32), experts)
+
+
+@pytest.mark.parametrize("m", [1, 8], ids=["M1", "M8"])
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_mosaic_qmatmul_lowers(t, m):
+    """The Mosaic GPU decode kernel, on SmolLM2's 576 output columns (an edge tile)."""
+    w = repack(random_weight(t, 576, 2048))
+    text = lower("gpu", qmatmul_mosaic, S((m, 2048), jnp.float32), w)
+    assert KERNEL_CALL["mosaic-gpu"] in text and KERNEL_CALL["gpu"] not in text
+
+
+def test_vmapped_expert_mosaic_matmul_lowers():
+    w = repack(random_weight(GGMLType.Q4_K, 4 * 256, 512))
+    experts = jax.tree_util.tree_map(lambda a: a.reshape(a.shape[0], 4, -1).swapaxes(0, 1), w)
+    text = lower("gpu", jax.vmap(qmatmul_mosaic), S((4, 1, 512), jnp.float32), experts)
+    assert KERNEL_CALL["mosaic-gpu"] in text

@@ -1,0 +1,170 @@
+"""Ahead-of-time compilation of an engine's step programs, for the persistent cache.
+
+    from llamay.engine.warmup import warmup
+    warmup(model.engine)                             # what `llamay generate` compiles
+    warmup(engine, rows=(1, 2, 4, 8), length=2048)   # a server's engine, more buckets
+
+A `BatchEngine` compiles one `paged_step` per (rows R, tokens T, page-table width M):
+R is the number of slots stepped together, bucketed to a power of two; T is 1 for a
+decode step, else the prefill chunk bucketed (16 ... the engine's chunk); M is the
+longest row's pages, bucketed (at least 256 positions' worth). `warmup` lowers each of
+them from the engine's own inputs (`BatchEngine._blank_plan` / `_step_inputs`: only
+shapes matter, no forward runs) and compiles it, so the executables land in the
+persistent compilation cache (`llamay.runtime`) and a later process reads them back
+instead of compiling (5-7 s each for SmolLM2 on a 2-core CPU). It also runs the small
+per-request program (`set_rows`, seeding a request's sampler state) at each row count.
+
+Programs depend on the engine's shapes: `Model.engine` (`llamay generate`: 4 slots,
+prefill chunk 256) and a server's engine (`llamay serve --parallel 8`: 8 slots, chunk
+128) share none, so each is warmed up with its own engine, on the same context size
+(`n_ctx`) and numerics. The engine must be idle (warm it up before submitting work).
+Sequences longer than the engine's starting pool grow the pool, a new shape: `length`
+is capped there. Constrained generation (token masks) and top-N log-probabilities
+compile variants of their own, not covered here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from llamay.engine.paged_steps import paged_step, set_rows
+from llamay.engine.scheduler import MIN_VIEW, BatchEngine
+from llamay.errors import RequestError
+from llamay.kv import bucket
+from llamay.sample import Sampler, SamplerState, SamplingParams
+
+# Sequences (prompt + generated tokens) covered by default: `llamay generate`'s default
+# 128 new tokens after a prompt of a few hundred.
+DEFAULT_LENGTH = 512
+PREFILL_MIN = 16  # the smallest prefill bucket (`BatchEngine._plan`)
+_REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
+_HITS = "/jax/compilation_cache/cache_hits"
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One compiled step: R rows of T tokens each, page tables M pages wide."""
+
+    rows: int
+    tokens: int
+    pages: int
+
+    def __str__(self) -> str:
+        kind = "decode" if self.tokens == 1 else f"prefill {self.tokens}"
+        return f"{kind}, {self.rows} row(s), {self.pages} pages"
+
+
+@dataclass
+class WarmupReport:
+    """What `warmup` did: each step shape with its seconds (lowering + compiling), the
+    programs it asked the persistent cache for, how many of them the cache already held,
+    and the wall time."""
+
+    steps: list[tuple[StepShape, float]]
+    cache_hits: int
+    requests: int
+    seconds: float
+
+
+def step_shapes(
+    engine: BatchEngine,
+    rows: Iterable[int] = (1,),
+    length: int = DEFAULT_LENGTH,
+    prefill: Iterable[int] | None = None,
+) -> list[StepShape]:
+    """The step shapes `engine` compiles for `rows` concurrent sequences of up to
+    `length` positions (capped at its context and starting pool), prefilled in the
+    buckets `prefill` (default: every bucket up to the engine's chunk)."""
+    top = bucket(engine.chunk, PREFILL_MIN)
+    buckets = _powers(PREFILL_MIN, top)
+    if prefill is not None:
+        asked = sorted({bucket(int(t), PREFILL_MIN) for t in prefill})
+        if not asked or asked[-1] > top:
+            raise RequestError(
+                f"prefill buckets must be within 1..{engine.chunk} (the engine's chunk), "
+                f"not {sorted(prefill)}"
+            )
+        buckets = asked
+    if length < 1:
+        raise RequestError(f"length must be >= 1, not {length}")
+    ps = engine.page_size
+    pool = (engine.mgr.alloc.n_pages - 1) * ps  # page 0 is the null page
+    pages = -(-min(length, engine.n_ctx, pool) // ps)
+    widest = max(1, MIN_VIEW // ps)
+    n_rows = sorted({bucket(min(max(1, int(r)), engine.n_slots), 1) for r in rows})
+    return [
+        StepShape(r, t, m)
+        for r in n_rows
+        for t in [1, *buckets]
+        for m in _powers(widest, bucket(pages, widest))
+    ]
+
+
+def _powers(lo: int, hi: int) -> list[int]:
+    out = [lo]
+    while out[-1] < hi:
+        out.append(out[-1] * 2)
+    return out
+
+
+def warmup(
+    engine: BatchEngine,
+    rows: Iterable[int] = (1,),
+    length: int = DEFAULT_LENGTH,
+    prefill: Iterable[int] | None = None,
+    workers: int | None = None,
+    progress: Callable[[StepShape, float], None] | None = None,
+) -> WarmupReport:
+    """Compile every step `engine` runs for `rows` concurrent sequences of up to
+    `length` positions (see `step_shapes`), into the persistent compilation cache.
+    Lowering runs here; compiling on `workers` threads (default: the CPU count, at most
+    4). `progress(shape, seconds)` is called as each one finishes."""
+    shapes = step_shapes(engine, rows, length, prefill)
+    sampler = dataclasses.replace(Sampler(), n_probs=0)  # the plan of a default request
+    samplers = [sampler] * engine.n_slots
+    params = SamplingParams.stack(samplers, engine._vocab)
+    state = SamplerState.init(samplers, history=engine.n_ctx)
+    counts = {_REQUESTS: 0, _HITS: 0}
+
+    def count(event: str, **_) -> None:
+        if event in counts:
+            counts[event] += 1
+
+    jax.monitoring.register_event_listener(count)
+    t0 = time.perf_counter()
+    done: list[tuple[StepShape, float]] = []
+    try:
+        for k in range(1, max(s.rows for s in shapes) + 1):
+            # a request's sampler seeding, and the pipelined decode's `nxt[:, None]`
+            set_rows(state, list(range(k)), SamplerState.init(samplers[:k], history=engine.n_ctx))
+            jax.device_put(np.zeros(bucket(k, 1), np.int32))[:, None].block_until_ready()
+        n = workers or min(4, os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="llamay-warmup") as pool:
+            futures = []
+            for shape in shapes:  # lowering holds the GIL: here; compiling releases it
+                start = time.perf_counter()
+                plan = engine._blank_plan(shape.rows, shape.tokens, shape.pages)
+                lowered = paged_step.lower(*engine._step_inputs(plan, None, params, state))
+                futures.append((shape, time.perf_counter() - start, pool.submit(_timed, lowered)))
+            for shape, lowering, fut in futures:
+                seconds = lowering + fut.result()
+                done.append((shape, seconds))
+                if progress is not None:
+                    progress(shape, seconds)
+    finally:
+        jax.monitoring.unregister_event_listener(count)
+    return WarmupReport(done, counts[_HITS], counts[_REQUESTS], time.perf_counter() - t0)
+
+
+def _timed(lowered) -> float:
+    start = time.perf_counter()
+    lowered.compile()
+    return time.perf_counter() - start
