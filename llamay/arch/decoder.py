@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from llamay.arch import ggml_ops
 from llamay.arch.base import Architecture, Config, TensorSpec
@@ -55,6 +56,12 @@ def is_local(cfg: Config, layer: jax.Array) -> jax.Array | bool:
     if cfg.swa_pattern < 2 or cfg.window <= 0:
         return False
     return layer % cfg.swa_pattern < cfg.swa_pattern - 1
+
+
+def local_layers(cfg: Config) -> np.ndarray:
+    """Which layers are local, as a static bool array [n_layers] (all False without
+    sliding windows): what sizes and indexes the paged pool's local part."""
+    return np.array([bool(is_local(cfg, i)) for i in range(cfg.n_layers)], bool)
 
 
 def _qk_norm(cfg: Config, lw: dict, role: str, x: jax.Array, n: int) -> jax.Array:

@@ -8,6 +8,10 @@ the Pallas paged-attention kernel (`llamay.kernels_pallas`, which `attention` di
 to on GPU/TPU): it gathers each row's pages into a dense view (view slot j = position j)
 and runs the dense attention, so both caches share one set of numerics (including the
 f16-cache rounding).
+
+A sliding-window model's pool is split into global and local layers' pools
+(`llamay.kv.pages`); its blocks see a `SplitPagedLayer`, which writes into the
+layer's own pool and attends through it alone.
 """
 
 from __future__ import annotations
@@ -39,6 +43,25 @@ class PagedLayer:
         """The dense view's shape [B, M·ps, K, D] (what a dense cache's shape would be)."""
         ps, K, D = self.pages.shape[-3:]
         return (self.table.shape[0], self.table.shape[1] * ps, K, D)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class SplitPagedLayer:
+    """One layer of a pool split in two (sliding-window models): the global layers'
+    pool and page tables, the local layers' pool and page tables, and whether this
+    layer (traced, under the layer scan) is local. Each `PagedLayer.layer` is the
+    layer's index among its kind. The local tables index positions as the global ones
+    do, with the null page where a page fell out of the window (the window mask hides
+    those positions), so both kinds attend through the same code."""
+
+    glob: PagedLayer
+    loc: PagedLayer
+    local: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.glob.shape
 
 
 def _at(pages: jax.Array, layer) -> tuple:
@@ -74,6 +97,11 @@ def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw):
 
 
 def write_kv(cache, new: jax.Array, positions: jax.Array):
+    if isinstance(cache, SplitPagedLayer):  # the other kind's pool drops the write
+        off = jnp.full_like(positions, -1)
+        glob = write_kv(cache.glob, new, jnp.where(cache.local, off, positions))
+        loc = write_kv(cache.loc, new, jnp.where(cache.local, positions, off))
+        return dataclasses.replace(cache, glob=glob, loc=loc)
     if isinstance(cache, PagedLayer):
         pages = paged_write(cache.pages, cache.table, new, positions, cache.layer)
         return dataclasses.replace(cache, pages=pages)
@@ -81,6 +109,12 @@ def write_kv(cache, new: jax.Array, positions: jax.Array):
 
 
 def attention(q, k_cache, v_cache, q_pos, **kw):
+    if isinstance(k_cache, SplitPagedLayer):  # read only the layer's own pool
+        return jax.lax.cond(
+            k_cache.local,
+            lambda: attention(q, k_cache.loc, v_cache.loc, q_pos, **kw),
+            lambda: attention(q, k_cache.glob, v_cache.glob, q_pos, **kw),
+        )
     if isinstance(k_cache, PagedLayer):
         args = (q, k_cache.pages, v_cache.pages, k_cache.table, q_pos, k_cache.layer)
         if kernels_pallas.paged_kernel_applies(q, **kw):  # GPU/TPU: the Pallas kernel

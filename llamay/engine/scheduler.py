@@ -44,13 +44,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from llamay.arch.decoder import local_layers
 from llamay.engine.api import Handle, Request
 from llamay.engine.generate import check_prompt
 from llamay.engine.paged_steps import PAD_POSITION, paged_step, set_rows
 from llamay.errors import KVCacheFullError, LlamayError, RequestError, SnapshotError
 from llamay.kv import bucket
 from llamay.kv.pages import copy_pages, grow_paged_kv, new_paged_kv, read_pages, write_pages
-from llamay.kv.sequences import KVManager, SeqKV
+from llamay.kv.sequences import KVManager, SeqKV, local_bound
 from llamay.kv.snapshot import Snapshot
 from llamay.sample import Sampler, SamplerState, SamplingParams, read_logprobs
 
@@ -87,6 +88,7 @@ class _Plan:
     last: np.ndarray  # [R]
     sampling: np.ndarray  # [R] bool
     slots: np.ndarray  # [R] engine slot per row (padding: out of range)
+    local: np.ndarray | None = None  # [R, M] local-pool page tables (sliding windows)
     state: SamplerState | None = None  # the sampler state the step returned
 
 
@@ -114,11 +116,14 @@ class BatchEngine:
         chunk: int = 128,
         prefix_cache: bool = True,
         max_pages: int | None = None,
+        local_pages: int | None = None,
     ):
         """`n_pages` pages in the pool (default: `slots` sequences of up to 1024
         tokens); with `max_pages` above it the pool grows on demand up to that, so a
         small pool can still take a long request (each new size compiles the step
-        once more)."""
+        once more). A model with sliding-window layers keeps theirs in a local pool of
+        `local_pages` (default: two windows per slot, at most `n_pages`), which grows
+        up to `max_pages` (or `n_pages`) as well."""
         self.model = model
         cfg = model.config
         self.cfg, self.weights = cfg, model.weights
@@ -127,10 +132,27 @@ class BatchEngine:
         if n_pages is None:
             n_pages = slots * -(-min(self.n_ctx, 1024) // page_size) + 1
         self.kv_dtype = model.runtime.kv_dtype
-        self.kv = new_paged_kv(
-            cfg.n_layers, n_pages, page_size, cfg.n_kv_heads, cfg.head_dim, self.kv_dtype
+        self.local_layers = local_layers(cfg)
+        n_local = int(self.local_layers.sum())
+        window = cfg.window if n_local else 0
+        if n_local and local_pages is None:
+            bound = local_bound(window, page_size, max(2, chunk), self.n_ctx)
+            local_pages = min(n_pages, 2 * slots * bound + 1)
+        local_pages = local_pages if n_local else 0
+        max_local = max(max_pages or n_pages, local_pages)
+        self.mgr = KVManager(
+            n_pages, page_size, prefix_cache, max_pages, window, local_pages, max_local, chunk
         )
-        self.mgr = KVManager(n_pages, page_size, prefix_cache, max_pages)
+        self.kv = new_paged_kv(
+            cfg.n_layers,
+            n_pages,
+            page_size,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            self.kv_dtype,
+            n_local,
+            local_pages,
+        )
         self.slots: list[_Active | None] = [None] * slots
         self.waiting: deque[_Active] = deque()
         self.kept: dict[str, _Active] = {}
@@ -258,10 +280,8 @@ class BatchEngine:
         sampler = dataclasses.replace(r.sampler, n_probs=0)
         a = _Active(handle, sampler, stop, budget, seq=seq, logprobs=logprobs)
         if seq is None and not self.mgr.fits_ever(n + budget + 1):
-            raise KVCacheFullError(
-                f"a request of {n} prompt + {budget} new tokens needs "
-                f"{self.mgr.pages_for(n + budget + 1)} KV pages; the pool has "
-                f"{self.mgr.max_capacity}: lower max_tokens or make the pool larger"
+            raise self.mgr.never_fits(
+                f"a request of {n} prompt + {budget} new tokens", n + budget + 1
             )
         self.waiting.append(a)
         return a
@@ -438,6 +458,8 @@ class BatchEngine:
                 p.tokens[j, :n] = s.pending[:n]
             p.positions[j, :n] = np.arange(start, start + n)
             p.table[j, : len(s.pages)] = s.pages
+            if p.local is not None:
+                p.local[j, : len(s.local)] = s.local
             p.last[j] = n - 1
             p.sampling[j] = after is not None or n == len(s.pending)
         return p
@@ -445,6 +467,7 @@ class BatchEngine:
     def _blank_plan(self, R: int, T: int, M: int) -> _Plan:
         """The inputs of a step over R rows of T tokens with M-page tables, every row
         padding: what `_plan` fills in, and the shapes `llamay.engine.warmup` compiles."""
+        local = np.zeros((R, M), np.int32) if self.mgr.local is not None else None
         return _Plan(
             [],
             [],
@@ -455,12 +478,14 @@ class BatchEngine:
             last=np.zeros(R, np.int32),
             sampling=np.zeros(R, bool),
             slots=np.full(R, self.n_slots, np.int32),  # padding rows: out of range
+            local=local,
         )
 
     def _sync_pool(self) -> None:
-        """Pad the device pool to the allocator's size after the allocator grew."""
-        if self.mgr.alloc.n_pages != self.kv.n_pages:
-            self.kv = grow_paged_kv(self.kv, self.mgr.alloc.n_pages)
+        """Pad the device pools to the allocators' sizes after an allocator grew."""
+        n_local = self.mgr.local.n_pages if self.mgr.local is not None else 0
+        if self.mgr.alloc.n_pages != self.kv.n_pages or n_local != self.kv.n_local_pages:
+            self.kv = grow_paged_kv(self.kv, self.mgr.alloc.n_pages, n_local)
 
     def _dispatch(self, plan: _Plan, tokens: jax.Array | None = None) -> jax.Array:
         self._sync_pool()
@@ -474,11 +499,29 @@ class BatchEngine:
         """`paged_step`'s arguments for `plan` (`tokens`: fed from the device instead of
         the plan's); `llamay.engine.warmup` lowers the step with them."""
         # device_put: jnp.asarray(ndarray) compiles an identity program per shape (jax 0.12)
-        fed, *rows = jax.device_put(
-            (plan.tokens, plan.positions, plan.table, plan.last, plan.sampling, plan.slots)
+        fed, *rows, local = jax.device_put(
+            (
+                plan.tokens,
+                plan.positions,
+                plan.table,
+                plan.last,
+                plan.sampling,
+                plan.slots,
+                plan.local,
+            )
         )
         fed = fed if tokens is None else tokens
-        return (self.cfg, self.weights, self.kv, fed, *rows, params, state, self._masks(plan))
+        return (
+            self.cfg,
+            self.weights,
+            self.kv,
+            fed,
+            *rows,
+            params,
+            state,
+            self._masks(plan),
+            local,
+        )
 
     def _logprobs(self, plan: _Plan) -> dict[int, tuple]:
         """{row: (logprob, [(id, logprob)...])} of the plan's sampling rows that asked for
@@ -582,12 +625,13 @@ class BatchEngine:
                     f"the KV pool cannot hold a fork of {handle.id} now "
                     f"({self.mgr.alloc.n_free} pages free); retry after requests finish"
                 )
-            child, copies = made
+            child, copies, local_copies = made
             child.tokens = tokens
-            if copies:
-                self._sync_pool()
-                src, dst = zip(*copies, strict=True)
-                self.kv = copy_pages(self.kv, jnp.asarray(src), jnp.asarray(dst))
+            for pairs, local in ((copies, False), (local_copies, True)):
+                if pairs:
+                    self._sync_pool()
+                    src, dst = (jnp.asarray(x) for x in zip(*pairs, strict=True))
+                    self.kv = copy_pages(self.kv, src, dst, local=local)
             h = Handle(r)
             try:
                 made_active = self._enqueue(h, child)
@@ -615,15 +659,32 @@ class BatchEngine:
         return self._digest
 
     def _snapshot(self, handle: Handle) -> Snapshot:
+        """The sequence's K/V [L, n_cached, K, D]; the local layers' positions before
+        the window it keeps are zeros (released: a restore never reads them)."""
         seq = self._find(handle).seq
         n = seq.n_cached
-        k, v = read_pages(self.kv, seq.pages[: self.mgr.pages_for(n)])
+        P = self.mgr.pages_for(n)
+        k, v = read_pages(self.kv, seq.pages[:P])
+        if self.mgr.local is not None:
+            kept = [i for i in range(P) if seq.local[i]]
+            lk, lv = read_pages(self.kv, [seq.local[i] for i in kept], local=True)
+            k, v = (self._interleave(g, loc, kept, P) for g, loc in ((k, lk), (v, lv)))
         L, P, ps, K, D = k.shape
         k = k.reshape(L, P * ps, K, D)[:, :n]
         v = v.reshape(L, P * ps, K, D)[:, :n]
         return Snapshot(
             self._digest_of_model(), str(np.dtype(self.kv_dtype)), list(seq.tokens), k, v
         )
+
+    def _interleave(self, glob: np.ndarray, loc: np.ndarray, kept: list[int], P: int):
+        """Every layer's pages [L, P, ps, K, D] from the global layers' [Lg, P, ...] and
+        the local layers' pages `kept` [Ll, len(kept), ...] (zeros elsewhere)."""
+        out = np.zeros((len(self.local_layers), P, *glob.shape[2:]), glob.dtype)
+        out[~self.local_layers] = glob
+        local = np.zeros((loc.shape[0], P, *loc.shape[2:]), loc.dtype)
+        local[:, kept] = loc
+        out[self.local_layers] = local
+        return out
 
     def _restore(self, snap: Snapshot, request: Request) -> Handle:
         cfg = self.cfg
@@ -652,9 +713,20 @@ class BatchEngine:
             k = np.pad(snap.k[:, :n], pad).reshape(L, P, ps, K, D)
             v = np.pad(snap.v[:, :n], pad).reshape(L, P, ps, K, D)
             self._sync_pool()
+            glob = ~self.local_layers
             self.kv = write_pages(
-                self.kv, jnp.asarray(seq.pages[:P]), jnp.asarray(k), jnp.asarray(v)
+                self.kv, jnp.asarray(seq.pages[:P]), jnp.asarray(k[glob]), jnp.asarray(v[glob])
             )
+            if self.mgr.local is not None:  # the local layers: only the window's pages
+                kept = [i for i in range(P) if seq.local[i]]
+                loc = np.ix_(self.local_layers, kept)
+                self.kv = write_pages(
+                    self.kv,
+                    jnp.asarray([seq.local[i] for i in kept]),
+                    jnp.asarray(k[loc]),
+                    jnp.asarray(v[loc]),
+                    local=True,
+                )
         h = Handle(request)
         try:
             self._enqueue(h, seq)

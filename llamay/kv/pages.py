@@ -1,31 +1,54 @@
 """The paged KV pool: device pages plus the host allocator that hands them out.
 
-The device side is one pytree, `PagedKV` (K and V `[layers, pages, page_size,
-kv_heads, head_dim]`), passed into and returned from the jitted steps (donated). The
-host side is `PageAllocator`: reference counts and a free list, plain numpy. Page 0
-is the null page: never allocated, never written, it fills unused page-table entries.
+The device side is one pytree, `PagedKV`, passed into and returned from the jitted
+steps (donated). The host side is `PageAllocator`: reference counts and a free list,
+plain numpy. Page 0 is the null page: never allocated, never written, it fills
+unused page-table entries.
 
 A page's reference count is the number of holders: each sequence whose page table
 lists it, plus the prefix tree when one of its nodes owns it. A page is free iff its
 count is 0.
 
-Sliding-window layers (gemma2/3) keep their pages: nothing is released or reused once
-it falls outside the window. A page holds one run of positions for every layer at once
-(`[layers, pages, ...]`), and the global layers interleaved with the local ones (one in
-two for gemma2, one in six for gemma3) read every position of the sequence, so a page
-outside the window is still live. Freeing only the local layers' share would need a
-second pool with its own page tables (a ring of window/page_size + 1 pages per
-sequence), a second allocator, and prefix sharing, fork and snapshots that know a
-local page may already be gone; it would save at most the local layers' part of the KV
-beyond the window. The local layers' attention masks positions older than the window
-(`llamay.arch.layers.attention`), so correctness does not depend on it
-(tests/engine/test_batch_gemma3.py decodes gemma3 past its window).
+Sliding-window models (gemma2: every other layer local, gemma3: five in six) split
+the pool in two, each with its own pages, page tables and allocator (page ids are
+per pool):
+
+- the global pool `k, v [L_global, P, page_size, K, D]` holds every position of a
+  sequence for the global layers (page i of a sequence: positions i·ps .. i·ps+ps-1);
+- the local pool `local_k, local_v [L_local, P_local, page_size, K, D]` holds the
+  local layers' K/V of the same positions, but only near the window: a sequence's
+  local page table is indexed like its global one, and an entry is the null page once
+  every position on it is older than any query still to come can see
+  (`KVManager.slide`). Its page goes back to the free list at once.
+
+A sequence holds at most ceil(window/page_size) + 2 local pages while decoding (a
+few more during a prefill chunk: `llamay.kv.sequences.local_bound`), however long it
+grows, so the local pool is sized by slots and window, not by context: for gemma3
+270M (15 of 18 layers local, window 512, pages of 16 tokens, prefill chunks of 128) a
+sequence holds at most 34 local pages decoding and 42 prefilling, while its global
+pages reach 2,048 at a 32k context.
+The forward pass (`llamay.model.forward`) carries both pools through the layer scan;
+each layer writes only its kind's pool and attends through it under a `lax.cond`
+(`llamay.arch.paged.SplitPagedLayer`). The released entries need no special case
+there: they point at the null page, and the window mask already hides those
+positions. Models without sliding windows have no local pool and run as before.
+
+How the rest composes with it (`llamay.kv.sequences`, `llamay.kv.radix`):
+- prefix tree: a node may own the local page of its positions too; a cached prefix
+  is reusable only up to a page boundary whose preceding `window` positions all still
+  have their local pages in the tree (a sequence offers them when its prompt is
+  computed and when it ends), so a hit mid-way through a long cached prompt is not
+  reused;
+- fork: the child shares the full global pages and copies the local window;
+- snapshots: every layer's K/V as before, with the local layers' positions before
+  the window zeros; restore writes only the window into the local pool;
+- admission reserves each sequence's local bound; both pools grow on demand.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import jax
@@ -40,52 +63,99 @@ NULL_PAGE = 0
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class PagedKV:
-    k: jax.Array  # [L, P, page_size, K, D]
-    v: jax.Array  # [L, P, page_size, K, D]
+    """The global pool K and V [L, P, page_size, K, D] (every layer of a model without
+    sliding windows; only the global layers of one with them) and, for such a model,
+    the local layers' pool [L_local, P_local, page_size, K, D] (None otherwise)."""
+
+    k: jax.Array
+    v: jax.Array
+    local_k: jax.Array | None = None
+    local_v: jax.Array | None = None
 
     @property
     def n_pages(self) -> int:
         return self.k.shape[1]
 
     @property
+    def n_local_pages(self) -> int:
+        return 0 if self.local_k is None else self.local_k.shape[1]
+
+    @property
     def page_size(self) -> int:
         return self.k.shape[2]
 
+    def pool(self, local: bool) -> tuple[jax.Array, jax.Array]:
+        return (self.local_k, self.local_v) if local else (self.k, self.v)
 
-def new_paged_kv(n_layers, n_pages, page_size, n_kv_heads, head_dim, dtype=jnp.float32) -> PagedKV:
-    shape = (n_layers, n_pages, page_size, n_kv_heads, head_dim)
-    return PagedKV(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    def with_pool(self, local: bool, k: jax.Array, v: jax.Array) -> PagedKV:
+        if local:
+            return replace(self, local_k=k, local_v=v)
+        return replace(self, k=k, v=v)
 
 
-def grow_paged_kv(kv: PagedKV, n_pages: int) -> PagedKV:
-    """The pool with zero pages appended up to `n_pages` (existing pages keep their ids)."""
-    extra = n_pages - kv.n_pages
-    if extra <= 0:
-        return kv
+def new_paged_kv(
+    n_layers,
+    n_pages,
+    page_size,
+    n_kv_heads,
+    head_dim,
+    dtype=jnp.float32,
+    local_layers: int = 0,
+    local_pages: int = 0,
+) -> PagedKV:
+    """A zeroed pool; with `local_layers` of the `n_layers` sliding-window, those get
+    their own pool of `local_pages` pages and the global one keeps the rest."""
 
-    def pad(a):
+    def zeros(layers, pages):
+        shape = (layers, pages, page_size, n_kv_heads, head_dim)
+        return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+    if not local_layers:
+        return PagedKV(*zeros(n_layers, n_pages))
+    return PagedKV(*zeros(n_layers - local_layers, n_pages), *zeros(local_layers, local_pages))
+
+
+def grow_paged_kv(kv: PagedKV, n_pages: int, n_local_pages: int = 0) -> PagedKV:
+    """The pools with zero pages appended up to `n_pages` (global) and `n_local_pages`
+    (local); existing pages keep their ids."""
+
+    def pad(a, n):
+        extra = n - a.shape[1]
+        if extra <= 0:
+            return a
         return jnp.concatenate([a, jnp.zeros((a.shape[0], extra, *a.shape[2:]), a.dtype)], 1)
 
-    return PagedKV(pad(kv.k), pad(kv.v))
+    kv = replace(kv, k=pad(kv.k, n_pages), v=pad(kv.v, n_pages))
+    if kv.local_k is not None:
+        kv = replace(
+            kv, local_k=pad(kv.local_k, n_local_pages), local_v=pad(kv.local_v, n_local_pages)
+        )
+    return kv
 
 
-@partial(jax.jit, donate_argnames=("kv",))
-def copy_pages(kv: PagedKV, src: jax.Array, dst: jax.Array) -> PagedKV:
-    """Copy pages src[i] -> dst[i] in every layer (copy-on-write of a partial page)."""
-    return PagedKV(kv.k.at[:, dst].set(kv.k[:, src]), kv.v.at[:, dst].set(kv.v[:, src]))
+@partial(jax.jit, static_argnames=("local",), donate_argnames=("kv",))
+def copy_pages(kv: PagedKV, src: jax.Array, dst: jax.Array, local: bool = False) -> PagedKV:
+    """Copy pages src[i] -> dst[i] in every layer of one pool (copy-on-write of a
+    partial page; a fork's copy of the local window)."""
+    k, v = kv.pool(local)
+    return kv.with_pool(local, k.at[:, dst].set(k[:, src]), v.at[:, dst].set(v[:, src]))
 
 
-def read_pages(kv: PagedKV, pages: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """K and V of `pages` on the host: each [L, len(pages), page_size, K, D]."""
+def read_pages(kv: PagedKV, pages: list[int], local: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """K and V of `pages` of one pool on the host: each [L, len(pages), page_size, K, D]."""
     idx = jnp.asarray(pages, jnp.int32)
-    return np.asarray(kv.k[:, idx]), np.asarray(kv.v[:, idx])
+    k, v = kv.pool(local)
+    return np.asarray(k[:, idx]), np.asarray(v[:, idx])
 
 
-@partial(jax.jit, donate_argnames=("kv",))
-def write_pages(kv: PagedKV, pages: jax.Array, k: jax.Array, v: jax.Array) -> PagedKV:
-    """Store k, v [L, n, page_size, K, D] into `pages` [n] (restoring a snapshot)."""
-    return PagedKV(
-        kv.k.at[:, pages].set(k.astype(kv.k.dtype)), kv.v.at[:, pages].set(v.astype(kv.v.dtype))
+@partial(jax.jit, static_argnames=("local",), donate_argnames=("kv",))
+def write_pages(
+    kv: PagedKV, pages: jax.Array, k: jax.Array, v: jax.Array, local: bool = False
+) -> PagedKV:
+    """Store k, v [L, n, page_size, K, D] into `pages` [n] of one pool (a snapshot)."""
+    pk, pv = kv.pool(local)
+    return kv.with_pool(
+        local, pk.at[:, pages].set(k.astype(pk.dtype)), pv.at[:, pages].set(v.astype(pv.dtype))
     )
 
 

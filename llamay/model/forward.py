@@ -11,9 +11,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from llamay.arch import architecture_of
-from llamay.arch.paged import PagedLayer
+from llamay.arch.decoder import local_layers
+from llamay.arch.paged import PagedLayer, SplitPagedLayer
 from llamay.quant import MixedQTensor
 
 
@@ -29,11 +31,15 @@ def _split_layers(layers: dict[str, Any]):
     return scanned, fixed
 
 
-def forward(cfg, weights, kv, tokens, positions, *, hidden: bool = False, page_table=None):
+def forward(
+    cfg, weights, kv, tokens, positions, *, hidden: bool = False, page_table=None, local_table=None
+):
     """Run all blocks over tokens [B, T] at positions [B, T].
 
     `kv` is a `DenseKV`, or a `PagedKV` pool read and written through `page_table`
-    [B, M] (each block sees it as a `llamay.arch.paged.PagedLayer` of its layer).
+    [B, M] (each block sees it as a `llamay.arch.paged.PagedLayer` of its layer); a
+    pool with a local part (sliding-window models) also takes `local_table` [B, M],
+    and each block sees a `SplitPagedLayer`.
     Returns (final hidden state [B, T, E], new kv, per-layer outputs [L, B, T, E] or None).
     """
     arch = architecture_of(cfg)
@@ -47,6 +53,9 @@ def forward(cfg, weights, kv, tokens, positions, *, hidden: bool = False, page_t
         }
 
     layer_ids = jnp.arange(kv.k.shape[0], dtype=jnp.int32)
+    if page_table is not None and kv.local_k is not None:
+        return _split_paged(cfg, arch, kv, x, positions, scanned, layer_weights, hidden,
+                            page_table, local_table)  # fmt: skip
     if page_table is not None:
         # The pool rides in the carry, updated in place; each layer reads only its
         # rows' pages (scanning it as xs/ys would copy the whole pool every step).
@@ -78,6 +87,25 @@ def forward(cfg, weights, kv, tokens, positions, *, hidden: bool = False, page_t
 
     (x, k, v), hs = jax.lax.scan(dense_body, (x, kv.k, kv.v), (scanned, layer_ids))
     return x, dataclasses.replace(kv, k=k, v=v), hs
+
+
+def _split_paged(cfg, arch, kv, x, positions, scanned, layer_weights, hidden, table, local_table):
+    """The paged scan over a pool split into global and local (sliding-window) layers:
+    both pools ride in the carry; each layer writes and reads only its own kind's."""
+    local = local_layers(cfg)
+    rank = np.where(local, np.cumsum(local) - 1, np.cumsum(~local) - 1).astype(np.int32)
+
+    def body(carry, xs):
+        x, kg, vg, kl, vl = carry
+        lw_scanned, layer, is_loc, r = xs
+        k = SplitPagedLayer(PagedLayer(kg, table, r), PagedLayer(kl, local_table, r), is_loc)
+        v = SplitPagedLayer(PagedLayer(vg, table, r), PagedLayer(vl, local_table, r), is_loc)
+        x, k, v = arch.block(cfg, layer_weights(lw_scanned), x, positions, k, v, layer)
+        return (x, k.glob.pages, v.glob.pages, k.loc.pages, v.loc.pages), x if hidden else None
+
+    xs = (scanned, jnp.arange(cfg.n_layers, dtype=jnp.int32), jnp.asarray(local), jnp.asarray(rank))
+    (x, kg, vg, kl, vl), hs = jax.lax.scan(body, (x, kv.k, kv.v, kv.local_k, kv.local_v), xs)
+    return x, dataclasses.replace(kv, k=kg, v=vg, local_k=kl, local_v=vl), hs
 
 
 @partial(jax.jit, static_argnames=("cfg", "hidden"), donate_argnames=("kv",))

@@ -3,7 +3,10 @@
 A hypothesis state machine submits, steps, forks, cancels, finishes and evicts (in a
 pool that grows on demand), and a host model of every page's contents checks what the
 device would hold: a sequence reads back its own tokens, and a page with another
-holder is never written.
+holder is never written. The same machine runs with a sliding window (a second, local
+pool whose pages a sequence releases behind its window): there a sequence reads back
+its window's tokens through its local pages, and both pools' counts return to the
+start.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from llamay.kv.sequences import KVManager
 
 PS = 4
 N_PAGES = 24
+MAX_FEED = 5  # positions one step feeds at most (the engine's prefill chunk)
 
 
 def test_allocator_basics():
@@ -59,21 +63,32 @@ def test_never_fits_is_an_error_and_busy_is_none():
     assert m.open([2] * 4, 4) is not None
 
 
-tokens = st.lists(st.integers(0, 2), min_size=1, max_size=14)  # tiny alphabet: shared prefixes
+tokens = st.lists(st.integers(0, 2), min_size=1, max_size=16)  # tiny alphabet: shared prefixes
 
 
 class PoolMachine(RuleBasedStateMachine):
+    WINDOW = 0
+
     @initialize()
     def setup(self):
-        self.m = KVManager(N_PAGES // 3, PS, max_pages=N_PAGES)  # grows as reservations need
+        # grows as reservations need
+        self.m = KVManager(
+            N_PAGES // 3, PS, max_pages=N_PAGES, window=self.WINDOW, local_pages=6,
+            max_local_pages=N_PAGES, max_feed=MAX_FEED,
+        )  # fmt: skip
         self.seqs = []
         self.content = {}  # page -> {offset: token}: what the device holds
+        self.local_content = {}  # the same for the local pool
 
     def _write(self, seq, start, end):
         for pos in range(start, end):
             page = seq.pages[pos // PS]
             assert self.m.alloc.refcount[page] == 1, "wrote into a shared page"
             self.content.setdefault(page, {})[pos % PS] = seq.tokens[pos]
+            if self.WINDOW:
+                page = seq.local[pos // PS]
+                assert page and self.m.local.refcount[page] == 1, "wrote into a shared local page"
+                self.local_content.setdefault(page, {})[pos % PS] = seq.tokens[pos]
 
     @rule(prompt=tokens, budget=st.integers(0, 8))
     def submit(self, prompt, budget):
@@ -83,9 +98,25 @@ class PoolMachine(RuleBasedStateMachine):
             self.seqs.append(seq)
 
     @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), more=tokens, budget=st.integers(0, 4))
+    def resubmit(self, data, more, budget):
+        """A prompt continuing (part of) a live sequence's: a likely prefix hit."""
+        seq = data.draw(st.sampled_from(self.seqs))
+        cut = data.draw(st.integers(0, len(seq.tokens)))
+        self.submit(seq.tokens[:cut] + more, budget)
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def cache(self, data):
+        """Offer a running sequence's pages to the tree (as at the end of its prompt)."""
+        self.m.cache(data.draw(st.sampled_from(self.seqs)))
+
+    @precondition(lambda self: self.seqs)
     @rule(data=st.data())
     def step(self, data):
-        seq = data.draw(st.sampled_from(self.seqs))
+        self._advance(data.draw(st.sampled_from(self.seqs)), data)
+
+    def _advance(self, seq, data):
         pending = len(seq.pending)
         if pending == 0:
             if seq.budget == 0:
@@ -93,10 +124,18 @@ class PoolMachine(RuleBasedStateMachine):
             seq.tokens.append(data.draw(st.integers(0, 2)))
             seq.budget -= 1
             pending = 1
-        n = data.draw(st.integers(1, pending))
+        n = data.draw(st.integers(1, min(pending, MAX_FEED)))
         self.m.ensure(seq, seq.n_cached + n)
         self._write(seq, seq.n_cached, seq.n_cached + n)
         self.m.commit(seq, n)
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def run(self, data):
+        """Steps one sequence to the end of its budget (well past a small window)."""
+        seq = data.draw(st.sampled_from(self.seqs))
+        while seq.pending or seq.budget:
+            self._advance(seq, data)
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), budget=st.integers(0, 6))
@@ -105,9 +144,12 @@ class PoolMachine(RuleBasedStateMachine):
         out = self.m.fork(seq, budget + 1)
         if out is None:
             return
-        child, copies = out
+        child, copies, local_copies = out
+        assert bool(local_copies) == (self.WINDOW > 0 and child.n_cached > 0)
         for src, dst in copies:
             self.content[dst] = dict(self.content.get(src, {}))
+        for src, dst in local_copies:
+            self.local_content[dst] = dict(self.local_content.get(src, {}))
         child.budget = budget
         self.seqs.append(child)
 
@@ -122,6 +164,11 @@ class PoolMachine(RuleBasedStateMachine):
     def evict(self, n):
         self.m.tree.evict(n)
 
+    @precondition(lambda self: self.WINDOW)
+    @rule(n=st.integers(1, 8))
+    def evict_local(self, n):
+        self.m.tree.evict_local(n)
+
     @invariant()
     def consistent(self):
         self.m.check()
@@ -131,6 +178,19 @@ class PoolMachine(RuleBasedStateMachine):
                 assert self.content[page][pos % PS] == seq.tokens[pos]
         for node in self.m.tree.nodes():  # the tree's pages hold their keys
             assert [self.content[node.page][i] for i in range(PS)] == list(node.key)
+        if not self.WINDOW:
+            return
+        for seq in self.seqs:  # the window of the next position reads back its tokens
+            lo = max(0, seq.n_cached - self.WINDOW + 1)
+            assert self.m.needed_from(seq.n_cached) == lo // PS
+            for pos in range(lo, seq.n_cached):
+                page = seq.local[pos // PS]
+                assert self.local_content[page][pos % PS] == seq.tokens[pos]
+            held = sum(1 for p in seq.local if p)
+            assert held <= seq.local_bound
+        for node in self.m.tree.nodes():
+            if node.local:
+                assert [self.local_content[node.local][i] for i in range(PS)] == list(node.key)
 
     def teardown(self):
         for seq in self.seqs:
@@ -138,6 +198,8 @@ class PoolMachine(RuleBasedStateMachine):
         self.m.tree.clear()
         self.m.check()
         assert self.m.alloc.n_free == self.m.alloc.capacity
+        if self.WINDOW:
+            assert self.m.local.n_free == self.m.local.capacity
 
 
 PoolMachine.TestCase.settings = settings(
@@ -147,6 +209,14 @@ PoolMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_pool_machine = PoolMachine.TestCase
+
+
+class WindowPoolMachine(PoolMachine):
+    WINDOW = 5  # not a multiple of PS: windows start mid-page
+
+
+WindowPoolMachine.TestCase.settings = settings(PoolMachine.TestCase.settings, max_examples=80)
+test_window_pool_machine = WindowPoolMachine.TestCase
 
 
 def test_growth_stops_at_max_pages():
@@ -160,3 +230,40 @@ def test_growth_stops_at_max_pages():
     m.release(a, cache=False)
     assert m.open([2] * 12, 8) is not None
     m.check()
+
+
+def test_local_pool_admission_and_never_fits():
+    # window 6, steps of up to 4 positions: a sequence holds at most 4 local pages
+    m = KVManager(64, PS, window=6, local_pages=4, max_local_pages=4, max_feed=4)
+    assert m.local_bound(100) == 4 and m.local_bound(8) == 2
+    with pytest.raises(KVCacheFullError, match="4 local pages"):
+        m.open([1] * 30, 8)  # the local pool has 3 pages, and may not grow
+    a = m.open([1] * 4, 4)
+    assert a is not None and m.open([2] * 4, 4) is None  # 2 + 2 local pages > 3
+    m.release(a, cache=False)
+    assert m.open([2] * 4, 4) is not None
+    m.check()
+
+
+def test_local_pages_slide_behind_the_window():
+    m = KVManager(64, PS, window=6, local_pages=8, max_feed=4)
+    s = m.open(list(range(30)), 2)
+    while s.pending:
+        n = min(4, len(s.pending))
+        m.ensure(s, s.n_cached + n)
+        assert sum(1 for p in s.local if p) <= s.local_bound
+        m.commit(s, n)
+        m.check()
+    # positions 23.. are in the window of position 29 and of the boundary at 28
+    assert s.local[: (28 - 6 + 1) // PS] == [0] * 5 and all(s.local[5:])
+    assert len(s.pages) == 8 and m.local.n_used == 3
+    m.release(s)  # the tree keeps the window's full pages: pages 5 and 6
+    assert sorted(n.local != 0 for n in m.tree.nodes()) == [False] * 5 + [True] * 2
+    hit = m.open(list(range(28)) + [99], 2)  # ends at 28, whose window is cached
+    assert hit.n_cached == 28 and hit.local[:5] == [0] * 5 and all(hit.local[5:7])
+    m.release(hit, cache=False)
+    assert m.open(list(range(20)) + [99], 2).n_cached == 0  # 20's window was released
+    m.tree.clear()
+    for seq in list(m.live.values()):
+        m.release(seq, cache=False)
+    assert m.local.n_free == m.local.capacity and m.alloc.n_free == m.alloc.capacity
