@@ -274,7 +274,13 @@ def bench(
 
 
 @app.command()
-def pull(name: Annotated[str, typer.Argument(help="A model name, e.g. smollm2:135m.")]) -> None:
+def pull(
+    name: Annotated[str, typer.Argument(help="A model name, e.g. smollm2:135m.")],
+    warmup: Annotated[
+        bool,
+        typer.Option("--warmup", help="Then compile it for `llamay generate` (llamay warmup)."),
+    ] = False,
+) -> None:
     """Fetch a model into the local store."""
     from llamay.store import pull as store_pull
 
@@ -283,6 +289,10 @@ def pull(name: Annotated[str, typer.Argument(help="A model name, e.g. smollm2:13
     except LlamayError as exc:
         raise _fail(exc) from None
     print(path)
+    if warmup:  # opt-in: compiling costs about a minute of CPU even for SmolLM2-135M
+        from llamay_cli.warmup_cmds import warmup as warmup_cmd
+
+        warmup_cmd(str(path))
 
 
 @app.command("list")
