@@ -1,7 +1,8 @@
 """`llamay warmup`: after it, a new `llamay generate` process compiles nothing (every
 program it asks for is in the persistent compilation cache) and prints what a plain run
-prints. Each command runs in its own process with its own fresh LLAMAY_CACHE; a listener
-on JAX's compilation-cache events counts the programs asked for and the cache hits."""
+prints; with --serve, the same holds for a server's engine. Each command runs in its own
+process with its own fresh LLAMAY_CACHE; a listener on JAX's compilation-cache events
+counts the programs asked for and the cache hits."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-# Runs the CLI in this process after hooking JAX's cache events; prints the counts last.
+# Hooks JAX's cache events, then runs the CLI (argv: "cli", args...) or serves one greedy
+# request on `llamay serve --parallel 8`'s engine (argv: "serve", model); prints the
+# counts last.
 DRIVER = """
 import json, sys
 import jax
@@ -25,15 +28,26 @@ def count(event, **_):
     if event in names:
         counts[names[event]] += 1
 jax.monitoring.register_event_listener(count)
-from llamay_cli.main import app
 try:
-    app(sys.argv[1:], prog_name="llamay", standalone_mode=False)
+    if sys.argv[1] == "cli":
+        from llamay_cli.main import app
+        app(sys.argv[2:], prog_name="llamay", standalone_mode=False)
+    else:
+        import llamay
+        from llamay.engine.api import Request
+        from llamay.sample import GREEDY
+        from llamay.serve.models import make_engine
+        m = llamay.load(sys.argv[2])
+        engine = make_engine(m, 8)
+        h = engine.submit(Request(m.tokenize("Once upon a time"), 4, GREEDY))
+        print(m.detokenize([ev.token_id for ev in h]))
+        engine.close()
 finally:
     print("COUNTS " + json.dumps(counts), file=sys.stderr)
 """
 
 
-def _llamay(cache, *args) -> tuple[str, dict]:
+def _run(cache, *args) -> tuple[str, dict]:
     env = {**os.environ, "LLAMAY_CACHE": str(cache)}
     env.pop("LLAMAY_NO_COMPILE_CACHE", None)
     p = subprocess.run(
@@ -48,17 +62,30 @@ def _llamay(cache, *args) -> tuple[str, dict]:
     return p.stdout, counts
 
 
+def _compiles(counts: dict) -> int:
+    return counts["requests"] - counts["hits"]
+
+
 def test_generate_after_warmup_compiles_nothing(smollm2_path, tmp_path):
     generate = ("generate", "-m", smollm2_path, "-n", 4, "--temperature", 0, "Once upon a time")
 
-    plain_out, plain = _llamay(tmp_path / "plain", *generate)
-    assert plain["requests"] - plain["hits"] > 0  # a cold cache: the counter sees compiles
+    plain_out, plain = _run(tmp_path / "plain", "cli", *generate)
+    assert _compiles(plain) > 0  # a cold cache: the counter sees compiles
 
     warm = tmp_path / "warm"
-    _llamay(warm, "warmup", smollm2_path, "--length", 64, "--prefill-buckets", 16)
-    out, counts = _llamay(warm, *generate)
+    _run(warm, "cli", "warmup", smollm2_path, "--length", 64, "--prefill-buckets", 16)
+    out, counts = _run(warm, "cli", *generate)
 
     assert counts["requests"] > 0
-    assert counts["hits"] == counts["requests"], counts
+    assert _compiles(counts) == 0, counts
     assert out == plain_out
+    assert len(out.strip()) > 0
+
+
+def test_serve_engine_after_warmup_compiles_nothing(smollm2_path, tmp_path):
+    warm = tmp_path / "warm"
+    _run(warm, "cli", "warmup", smollm2_path, "--serve", "--length", 64, "-p", 16)
+    out, counts = _run(warm, "serve", smollm2_path)
+    assert counts["requests"] > 0
+    assert _compiles(counts) == 0, counts
     assert len(out.strip()) > 0

@@ -14,6 +14,8 @@ from llamay.engine.warmup import StepShape, step_shapes, warmup
 from llamay.errors import RequestError
 from llamay.sample import GREEDY
 
+pytestmark = pytest.mark.slow
+
 
 class RecordingEngine(BatchEngine):
     def __init__(self, *args, **kwargs):
