@@ -110,6 +110,7 @@ def generate(
         t0 = time.perf_counter()
         m = llamay.load(model, n_ctx=n_ctx)
         t_load = time.perf_counter() - t0
+        t1 = time.perf_counter()  # first token: from here (tokenizing, engine start included)
         pieces = m.generate(
             prompt,
             max_tokens=max_tokens,
@@ -126,7 +127,6 @@ def generate(
             lenient=lenient,
             **sampling,
         )
-        t1 = time.perf_counter()
         first = None
         for piece in pieces:
             if first is None:
