@@ -1,15 +1,19 @@
 """The Pallas kernels on a GPU (written for an H200): each kernel against its reference on
-the device, the quantised matmul's achieved bandwidth on decode shapes, and decode
-tokens/s of real models with the Pallas dispatch vs `LLAMAY_BACKEND=reference`.
-One JSON object per line; a failing check is reported (with its error), not raised.
+the device, the quantised matmul's achieved bandwidth on decode shapes (Mosaic GPU and
+Triton kernels side by side, on square shapes and on every weight shape of the reference
+models), and decode tokens/s of real models with Pallas-Mosaic vs Pallas-Triton vs the XLA
+path (`LLAMAY_BACKEND=reference`). One JSON object per line; a failing check is reported
+(with its error), not raised.
 
     .venv/bin/python -m bench.pallas_gpu                # on the GPU machine (< 10 minutes)
-    .venv/bin/python -m bench.pallas_gpu --dry-run      # anywhere: interpret mode, tiny
-                                                         # shapes and the tiny gemma3 fixture
+    .venv/bin/python -m bench.pallas_gpu --dry-run      # anywhere: interpret mode (Mosaic
+                                                         # GPU's GPU interpreter), tiny shapes
+                                                         # and the tiny qwen3 fixture
 
 Bandwidth counts the bytes the kernel must read (kernel-layout weight planes plus
 activations) over the median time of `--reps` calls, against the H200's 4.8 TB/s; the
-reference's row uses the GGUF bytes it reads. Not run in CI: tests/kernels_pallas runs
+reference's row uses the GGUF bytes it reads. Decode rows add the kernel-layout weight
+bytes read per token and the GB/s they imply. Not run in CI: tests/kernels_pallas runs
 the dry run. No assertions on speed.
 """
 
@@ -30,8 +34,11 @@ import numpy as np
 
 PEAK_GBPS = 4800.0  # H200 HBM3e
 TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-TINY_MODEL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "tiny" / "gemma3.gguf"
+# tiny qwen3: Q4_K/Q5_K/Q6_K matrices and a Q3_K head (no kernel), so the Mosaic GPU
+# interpreter, which simulates every CTA, never runs a 49152-row head in the dry run
+TINY_MODEL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "tiny" / "qwen3.gguf"
 MODELS = ("smollm2:135m", "gemma3:270m")
+DRY_MAX_ROWS = 256  # dry run: model weight shapes up to this many rows
 
 
 def emit(out: list, **row) -> None:
@@ -73,25 +80,40 @@ def nbytes(*arrays) -> int:
 # -- checks: kernel vs reference on the device --------------------------------------------
 
 
-def check_qmatmul(out, types, platform: str, interpret, shapes) -> None:
+def kernels(interpret: bool) -> dict:
+    """impl -> f(x, PackedWeight): the two GPU lowerings of the quantised matmul."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from llamay.kernels_pallas.qmatmul import qmatmul_pallas
+    from llamay.kernels_pallas.qmatmul_mosaic import qmatmul_mosaic
+
+    gpu_interpret = plgpu.InterpretGPUParams() if interpret else False
+    return {
+        "triton": lambda x, p: qmatmul_pallas(x, p, platform="gpu", interpret=interpret),
+        "mosaic": lambda x, p: qmatmul_mosaic(x, p, interpret=gpu_interpret),
+    }
+
+
+def check_qmatmul(out, types, impls: dict, shapes) -> None:
     from llamay.gguf.constants import GGMLType
     from llamay.kernels_pallas import repack
-    from llamay.kernels_pallas.qmatmul import qmatmul_pallas, qmatmul_reference
+    from llamay.kernels_pallas.qmatmul import qmatmul_reference
 
     for name in types:
         for m, n, k in shapes:
-            what = dict(check="qmatmul", type=name, M=m, N=n, K=k)
+            for impl, fn in impls.items():
+                what = dict(check="qmatmul", impl=impl, type=name, M=m, N=n, K=k)
 
-            def run(name=name, m=m, n=n, k=k, what=what):
-                w = random_weight(GGMLType[name], n, k)
-                x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32)
-                y = qmatmul_pallas(x, repack(w), platform=platform, interpret=interpret)
-                ref = qmatmul_reference(x, w)
-                scale = jnp.abs(x) @ jnp.abs(w.dequantize()).T
-                err = float(jnp.max(jnp.abs(y - ref) / (scale + 1e-30)))
-                emit(out, **what, max_rel_err=err, ok=bool(err < 1e-5))
+                def run(name=name, m=m, n=n, k=k, fn=fn, what=what):
+                    w = random_weight(GGMLType[name], n, k)
+                    x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32)
+                    y = fn(x, repack(w))
+                    ref = qmatmul_reference(x, w)
+                    scale = jnp.abs(x) @ jnp.abs(w.dequantize()).T
+                    err = float(jnp.max(jnp.abs(y - ref) / (scale + 1e-30)))
+                    emit(out, **what, max_rel_err=err, ok=bool(err < 1e-5))
 
-            guarded(out, what, run)
+                guarded(out, what, run)
 
 
 def check_paged(out, platform: str, interpret, shape) -> None:
@@ -135,59 +157,78 @@ def check_paged(out, platform: str, interpret, shape) -> None:
 # -- bandwidth of the quantised matmul on decode shapes ------------------------------------
 
 
-def bandwidth(out, types, platform: str, interpret, shapes, reps: int) -> None:
+def model_shapes(models, types, max_rows: int | None = None) -> list[tuple[str, int, int, str]]:
+    """(type, N, K, "model:tensor") of every distinct kernel-type matrix of the models (one
+    row per token: the decode shapes), read from their GGUF headers."""
+    import llamay
+    from llamay.kernels_pallas import KERNEL_TYPES
+
+    seen, cases = set(), []
+    for name in models:
+        tensors = llamay.load(name).gguf.tensors
+        for info in tensors.values():
+            if len(info.shape) != 2 or info.ggml_type not in KERNEL_TYPES:
+                continue
+            key = (info.ggml_type.name, *info.shape)
+            if key[0] in types and key not in seen and info.shape[0] <= (max_rows or 1 << 62):
+                seen.add(key)
+                cases.append((*key, f"{Path(str(name)).stem}:{info.name}"))
+    return cases
+
+
+def bandwidth(out, impls: dict, cases, reps: int) -> None:
+    """cases: (type, M, N, K, label); each kernel and the XLA reference, timed."""
     from llamay.gguf.constants import GGMLType
     from llamay.kernels_pallas import repack
-    from llamay.kernels_pallas.qmatmul import qmatmul_pallas, qmatmul_reference
+    from llamay.kernels_pallas.qmatmul import qmatmul_reference
 
-    for name in types:
-        for m, n, k in shapes:
-            what = dict(bench="qmatmul_bandwidth", type=name, M=m, N=n, K=k)
+    for name, m, n, k, label in cases:
+        what = dict(bench="qmatmul_bandwidth", type=name, M=m, N=n, K=k, shape=label)
 
-            def run(name=name, m=m, n=n, k=k, what=what):
-                w = random_weight(GGMLType[name], n, k)
-                p = jax.block_until_ready(repack(w))
-                x = jnp.ones((m, k), jnp.float32)
-                kern = jax.jit(
-                    lambda x, p: qmatmul_pallas(x, p, platform=platform, interpret=interpret)
+        def run(name=name, m=m, n=n, k=k, what=what):
+            w = random_weight(GGMLType[name], n, k)
+            p = jax.block_until_ready(repack(w))
+            x = jnp.ones((m, k), jnp.float32)
+            timed = [(impl, jax.jit(fn), p, nbytes(p.q, p.high, p.scale, p.offset, x))
+                     for impl, fn in impls.items()]  # fmt: skip
+            timed.append(("reference", jax.jit(qmatmul_reference), w, nbytes(w.data, x)))
+            for impl, fn, weight, b in timed:
+                s = median_seconds(lambda fn=fn, weight=weight: fn(x, weight), reps)
+                gbps = b / s / 1e9
+                emit(
+                    out,
+                    **what,
+                    impl=impl,
+                    us=round(s * 1e6, 1),
+                    bytes=b,
+                    gb_s=round(gbps, 1),
+                    pct_peak=round(100 * gbps / PEAK_GBPS, 1),
                 )
-                ref = jax.jit(qmatmul_reference)
-                s_k = median_seconds(lambda: kern(x, p), reps)
-                s_r = median_seconds(lambda: ref(x, w), reps)
-                b_k = nbytes(p.q, p.high, p.scale, p.offset, x)
-                b_r = nbytes(w.data, x)
-                for impl, s, b in (("pallas", s_k, b_k), ("reference", s_r, b_r)):
-                    gbps = b / s / 1e9
-                    emit(
-                        out,
-                        **what,
-                        impl=impl,
-                        us=round(s * 1e6, 1),
-                        bytes=b,
-                        gb_s=round(gbps, 1),
-                        pct_peak=round(100 * gbps / PEAK_GBPS, 1),
-                    )
 
-            guarded(out, what, run)
+        guarded(out, what, run)
 
 
 # -- decode tokens/s of a model through the paged path -------------------------------------
 
 
-def decode_run(model, choice: str, steps: int, prompt: int = 8, page: int = 16):
-    """(tokens/s of `steps` batch-1 decode steps, the prompt's last logits) with the dispatch
-    traced under LLAMAY_BACKEND=choice; the Pallas run uses weights repacked once."""
+def decode_run(model, env: dict, steps: int, prompt: int = 8, page: int = 16):
+    """(tokens/s of `steps` batch-1 decode steps, the prompt's last logits, the bytes of
+    kernel-layout weights) with the dispatch traced under the environment `env`
+    (LLAMAY_BACKEND, LLAMAY_GPU_KERNELS); Pallas runs use weights repacked once."""
     from llamay.arch import architecture_of
-    from llamay.kernels_pallas import dispatch, repack_weights
+    from llamay.kernels_pallas import PackedWeight, repack_weights
     from llamay.kv.pages import new_paged_kv
     from llamay.model.bind import bind
     from llamay.model.forward import forward
 
-    os.environ[dispatch.ENV] = choice
+    os.environ.update(env)
     cfg, arch = model.config, architecture_of(model.config)
     # GGUF-block QTensors, as bound on GPU/TPU (on one CPU device `bind` would repack)
     w = bind(model.gguf, model.arch, cfg.n_layers, cfg.numerics, repack=False)
-    w = w if choice == "reference" else repack_weights(w)
+    w = w if env[BACKEND_ENV] == "reference" else repack_weights(w)
+    packed = [x for x in jax.tree.leaves(w, is_leaf=lambda a: isinstance(a, PackedWeight))
+              if isinstance(x, PackedWeight)]  # fmt: skip
+    weight_bytes = sum(nbytes(p.q, p.high, p.scale, p.offset) for p in packed)
     M = -(-(prompt + steps + 1) // page)
     kv = new_paged_kv(
         cfg.n_layers, 1 + M, page, cfg.n_kv_heads, cfg.head_dim, model.runtime.kv_dtype
@@ -208,10 +249,24 @@ def decode_run(model, choice: str, steps: int, prompt: int = 8, page: int = 16):
     for i in range(steps):
         tok, _, kv = step(w, kv, tok[:, None], jnp.full((1, 1), prompt + 1 + i, jnp.int32))
     jax.block_until_ready(tok)
-    return steps / (time.perf_counter() - t), np.asarray(first)
+    return steps / (time.perf_counter() - t), np.asarray(first), weight_bytes
 
 
-def decode_speed(out, models, pallas_choice: str, steps: int) -> None:
+BACKEND_ENV, GPU_KERNELS_ENV = "LLAMAY_BACKEND", "LLAMAY_GPU_KERNELS"
+
+
+def decode_envs(dry_run: bool) -> dict[str, dict]:
+    """path -> the environment that traces it: the XLA path, Pallas with the Triton
+    kernels, Pallas with the Mosaic GPU kernels (the dry run: their interpreters)."""
+    if dry_run:
+        pallas = {"triton": "pallas-interpret-gpu", "mosaic": "pallas-interpret-mosaic-gpu"}
+        envs = {k: {BACKEND_ENV: v, GPU_KERNELS_ENV: "auto"} for k, v in pallas.items()}
+    else:
+        envs = {k: {BACKEND_ENV: "auto", GPU_KERNELS_ENV: k} for k in ("triton", "mosaic")}
+    return {"xla": {BACKEND_ENV: "reference", GPU_KERNELS_ENV: "auto"}, **envs}
+
+
+def decode_speed(out, models, envs: dict, steps: int) -> None:
     import llamay
 
     for name in models:
@@ -219,18 +274,23 @@ def decode_speed(out, models, pallas_choice: str, steps: int) -> None:
 
         def run(name=name, what=what):
             m = llamay.load(name)
-            ref_tps, ref_logits = decode_run(m, "reference", steps)
-            tps, logits = decode_run(m, pallas_choice, steps)
-            err = float(np.max(np.abs(logits - ref_logits)) / np.max(np.abs(ref_logits)))
-            emit(
-                out,
-                **what,
-                pallas_tok_s=round(tps, 1),
-                reference_tok_s=round(ref_tps, 1),
-                speedup=round(tps / ref_tps, 2),
-                logits_rel_err=err,
-                ok=bool(err < 1e-4),
-            )
+            runs = {path: decode_run(m, env, steps) for path, env in envs.items()}
+            ref_tps, ref_logits, _ = runs["xla"]
+            row, ok = {}, True
+            for path, (tps, logits, weight_bytes) in runs.items():
+                row[f"{path}_tok_s"] = round(tps, 3)
+                if path == "xla":
+                    continue
+                err = float(np.max(np.abs(logits - ref_logits)) / np.max(np.abs(ref_logits)))
+                gbps = tps * weight_bytes / 1e9
+                row |= {f"{path}_vs_xla": round(tps / ref_tps, 2), f"{path}_logits_rel_err": err,
+                        f"{path}_weight_mb": round(weight_bytes / 1e6, 3),
+                        f"{path}_weight_gb_s": round(gbps, 1),
+                        f"{path}_pct_peak": round(100 * gbps / PEAK_GBPS, 1)}  # fmt: skip
+                ok = ok and err < 1e-4
+            if "mosaic_tok_s" in row and "triton_tok_s" in row:
+                row["mosaic_vs_triton"] = round(row["mosaic_tok_s"] / row["triton_tok_s"], 2)
+            emit(out, **what, **row, ok=ok)
 
         guarded(out, what, run)
 
@@ -255,22 +315,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
         devices=[d.device_kind for d in jax.devices()],
         dry_run=args.dry_run,
     )
+    types = args.types.split(",")
     if args.dry_run:
-        platform, interpret, choice = "gpu", True, "pallas-interpret-gpu"
+        interpret, platform = True, "gpu"
         check_shapes = [(1, 64, 256), (20, 48, 256)]
         paged_shape = (2, 4, 2, 16, 4, 6)
-        bw_shapes, models, steps, reps = [(1, 64, 256)], [TINY_MODEL], 2, 1
+        squares, models, steps, reps = [(1, 64, 256)], [TINY_MODEL], 1, 1
+        max_rows = DRY_MAX_ROWS
     else:
-        platform, interpret, choice = "gpu", False, "auto"
+        interpret, platform = False, "gpu"
         check_shapes = [(1, 4096, 4096), (256, 2048, 2048)]
         paged_shape = (8, 32, 8, 128, 16, 64)
-        bw_shapes = [(1, 4096, 4096), (1, 14336, 4096), (1, 4096, 14336)]
+        squares = [(1, 4096, 4096), (1, 14336, 4096), (1, 4096, 14336)]
         models, steps, reps = args.models.split(","), args.steps, args.reps
-    types = args.types.split(",")
-    check_qmatmul(out, types, platform, interpret, check_shapes)
+        max_rows = None
+    impls = kernels(interpret)
+    check_qmatmul(out, types, impls, check_shapes)
     check_paged(out, platform, interpret, paged_shape)
-    bandwidth(out, types, platform, interpret, bw_shapes, reps)
-    decode_speed(out, models, choice, steps)
+    cases = [(t, m, n, k, "square") for t in types for m, n, k in squares]
+    cases += [(t, 1, n, k, label) for t, n, k, label in model_shapes(models, types, max_rows)]
+    bandwidth(out, impls, cases, reps)
+    decode_speed(out, models, decode_envs(args.dry_run), steps)
     return out
 
 

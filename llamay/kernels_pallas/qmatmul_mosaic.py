@@ -49,7 +49,11 @@ LANES = 128  # threads of one warpgroup: the strided layout spreads a row over t
 TARGET_CTAS = 2 * 132  # about two CTAs per H100/H200 SM
 DECODE_MAX_ROWS = 8  # the row tile: accumulators per thread = tm · V
 TMA_ALIGN = 16  # bytes: TMA needs every GMEM row stride a multiple of this
-MAX_STEPS_IN_FLIGHT = 3  # pipeline depth (SMEM: 3 × one chunk of every plane)
+# SMEM per CTA for the pipeline's buffers (H100/H200 allow 227 KiB per block): this
+# leaves room for two CTAs per SM; a step (one chunk of x and of every plane) must fit
+# twice (double buffering), and as many steps as fit, up to 4, are in flight.
+SMEM_BUDGET = 96 * 1024
+MAX_STAGES = 4
 
 
 @dataclass(frozen=True)
@@ -58,21 +62,34 @@ class MosaicTiling:
     tn: int  # output columns per CTA: 128 · V
     chunk: int  # K elements per pipeline step (a multiple of 32)
     splits: int  # K ranges, each its own CTAs and partial sums
+    stages: int = 2  # pipeline steps in flight (SMEM buffers per operand)
 
 
-def mosaic_tiling_for(M: int, N: int, K: int) -> MosaicTiling:
+def step_bytes(fmt: Format, tm: int, tn: int, chunk: int) -> int:
+    """SMEM bytes of one pipeline step: a chunk of x and of every plane."""
+    itemsize = {"q": 1, "high": 4, "scale": 4, "offset": 4}
+    planes = {n: r for n, r in _plane_rows(fmt, chunk).items() if r}
+    if not fmt.has_offset:
+        planes.pop("offset")
+    return 4 * tm * chunk + sum(itemsize[n] * rows * tn for n, rows in planes.items())
+
+
+def mosaic_tiling_for(M: int, N: int, K: int, fmt: Format) -> MosaicTiling:
     """The tiling for x [M, K] @ W[N, K].T: V = 2 where N allows (256-byte rows of the
-    nibble plane per TMA copy), the largest chunk <= 256 dividing K, and split-K up to
-    `TARGET_CTAS`."""
+    nibble plane per TMA copy), the largest chunk <= 256 dividing K whose two steps fit
+    `SMEM_BUDGET`, and split-K up to `TARGET_CTAS`."""
     tm = min(M, DECODE_MAX_ROWS)
     n = -(-N // LANES) * LANES
     tn = 2 * LANES if n % (2 * LANES) == 0 else LANES
     chunk = _divisor(K, 256, 32)
+    while 2 * step_bytes(fmt, tm, tn, chunk) > SMEM_BUDGET and chunk > 32:
+        chunk = _divisor(K, chunk - 32, 32)
+    stages = max(2, min(MAX_STAGES, SMEM_BUDGET // step_bytes(fmt, tm, tn, chunk)))
     blocks = -(-M // tm) * (n // tn)
     steps = K // chunk
     limit = max(TARGET_CTAS // blocks, 1)
     splits = max(s for s in range(1, steps + 1) if steps % s == 0 and s <= limit)
-    return MosaicTiling(tm, tn, chunk, splits)
+    return MosaicTiling(tm, tn, chunk, splits, stages)
 
 
 def check_mosaic_tiling(t: MosaicTiling, K: int) -> None:
@@ -152,7 +169,7 @@ def _kernel(x_gmem, *refs, fmt: Format, names: list[str], t: MosaicTiling, k_ste
         body,
         grid=(k_steps,),
         in_specs=specs,
-        max_concurrent_steps=MAX_STEPS_IN_FLIGHT,
+        max_concurrent_steps=t.stages,
         init_carry=init,
     )(x_gmem, *plane_gmem)
     for m, acc in enumerate(accs):
@@ -168,7 +185,7 @@ def qmatmul_mosaic(
     N, K = w.rows, w.cols
     x2, lead = as_rows(x, w)
     M = x2.shape[0]
-    t = tiling or mosaic_tiling_for(M, N, K)
+    t = tiling or mosaic_tiling_for(M, N, K, w.fmt)
     check_mosaic_tiling(t, K)
     names = plane_names(w)
     n_pad, m_pad = -N % t.tn, -M % t.tm  # blocks past the edges read zeros (TMA)

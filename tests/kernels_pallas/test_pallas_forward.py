@@ -78,6 +78,22 @@ def test_pallas_dispatch_forward_equals_reference(family, tiny_dir, monkeypatch)
     np.testing.assert_allclose(got, ref, atol=2e-5 * scale, rtol=0)
 
 
+@pytest.mark.slow  # GPU interpret mode simulates every CTA: about a minute
+def test_mosaic_gpu_dispatch_forward_equals_reference(tiny_dir, monkeypatch):
+    """`pallas-interpret-mosaic-gpu`: a decode-sized prefill (6 rows) and a decode step of
+    tiny qwen3 (Q4_K/Q5_K/Q6_K matrices) through the Mosaic GPU matmul in GPU interpret
+    mode, attention through the Triton-variant kernel; Q2_K/Q3_K take `qmatmul`."""
+    model = llamay.load(tiny_dir / "qwen3.gguf")
+    tokens = np.random.default_rng(1).integers(3, 1000, (1, 6)).astype(np.int32)
+    ref, _ = paged_logits(model, tokens, monkeypatch, "reference")
+    got, jaxpr = paged_logits(model, tokens, monkeypatch, "pallas-interpret-mosaic-gpu", True)
+    for kernel in ["qmatmul_mosaic_q4_k", "qmatmul_mosaic_q5_k", "qmatmul_mosaic_q6_k"]:
+        assert kernel in jaxpr, kernel
+    assert "qmatmul_q4_k" not in jaxpr  # no Triton matmul for decode rows
+    scale = np.abs(ref).max()
+    np.testing.assert_allclose(got, ref, atol=2e-5 * scale, rtol=0)
+
+
 def test_backend_choice(monkeypatch):
     monkeypatch.setenv(dispatch.ENV, "reference")
     assert not dispatch.backend().pallas

@@ -12,8 +12,15 @@ from test_pallas_qmatmul import TYPES, assert_f32_close, random_weight, random_x
 
 from llamay.gguf.constants import GGMLType
 from llamay.kernels_pallas import dispatch, repack
+from llamay.kernels_pallas.layout import FORMATS
 from llamay.kernels_pallas.qmatmul import qmatmul_reference
-from llamay.kernels_pallas.qmatmul_mosaic import MosaicTiling, mosaic_tiling_for, qmatmul_mosaic
+from llamay.kernels_pallas.qmatmul_mosaic import (
+    SMEM_BUDGET,
+    MosaicTiling,
+    mosaic_tiling_for,
+    qmatmul_mosaic,
+    step_bytes,
+)
 
 T = GGMLType
 INTERPRET = plgpu.InterpretGPUParams()
@@ -75,11 +82,17 @@ def test_mosaic_leading_dims_and_vmapped_experts():
 
 
 def test_mosaic_tiling_fits_decode_shapes():
-    # SmolLM2's 576 columns: padded to 640 = 5 tiles of 128, split K to fill the GPU
-    assert mosaic_tiling_for(1, 576, 576) == MosaicTiling(tm=1, tn=128, chunk=192, splits=3)
-    assert mosaic_tiling_for(1, 4096, 4096) == MosaicTiling(tm=1, tn=256, chunk=256, splits=16)
+    q41, q8, q6k = FORMATS[T.Q4_1], FORMATS[T.Q8_0], FORMATS[T.Q6_K]
+    # SmolLM2's 576 columns: 5 tiles of 128 (the last one an edge), split K to fill the GPU
+    assert mosaic_tiling_for(1, 576, 576, q41) == MosaicTiling(1, 128, 192, 3, stages=4)
+    assert mosaic_tiling_for(1, 4096, 4096, q41) == MosaicTiling(1, 256, 128, 16, stages=3)
     # the vocabulary head has CTAs enough without split K
-    assert mosaic_tiling_for(8, 49152, 576).splits == 1
+    assert mosaic_tiling_for(8, 49152, 576, q8).splits == 1
+    # every step of every type fits twice in the SMEM budget, in flight as many as fit
+    for fmt in (q41, q8, q6k):
+        for m, n, k in [(8, 4096, 4096), (1, 262144, 640), (8, 1536, 576)]:
+            t = mosaic_tiling_for(m, n, k, fmt)
+            assert 2 <= t.stages and t.stages * step_bytes(fmt, t.tm, t.tn, t.chunk) <= SMEM_BUDGET
     with pytest.raises(ValueError, match="chunk·splits divide K"):
         qmatmul_mosaic(random_x(1, 256), repack(random_weight(T.Q8_0, 128, 256)),
                        interpret=INTERPRET, tiling=MosaicTiling(1, 128, 96, 1))  # fmt: skip
