@@ -1,0 +1,467 @@
+"""`llamay serve` against llama.cpp's `llama-server -np N` on the same GGUF (issue 5).
+
+    .venv/bin/python -m bench.llamaserver_compare [--model smollm2:135m] [--streams 1,4,8,16]
+        [--tokens 64] [--prefix 2000] [--reps 2] [--engines llama-server,llamay]
+        [--resume bench/results/llamaserver-<time>.json] [--llama-server PATH] [--dry-run]
+
+HTTP against HTTP: both servers run as their own processes on a free loopback port and this
+process drives them with one client (httpx, asyncio) over the same API, llama.cpp's
+`POST /completion` (llamay serves it too), streamed, with the same token-id prompts, greedy
+(`temperature` 0, `top_k` 1), `n_predict` fixed and `ignore_eos` so both generate exactly
+as many tokens. llamay's engine alone (`bench/batch.py`) would leave out the HTTP, JSON and
+detokenisation work that llama-server's numbers include.
+
+- `decode` N: N concurrent streams with distinct 8-token prompts, `--tokens` tokens each,
+  after the same workload once on other prompts (llamay compiles its step shapes then);
+  `decode_tok_s` = Σ(tokens − 1) over the streams / (last token − first first token),
+  `ttft_p50_s` the median time to a stream's first event; median over `--reps`.
+- `ttft` (on the N = 1 servers): a fresh `--prefix`-token prompt + 8 tokens (uncached), then
+  the same prefix + 8 other tokens (cached: llama-server's `cache_prompt` slot reuse,
+  llamay's prefix cache); `cached_tokens` is each server's own count of reused tokens.
+
+Each (engine, N) gets its own server: `llama-server -m GGUF -np N -c N*ctx -t 2 -tb 2` with
+`OMP_WAIT_POLICY=PASSIVE` (as bench/llamacpp_compare.py: spinning OpenMP threads collapse
+on a shared CPU), and `llamay serve -m GGUF --parallel N --ctx ctx` (exact numerics, what
+`llamay serve` runs), ctx = prefix + tokens + 64 per sequence. The engines take turns per N.
+Rows are saved after each measurement to bench/results/llamaserver-<time>.json; `--resume`
+that file to skip what it already holds (same model, tokens, prefix). `--dry-run` drives two
+fake llama.cpp-style servers (`--fake-server`, fixed per-token sleeps) instead: the whole
+pipeline without either engine, for tests.
+
+Building llama-server once (never a llamay dependency; about 25 min on 2 cores). The sources
+are llama.cpp as vendored in llama-cpp-python 0.3.36's source release (`pip download
+--no-deps --no-binary :all: llama-cpp-python==0.3.36`):
+
+    mkdir -p ~/.cache/llamay/llama-server && cd ~/.cache/llamay/llama-server
+    tar xzf llama_cpp_python-0.3.36.tar.gz
+    cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B build -G Ninja \\
+        -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \\
+        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \\
+        -DBUILD_SHARED_LIBS=OFF
+    nice -n 5 cmake --build build --target llama-server -j2
+
+(`LLAMA_USE_PREBUILT_UI=OFF`: no web UI download; the server runs without one.) The binary,
+build/bin/llama-server, is found there or via `--llama-server` / `$LLAMA_SERVER`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_BINARY = Path.home() / ".cache" / "llamay" / "llama-server" / "build" / "bin"
+ENGINES = ("llama-server", "llamay")
+PROMPT_TOKENS = 8  # the decode prompts and the tails after the TTFT prefix
+METRICS = {"decode": ("decode_tok_s", "ttft_p50_s"), "ttft": ("ttft_uncached_s", "ttft_cached_s")}
+
+
+def llama_server_binary(given: str | None = None) -> Path | None:
+    """`given`, `$LLAMA_SERVER`, the build directory of the docstring, or PATH's."""
+    for candidate in (given, os.environ.get("LLAMA_SERVER"), DEFAULT_BINARY / "llama-server"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+# --- measuring one stream ----------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    """One streamed completion as the client saw it (perf_counter seconds)."""
+
+    t_start: float
+    t_first: float
+    t_end: float
+    tokens: int
+    cached_tokens: int
+
+    @property
+    def ttft(self) -> float:
+        return self.t_first - self.t_start
+
+
+def parse_event(line: str) -> dict | None:
+    """The JSON of one server-sent `data:` line; None for other lines."""
+    if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+        return None
+    return json.loads(line[6:])
+
+
+def cached_tokens(final: dict) -> int:
+    """Prompt tokens the server reused: llama-server's `timings.cache_n` (its
+    `tokens_cached` counts the whole slot), llamay's `tokens_cached` (prefix-cache hits)."""
+    timings = final.get("timings") or {}
+    return int(timings.get("cache_n", final.get("tokens_cached", 0)))
+
+
+async def complete(client, prompt: list[int], n_predict: int) -> Stream:
+    """One streamed, greedy completion of exactly `n_predict` tokens."""
+    body = {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0.0,
+        "top_k": 1,
+        "seed": 0,
+        "cache_prompt": True,
+    }
+    t_start = time.perf_counter()
+    t_first = final = None
+    async with client.stream("POST", "/completion", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"/completion: HTTP {r.status_code}: {(await r.aread())[:500]!r}")
+        async for line in r.aiter_lines():
+            ev = parse_event(line)
+            if ev is None:
+                continue
+            if "error" in ev:
+                raise RuntimeError(f"/completion streamed an error: {ev['error']}")
+            now = time.perf_counter()
+            if ev.get("stop"):
+                final, t_end = ev, now
+            elif t_first is None:
+                t_first = now
+    if final is None:
+        raise RuntimeError("/completion stream ended without its final event")
+    return Stream(
+        t_start, t_first or t_end, t_end, int(final["tokens_predicted"]), cached_tokens(final)
+    )
+
+
+# --- aggregates ----------------------------------------------------------------------------
+
+
+def decode_tok_s(streams: list[Stream]) -> float:
+    """Aggregate decode rate: the tokens after each stream's first, over the span from the
+    earliest first token to the last token of all."""
+    span = max(s.t_end for s in streams) - min(s.t_first for s in streams)
+    return sum(s.tokens - 1 for s in streams) / span
+
+
+def e2e_tok_s(streams: list[Stream]) -> float:
+    """All generated tokens over the wall time from the first request to the last token."""
+    return sum(s.tokens for s in streams) / (
+        max(s.t_end for s in streams) - min(s.t_start for s in streams)
+    )
+
+
+def http_client(url: str):
+    """A fresh connection per request: llama-server may close a kept-alive connection after
+    a streamed response just as the client reuses it ("Server disconnected without sending
+    a response"); both servers get the same treatment."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    return httpx.AsyncClient(base_url=url, timeout=3600, limits=limits)
+
+
+async def measure_decode(url: str, prompts, warm_prompts, tokens: int, reps: int) -> dict:
+    async with http_client(url) as client:
+
+        async def batch(ps):
+            return await asyncio.gather(*(complete(client, p, tokens) for p in ps))
+
+        await batch(warm_prompts)
+        runs = [await batch(prompts) for _ in range(reps)]
+    counts = sorted({s.tokens for run in runs for s in run})
+    return {
+        "decode_tok_s": round(statistics.median(decode_tok_s(r) for r in runs), 2),
+        "e2e_tok_s": round(statistics.median(e2e_tok_s(r) for r in runs), 2),
+        "ttft_p50_s": round(statistics.median(s.ttft for r in runs for s in r), 4),
+        "decode_tok_s_runs": [round(decode_tok_s(r), 2) for r in runs],
+        "tokens_per_stream": counts,
+    }
+
+
+async def measure_ttft(url: str, prefixes, tails, n_predict: int) -> dict:
+    """prefixes[0] warms up (compiles both paths); the rest are timed, one rep each."""
+    out: dict[str, list] = {k: [] for k in ("uncached", "cached", "cached_tokens")}
+    async with http_client(url) as client:
+        for i, prefix in enumerate(prefixes):
+            cold = await complete(client, prefix + tails[0], n_predict)
+            warm = await complete(client, prefix + tails[1], n_predict)
+            if i:
+                out["uncached"].append(cold.ttft)
+                out["cached"].append(warm.ttft)
+                out["cached_tokens"].append(warm.cached_tokens)
+    return {
+        "ttft_uncached_s": round(statistics.median(out["uncached"]), 4),
+        "ttft_cached_s": round(statistics.median(out["cached"]), 4),
+        "ttft_uncached_runs": [round(t, 4) for t in out["uncached"]],
+        "ttft_cached_runs": [round(t, 4) for t in out["cached"]],
+        "cached_tokens": out["cached_tokens"],
+    }
+
+
+# --- servers -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(engine: str, args, model: Path, n: int, port: int) -> list[str]:
+    ctx = args.prefix + args.tokens + 64
+    if args.dry_run:  # llama-server's fake decodes faster, so the ratio differs from 1
+        ms = {"llama-server": "2", "llamay": "4"}[engine]
+        fake = ["--fake-server", str(port), "--fake-token-ms", ms]
+        return [sys.executable, "-m", "bench.llamaserver_compare", *fake]
+    if engine == "llama-server":
+        binary = llama_server_binary(args.llama_server)
+        if binary is None:
+            sys.exit("no llama-server binary: build it as this script's docstring says")
+        t = str(args.threads)
+        return [str(binary), "-m", str(model), "-np", str(n), "-c", str(n * ctx), "-t", t,
+                "-tb", t, "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    llamay = Path(sys.executable).with_name("llamay")
+    return [str(llamay), "serve", "-m", f"bench={model}", "--no-store", "--port", str(port),
+            "--parallel", str(n), "--ctx", str(ctx), "--keep-alive", "-1"]  # fmt: skip
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], port: int, env: dict, log: Path, timeout: float = 600):
+    """Start `cmd` (its own process group), wait for GET /health = 200, yield its URL."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    cwd = Path(__file__).resolve().parents[1]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{cmd[0]} exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{cmd[0]} not healthy after {timeout} s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+# --- the fake server (dry runs and tests) --------------------------------------------------
+
+
+def fake_server(port: int, token_ms: float, prompt_ms: float = 0.2) -> None:
+    """A llama.cpp-style `/completion` server that sleeps instead of computing: `prompt_ms`
+    per prompt token not shared with an earlier prompt, then `token_ms` per token."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[list[int]] = []
+
+    def common(a: list[int], b: list[int]) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):  # quiet
+            pass
+
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+            self.wfile.write(b'{"status": "ok"}')
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            prompt, n = body["prompt"], body["n_predict"]
+            hit = max((common(prompt, p) for p in seen), default=0)
+            hit = min(hit, len(prompt) - 1)
+            seen.append(prompt)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+
+            def send(ev: dict) -> None:
+                self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
+                self.wfile.flush()
+
+            time.sleep(prompt_ms * (len(prompt) - hit) / 1e3)
+            for _ in range(n):
+                send({"content": "x", "stop": False})
+                time.sleep(token_ms / 1e3)
+            send({"content": "", "stop": True, "tokens_predicted": n,
+                  "timings": {"cache_n": hit, "prompt_n": len(prompt) - hit}})  # fmt: skip
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+def normal_token_ids(model: Path | None) -> list[int]:
+    """Ids of the model's ordinary tokens (no control/special ones), for random prompts."""
+    if model is None:
+        return list(range(100, 30000))
+    from llamay.gguf import open_gguf
+
+    with open_gguf(model) as f:
+        kinds = f.metadata.get("tokenizer.ggml.token_type")
+        n = len(f.metadata["tokenizer.ggml.tokens"])
+    return [i for i in range(n) if kinds is None or int(kinds[i]) == 1]
+
+
+def plan(streams: list[int], ttft: bool) -> list[tuple[int, list[str]]]:
+    """(server slots, measurements on that server): TTFT rides on the N = 1 servers."""
+    out = [(n, ["decode"] + (["ttft"] if ttft and n == 1 else [])) for n in streams]
+    if ttft and 1 not in streams:
+        out.insert(0, (1, ["ttft"]))
+    return out
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """One line per (measurement, N): both engines' numbers and llamay / llama-server."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["kind"], r["streams"]), {})[r["engine"]] = r
+    out = []
+    for (kind, n), engines in sorted(by.items(), key=lambda kv: (kv[0][0] != "ttft", kv[0])):
+        keys = METRICS[kind]
+        line: dict = {"kind": kind, "streams": n}
+        for k in keys:
+            a, b = (engines.get(e, {}).get(k) for e in ("llamay", "llama-server"))
+            ratio = round(a / b, 3) if a and b else None
+            line[k] = {"llamay": a, "llama-server": b, "ratio": ratio}
+        line["load"] = {e: r["loadavg"] for e, r in engines.items()}
+        out.append(line)
+    return out
+
+
+def table(summary: list[dict]) -> str:
+    def fmt(v) -> str:
+        return "-" if v is None else f"{v:g}"
+
+    lines = ["| test | N | metric | llamay | llama-server | llamay / llama-server |",
+             "|---|---:|---|---:|---:|---:|"]  # fmt: skip
+    for s in summary:
+        for k, v in s.items():
+            if isinstance(v, dict) and "ratio" in v:
+                cells = (fmt(v["llamay"]), fmt(v["llama-server"]), fmt(v["ratio"]))
+                lines.append(f"| {s['kind']} | {s['streams']} | {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2:135m", help="store name or .gguf path")
+    ap.add_argument("--streams", default="1,4,8,16")
+    ap.add_argument("--tokens", type=int, default=64, help="generated tokens per stream")
+    ap.add_argument("--prefix", type=int, default=2000, help="TTFT prefix tokens (0: no TTFT)")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="llama-server -t/-tb")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--llama-server", default=None, help="the binary (default: see docstring)")
+    ap.add_argument("--resume", type=Path, default=None, help="a results file to continue")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    ap.add_argument("--dry-run", action="store_true", help="fake servers, no engines")
+    ap.add_argument("--fake-server", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--fake-token-ms", type=float, default=2.0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.fake_server is not None:
+        fake_server(args.fake_server, args.fake_token_ms)
+        return {}
+
+    import numpy as np
+
+    engines = [e for e in args.engines.split(",") if e]
+    if unknown := set(engines) - set(ENGINES):
+        sys.exit(f"--engines: unknown {sorted(unknown)} (known: {', '.join(ENGINES)})")
+    model = None
+    if not args.dry_run:
+        from bench.llamacpp_compare import model_path
+
+        model = model_path(args.model)
+    params = {"model": args.model, "tokens": args.tokens, "prefix": args.prefix,
+              "reps": args.reps, "threads": args.threads, "dry_run": args.dry_run}  # fmt: skip
+    if args.resume:
+        path, doc = args.resume, json.loads(args.resume.read_text())
+        if doc["params"] != params:
+            sys.exit(f"{path} was run with {doc['params']}, not {params}")
+    else:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        path = args.out_dir / f"llamaserver-{time.strftime('%Y%m%dT%H%M', time.gmtime())}.json"
+        doc = {"params": params, "rows": []}
+    binary = llama_server_binary(args.llama_server)
+    if binary and not args.dry_run:
+        version = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+        doc["llama_server_version"] = (version.stdout + version.stderr).strip().splitlines()[-2:]
+    doc["model_path"] = str(model)
+    done = {(r["engine"], r["kind"], r["streams"]) for r in doc["rows"]}
+
+    vocab = normal_token_ids(model)
+
+    def prompts(seed: tuple, count: int, length: int = PROMPT_TOKENS) -> list[list[int]]:
+        # seeded per use: the same prompts for both engines, in every (resumed) run
+        rng = np.random.default_rng(seed)
+        return [[vocab[i] for i in rng.integers(0, len(vocab), length)] for _ in range(count)]
+
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    logs = Path(tempfile.mkdtemp(prefix="llamaserver-bench-"))
+    for n, kinds in plan([int(s) for s in args.streams.split(",")], args.prefix > 0):
+        work = {
+            "decode": (prompts((n, 0), n), prompts((n, 1), n)),  # timed, warm-up
+            "ttft": (prompts((0, 2), args.reps + 1, args.prefix), prompts((0, 3), 2)),
+        }
+        for engine in engines:
+            todo = [k for k in kinds if (engine, k, n) not in done]
+            if not todo:
+                continue
+            port = free_port()
+            cmd = server_command(engine, args, model, n, port)
+            with running(cmd, port, env, logs / f"{engine}-{n}.log") as url:
+                for kind in todo:
+                    load0 = os.getloadavg()
+                    if kind == "decode":
+                        coro = measure_decode(url, *work[kind], args.tokens, args.reps)
+                    else:
+                        coro = measure_ttft(url, *work[kind], n_predict=4)
+                    row = {"engine": engine, "kind": kind, "streams": n, **asyncio.run(coro)}
+                    # uptime's 1/5/15-minute load averages before and after
+                    row["loadavg"] = [round(v, 2) for v in (*load0, *os.getloadavg())]
+                    row["time"] = time.strftime("%H:%M:%S", time.gmtime())
+                    row["command"] = " ".join(cmd)
+                    doc["rows"].append(row)
+                    path.write_text(json.dumps(doc, indent=1) + "\n")
+                    print("# " + json.dumps(row), flush=True)
+    doc["summary"] = summarise(doc["rows"])
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(table(doc["summary"]))
+    print(f"# wrote {path} (server logs in {logs})")
+    return doc
+
+
+if __name__ == "__main__":
+    main()
