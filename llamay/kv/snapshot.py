@@ -3,7 +3,9 @@ later or in another process. Content-addressed: the file is named by the SHA-256
 (model digest, KV dtype, token ids), so saving the same prefix twice writes one file.
 
 Restoring then generating gives the same tokens as never having saved: the K/V come
-back bit for bit and the continuation runs the same steps.
+back bit for bit and the continuation runs the same steps. A sliding-window model's
+local layers had released their positions before the window (`llamay.kv.pages`): in
+its snapshot those are zeros, and a restore writes back only the window.
 
 In the model store (`llamay.store.store_dir()`, under `kv/`, apart from the model
 blobs so that the store's gc leaves them alone):
