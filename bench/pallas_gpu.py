@@ -13,8 +13,10 @@ path (`LLAMAY_BACKEND=reference`). One JSON object per line; a failing check is 
 Bandwidth counts the bytes the kernel must read (kernel-layout weight planes plus
 activations) over the median time of `--reps` calls, against the H200's 4.8 TB/s; the
 reference's row uses the GGUF bytes it reads. Decode rows add the kernel-layout weight
-bytes read per token and the GB/s they imply. Not run in CI: tests/kernels_pallas runs
-the dry run. No assertions on speed.
+bytes read per token and the GB/s they imply. Order: checks, decode, the models' shapes,
+the square shapes; whatever would start after `--budget-s` (480 s) is emitted as skipped,
+so the run stays under 10 minutes. Not run in CI: tests/kernels_pallas runs the dry run.
+No assertions on speed.
 """
 
 from __future__ import annotations
@@ -46,8 +48,15 @@ def emit(out: list, **row) -> None:
     print(json.dumps(row), flush=True)
 
 
+DEADLINE = [float("inf")]  # time.monotonic() after which measurements are skipped
+
+
 def guarded(out: list, what: dict, fn) -> None:
-    """Run one check/measurement; on failure emit its error instead of stopping the run."""
+    """Run one check/measurement; on failure emit its error instead of stopping the run;
+    past `--budget-s`, emit it as skipped (the device session is time-boxed)."""
+    if time.monotonic() > DEADLINE[0]:
+        emit(out, **what, skipped="past --budget-s")
+        return
     try:
         fn()
     except Exception as e:  # noqa: BLE001 -- a kernel that does not lower is a result
@@ -306,6 +315,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--steps", type=int, default=128, help="decode steps timed per model")
     ap.add_argument("--reps", type=int, default=20, help="timed calls per bandwidth shape")
     ap.add_argument("--types", default=",".join(TYPES), help="GGML types to check and time")
+    ap.add_argument(
+        "--budget-s", type=float, default=480, help="skip what would start after this long"
+    )
     args = ap.parse_args(argv)
     out: list[dict] = []
     emit(
@@ -326,16 +338,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
         interpret, platform = False, "gpu"
         check_shapes = [(1, 4096, 4096), (256, 2048, 2048)]
         paged_shape = (8, 32, 8, 128, 16, 64)
-        squares = [(1, 4096, 4096), (1, 14336, 4096), (1, 4096, 14336)]
+        squares = [(1, 4096, 4096), (1, 14336, 4096), (1, 4096, 14336)]  # last: if time
         models, steps, reps = args.models.split(","), args.steps, args.reps
         max_rows = None
+    DEADLINE[0] = time.monotonic() + args.budget_s
     impls = kernels(interpret)
     check_qmatmul(out, types, impls, check_shapes)
     check_paged(out, platform, interpret, paged_shape)
-    cases = [(t, m, n, k, "square") for t in types for m, n, k in squares]
-    cases += [(t, 1, n, k, label) for t, n, k, label in model_shapes(models, types, max_rows)]
-    bandwidth(out, impls, cases, reps)
     decode_speed(out, models, decode_envs(args.dry_run), steps)
+    # the models' decode shapes first, then the square ones
+    cases = [(t, 1, n, k, label) for t, n, k, label in model_shapes(models, types, max_rows)]
+    cases += [(t, m, n, k, "square") for m, n, k in squares for t in types]
+    bandwidth(out, impls, cases, reps)
     return out
 
 

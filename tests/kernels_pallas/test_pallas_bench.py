@@ -35,3 +35,14 @@ def test_pallas_gpu_bench_dry_run(fixtures_dir, monkeypatch):
     [decode] = [r for r in rows if r.get("bench") == "decode"]
     assert decode["ok"] and decode["mosaic_tok_s"] > 0 and decode["triton_tok_s"] > 0
     assert decode["xla_tok_s"] > 0 and decode["mosaic_weight_mb"] > 0
+
+
+def test_pallas_gpu_bench_time_budget(fixtures_dir, monkeypatch):
+    """Past --budget-s every measurement is emitted as skipped, none run (the device
+    session is time-boxed)."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    from bench import pallas_gpu
+
+    rows = pallas_gpu.main(["--dry-run", "--types", "Q4_K", "--budget-s", "0"])
+    sys.modules.pop("bench.pallas_gpu", None)
+    assert len(rows) > 5 and all(r["skipped"] for r in rows[1:]), rows
