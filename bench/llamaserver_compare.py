@@ -185,6 +185,7 @@ async def measure_decode(url: str, prompts, warm_prompts, tokens: int, reps: int
         "e2e_tok_s": round(statistics.median(e2e_tok_s(r) for r in runs), 2),
         "ttft_p50_s": round(statistics.median(s.ttft for r in runs for s in r), 4),
         "decode_tok_s_runs": [round(decode_tok_s(r), 2) for r in runs],
+        "ttft_p50_s_runs": [round(statistics.median(s.ttft for s in r), 4) for r in runs],
         "tokens_per_stream": counts,
     }
 
