@@ -51,13 +51,15 @@ class SplitPagedLayer:
     """One layer of a pool split in two (sliding-window models): the global layers'
     pool and page tables, the local layers' pool and page tables, and whether this
     layer (traced, under the layer scan) is local. Each `PagedLayer.layer` is the
-    layer's index among its kind. The local tables index positions as the global ones
-    do, with the null page where a page fell out of the window (the window mask hides
-    those positions), so both kinds attend through the same code."""
+    layer's index among its kind. A row's local table covers only the pages near its
+    window: its slot 0 holds position `base` [B] (page-aligned), so the local layers
+    write and attend at positions less `base` (attention sees positions only through
+    its causal and window masks, which a common shift leaves as they are)."""
 
     glob: PagedLayer
     loc: PagedLayer
     local: jax.Array
+    base: jax.Array
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -100,7 +102,8 @@ def write_kv(cache, new: jax.Array, positions: jax.Array):
     if isinstance(cache, SplitPagedLayer):  # the other kind's pool drops the write
         off = jnp.full_like(positions, -1)
         glob = write_kv(cache.glob, new, jnp.where(cache.local, off, positions))
-        loc = write_kv(cache.loc, new, jnp.where(cache.local, positions, off))
+        shifted = positions - cache.base[:, None]
+        loc = write_kv(cache.loc, new, jnp.where(cache.local, shifted, off))
         return dataclasses.replace(cache, glob=glob, loc=loc)
     if isinstance(cache, PagedLayer):
         pages = paged_write(cache.pages, cache.table, new, positions, cache.layer)
@@ -112,7 +115,7 @@ def attention(q, k_cache, v_cache, q_pos, **kw):
     if isinstance(k_cache, SplitPagedLayer):  # read only the layer's own pool
         return jax.lax.cond(
             k_cache.local,
-            lambda: attention(q, k_cache.loc, v_cache.loc, q_pos, **kw),
+            lambda: attention(q, k_cache.loc, v_cache.loc, q_pos - k_cache.base[:, None], **kw),
             lambda: attention(q, k_cache.glob, v_cache.glob, q_pos, **kw),
         )
     if isinstance(k_cache, PagedLayer):

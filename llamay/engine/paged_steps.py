@@ -37,16 +37,25 @@ def paged_step(
     state,
     mask=None,
     local_table=None,
+    local_base=None,
 ):
     """One step over R packed rows: tokens/positions [R, T], page_table [R, M], last [R]
     (index in T of each row's last fed token), sampling [R] bool (rows that sample now),
     slots [R] (each row's engine slot; padding rows: out of range), params and state per
     engine slot (rows not sampling keep theirs), mask: packed allowed-token bits [R, W]
-    (constraints) or None, local_table [R, M] (the local pool's, sliding-window models)
-    or None. Returns (next tokens [R], sampler state, kv)."""
+    (constraints) or None, local_table [R, W] and local_base [R] (the local pool's
+    tables, and the position each one's slot 0 holds: sliding-window models) or None.
+    Returns (next tokens [R], sampler state, kv)."""
     arch = architecture_of(cfg)
     x, kv, _ = forward(
-        cfg, weights, kv, tokens, positions, page_table=page_table, local_table=local_table
+        cfg,
+        weights,
+        kv,
+        tokens,
+        positions,
+        page_table=page_table,
+        local_table=local_table,
+        local_base=local_base,
     )
     x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
     logits = arch.head(cfg, weights, x_last)[:, 0]

@@ -88,7 +88,9 @@ class _Plan:
     last: np.ndarray  # [R]
     sampling: np.ndarray  # [R] bool
     slots: np.ndarray  # [R] engine slot per row (padding: out of range)
-    local: np.ndarray | None = None  # [R, M] local-pool page tables (sliding windows)
+    # sliding windows: the local pool's page tables [R, W] and the position each one's
+    # slot 0 holds [R] (`BatchEngine._local_width`)
+    local: tuple[np.ndarray, np.ndarray] | None = None
     state: SamplerState | None = None  # the sampler state the step returned
 
 
@@ -458,8 +460,11 @@ class BatchEngine:
                 p.tokens[j, :n] = s.pending[:n]
             p.positions[j, :n] = np.arange(start, start + n)
             p.table[j, : len(s.pages)] = s.pages
-            if p.local is not None:
-                p.local[j, : len(s.local)] = s.local
+            if p.local is not None:  # from the first page the step's queries can see
+                first = self.mgr.needed_from(start)
+                pages = s.local[first : first + p.local[0].shape[1]]
+                p.local[0][j, : len(pages)] = pages
+                p.local[1][j] = first * ps
             p.last[j] = n - 1
             p.sampling[j] = after is not None or n == len(s.pending)
         return p
@@ -467,7 +472,9 @@ class BatchEngine:
     def _blank_plan(self, R: int, T: int, M: int) -> _Plan:
         """The inputs of a step over R rows of T tokens with M-page tables, every row
         padding: what `_plan` fills in, and the shapes `llamay.engine.warmup` compiles."""
-        local = np.zeros((R, M), np.int32) if self.mgr.local is not None else None
+        local = None
+        if self.mgr.local is not None:
+            local = (np.zeros((R, self._local_width(T, M)), np.int32), np.zeros(R, np.int32))
         return _Plan(
             [],
             [],
@@ -480,6 +487,13 @@ class BatchEngine:
             slots=np.full(R, self.n_slots, np.int32),  # padding rows: out of range
             local=local,
         )
+
+    def _local_width(self, T: int, M: int) -> int:
+        """The local page tables' width for steps of T tokens and M-page tables: the
+        pages from the window of a row's first fed position to its last, bucketed; a
+        function of the window, not of the sequence's length."""
+        ps, span = self.page_size, self.mgr.window - 1 + T
+        return min(M, bucket((span + ps - 2) // ps + 1, max(1, MIN_VIEW // ps)))
 
     def _sync_pool(self) -> None:
         """Pad the device pools to the allocators' sizes after an allocator grew."""
@@ -520,7 +534,7 @@ class BatchEngine:
             params,
             state,
             self._masks(plan),
-            local,
+            *(local or (None, None)),
         )
 
     def _logprobs(self, plan: _Plan) -> dict[int, tuple]:

@@ -29,9 +29,11 @@ sequence holds at most 34 local pages decoding and 42 prefilling, while its glob
 pages reach 2,048 at a 32k context.
 The forward pass (`llamay.model.forward`) carries both pools through the layer scan;
 each layer writes only its kind's pool and attends through it under a `lax.cond`
-(`llamay.arch.paged.SplitPagedLayer`). The released entries need no special case
-there: they point at the null page, and the window mask already hides those
-positions. Models without sliding windows have no local pool and run as before.
+(`llamay.arch.paged.SplitPagedLayer`). A step's local page tables start at the first
+page its queries can see (positions shifted by that page's first position, which the
+causal and window masks do not notice), so the local layers attend over about a
+window, not the whole context. Models without sliding windows have no local pool and
+run as before.
 
 How the rest composes with it (`llamay.kv.sequences`, `llamay.kv.radix`):
 - prefix tree: a node may own the local page of its positions too; a cached prefix

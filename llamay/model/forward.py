@@ -32,14 +32,24 @@ def _split_layers(layers: dict[str, Any]):
 
 
 def forward(
-    cfg, weights, kv, tokens, positions, *, hidden: bool = False, page_table=None, local_table=None
+    cfg,
+    weights,
+    kv,
+    tokens,
+    positions,
+    *,
+    hidden: bool = False,
+    page_table=None,
+    local_table=None,
+    local_base=None,
 ):
     """Run all blocks over tokens [B, T] at positions [B, T].
 
     `kv` is a `DenseKV`, or a `PagedKV` pool read and written through `page_table`
     [B, M] (each block sees it as a `llamay.arch.paged.PagedLayer` of its layer); a
-    pool with a local part (sliding-window models) also takes `local_table` [B, M],
-    and each block sees a `SplitPagedLayer`.
+    pool with a local part (sliding-window models) also takes `local_table` [B, W] and
+    `local_base` [B] (the position its slot 0 holds), and each block sees a
+    `SplitPagedLayer`.
     Returns (final hidden state [B, T, E], new kv, per-layer outputs [L, B, T, E] or None).
     """
     arch = architecture_of(cfg)
@@ -55,7 +65,7 @@ def forward(
     layer_ids = jnp.arange(kv.k.shape[0], dtype=jnp.int32)
     if page_table is not None and kv.local_k is not None:
         return _split_paged(cfg, arch, kv, x, positions, scanned, layer_weights, hidden,
-                            page_table, local_table)  # fmt: skip
+                            page_table, (local_table, local_base))  # fmt: skip
     if page_table is not None:
         # The pool rides in the carry, updated in place; each layer reads only its
         # rows' pages (scanning it as xs/ys would copy the whole pool every step).
@@ -89,17 +99,18 @@ def forward(
     return x, dataclasses.replace(kv, k=k, v=v), hs
 
 
-def _split_paged(cfg, arch, kv, x, positions, scanned, layer_weights, hidden, table, local_table):
+def _split_paged(cfg, arch, kv, x, positions, scanned, layer_weights, hidden, table, local_view):
     """The paged scan over a pool split into global and local (sliding-window) layers:
     both pools ride in the carry; each layer writes and reads only its own kind's."""
     local = local_layers(cfg)
     rank = np.where(local, np.cumsum(local) - 1, np.cumsum(~local) - 1).astype(np.int32)
+    local_table, base = local_view
 
     def body(carry, xs):
         x, kg, vg, kl, vl = carry
         lw_scanned, layer, is_loc, r = xs
-        k = SplitPagedLayer(PagedLayer(kg, table, r), PagedLayer(kl, local_table, r), is_loc)
-        v = SplitPagedLayer(PagedLayer(vg, table, r), PagedLayer(vl, local_table, r), is_loc)
+        k = SplitPagedLayer(PagedLayer(kg, table, r), PagedLayer(kl, local_table, r), is_loc, base)
+        v = SplitPagedLayer(PagedLayer(vg, table, r), PagedLayer(vl, local_table, r), is_loc, base)
         x, k, v = arch.block(cfg, layer_weights(lw_scanned), x, positions, k, v, layer)
         return (x, k.glob.pages, v.glob.pages, k.loc.pages, v.loc.pages), x if hidden else None
 
