@@ -1,7 +1,7 @@
 """Where a decode step's time goes: XLA ops of `decode_logits` under jax.profiler, summed.
 
     .venv/bin/python bench/decode_profile.py [--model smollm2:135m] [--batch 1] [--steps 5]
-        [--slots 256] [--top 25] [--json]
+        [--slots 256] [--top 25] [--numerics exact|llamacpp] [--json]
 
 Runs `steps` decode steps (after warm-up) under a trace, then prints the ops by total
 time per step (ms), with how often each runs per step and its HLO shape, and a share
@@ -51,6 +51,7 @@ def kind(name: str, shape: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2:135m")
+    ap.add_argument("--numerics", default="exact", choices=("exact", "llamacpp"))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--slots", type=int, default=256)
@@ -58,7 +59,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    m = llamay.load(args.model, progress=False)
+    m = llamay.load(args.model, numerics=args.numerics, progress=False)
     cfg, b = m.config, args.batch
     kv = new_dense_kv(cfg.n_layers, b, args.slots, cfg.n_kv_heads, cfg.head_dim, m.runtime.kv_dtype)
     tok = jnp.ones((b,), jnp.int32)
@@ -95,6 +96,7 @@ def main() -> None:
     ops_ms = sum(total.values())
     result = dict(
         model=args.model,
+        numerics=args.numerics,
         batch=b,
         step_ms=round(step_ms, 2),
         ops_ms=round(ops_ms, 2),
@@ -108,8 +110,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"# {args.model} batch {b}: {step_ms:.2f} ms/step wall, {ops_ms:.2f} ms in XLA ops "
-          f"(load average {result['load']})")  # fmt: skip
+    print(f"# {args.model} ({args.numerics}) batch {b}: {step_ms:.2f} ms/step wall, "
+          f"{ops_ms:.2f} ms in XLA ops (load average {result['load']})")  # fmt: skip
     for k, v in kinds.most_common():
         print(f"#   {k:<10} {v:8.2f} ms  {100 * v / ops_ms:5.1f} %")
     print(f"| {'op':<40} | {'ms/step':>8} | {'n':>4} | shape")

@@ -141,36 +141,73 @@ def repack(raw: np.ndarray, ggml_type: GGMLType | int) -> tuple[np.ndarray, ...]
     )
 
 
+def keep_on_thunks(y: jax.Array, x: jax.Array) -> jax.Array:
+    """y, made to depend on a real (if tiny) dot of x (an array computed in the loop body,
+    or sliced by the loop index: a loop invariant would be hoisted out of the loop).
+
+    XLA CPU compiles a while loop whose body has no dot, custom call or scatter into one
+    single-threaded kernel (its "small call", `SmallWhileLoopHoistingPass`), and its
+    algebraic simplifier first turns matrix-vector dots into multiply-reduces: so a scan
+    whose matmuls all have one activation row, or none at all (the llamacpp emulations),
+    ran as one kernel, ~3x slower than as separate ops (SmolLM2 llamacpp decode: 1.1 s
+    -> 0.34 s per step). A [2, 16] x [16, 2] dot of 0/1 values keeps a loop off that
+    path; the select it feeds never fires (the dot is at most 16), so y is unchanged.
+    (Exact numerics do not need it: their layer matmuls stay dots, and the LM head's
+    one-row chunk loop measured no slower as one kernel.)
+    """
+    flags = (x.reshape(-1)[:32] == 0).astype(jnp.float32)
+    flags = jnp.pad(flags, (0, 32 - flags.shape[0])).reshape(2, 16)
+    never = jnp.dot(flags, flags.T, precision="highest")[0, 0] > 16
+    return jnp.where(never, jnp.zeros_like(y), y)
+
+
+def chunked_rows(
+    x: jax.Array,
+    arrays: tuple,
+    rows_fn: Callable[..., jax.Array],
+    n_rows: int,
+    chunk_rows: int,
+) -> jax.Array:
+    """rows_fn(x2, *arrays) -> [m, n_rows] for x2 = x as [m, cols], computed in chunks of
+    `chunk_rows` of the arrays' axis 0 (every array holds the weight's rows there) under
+    `lax.map`, so each chunk's temporaries stay in cache. rows_fn must treat rows
+    independently. Returns [..., n_rows]."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if n_rows <= 2 * chunk_rows:
+        return rows_fn(x2, *arrays).reshape(*lead, n_rows)
+    n_full = n_rows // chunk_rows
+
+    def chunk(i):  # a dynamic slice fuses into its consumer: no copy of the weight
+        start = i * chunk_rows
+        return rows_fn(
+            x2,
+            *(
+                None if a is None else jax.lax.dynamic_slice_in_dim(a, start, chunk_rows)
+                for a in arrays
+            ),
+        )
+
+    y = jax.lax.map(chunk, jnp.arange(n_full))  # [n_full, m, chunk_rows]
+    y = jnp.moveaxis(y, 0, 1).reshape(x2.shape[0], n_full * chunk_rows)
+    if n_full * chunk_rows < n_rows:
+        tail = tuple(None if a is None else a[n_full * chunk_rows :] for a in arrays)
+        y = jnp.concatenate([y, rows_fn(x2, *tail)], axis=-1)
+    return y.reshape(*lead, n_rows)
+
+
 def chunked_matmul(
     x: jax.Array, arrays: tuple, dequant: Callable[..., jax.Array], n_rows: int, cols: int
 ) -> jax.Array:
     """x [..., cols] @ W.T where W [n_rows, cols] = dequant(*arrays), every array holding
     W's rows on axis 0: dequantised and multiplied in row chunks of about CHUNK_ELEMS
-    elements under `lax.map`, so each f32 chunk stays in cache for its dot."""
-    lead = x.shape[:-1]
-    xf = x.reshape(-1, cols).astype(jnp.float32)
+    elements, so each f32 chunk stays in cache for its dot."""
 
-    def dot(*chunk):
+    def dot(x2, *chunk):
         w = dequant(*chunk)
-        return jnp.einsum("mk,nk->mn", xf, w, precision="highest")
+        return jnp.einsum("mk,nk->mn", x2.astype(jnp.float32), w, precision="highest")
 
-    rows = max(1, CHUNK_ELEMS // cols)
-    if n_rows <= 2 * rows:
-        return dot(*arrays).reshape(*lead, n_rows)
-    n_full = n_rows // rows
-
-    def chunk(i):  # a dynamic slice fuses into the dequantisation: no copy of the weight
-        start = i * rows
-        return dot(
-            *(None if a is None else jax.lax.dynamic_slice_in_dim(a, start, rows) for a in arrays)
-        )
-
-    y = jax.lax.map(chunk, jnp.arange(n_full))  # [n_full, m, rows]
-    y = jnp.moveaxis(y, 0, 1).reshape(xf.shape[0], n_full * rows)
-    if n_full * rows < n_rows:
-        tail = tuple(None if a is None else a[n_full * rows :] for a in arrays)
-        y = jnp.concatenate([y, dot(*tail)], axis=-1)
-    return y.reshape(*lead, n_rows)
+    return chunked_rows(x, arrays, dot, n_rows, max(1, CHUNK_ELEMS // cols))
 
 
 def affine_matmul(x: jax.Array, w: AffineQTensor) -> jax.Array:

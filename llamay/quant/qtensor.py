@@ -39,7 +39,14 @@ from llamay.quant.act_quant import (
     quantize_q8_k,
     round_activations,
 )
-from llamay.quant.cpu_dot import AffineQTensor, affine_matmul, blocks_matmul
+from llamay.quant.cpu_dot import (
+    CHUNK_ELEMS,
+    AffineQTensor,
+    affine_matmul,
+    blocks_matmul,
+    chunked_rows,
+    keep_on_thunks,
+)
 from llamay.quant.formulas import unpack_bits
 from llamay.quant.layouts import blocks_of, jax_backend, layout_of
 
@@ -47,6 +54,9 @@ NUMERICS = ("exact", "llamacpp")
 # Which of ggml's Q8_0/Q8_1 activation quantisers "llamacpp" reproduces (see
 # act_quant): the x86 SIMD build, the one llama.cpp's goldens come from.
 LLAMACPP_Q8_VARIANT = "x86"
+# `_q8_block_dot` computes all blocks' lane sums in one integer dot for fewer activation
+# rows than this, block by block inside its scan from this many on (measured, see there).
+LANES_AT_ONCE_BELOW = 8
 
 
 @jax.tree_util.register_dataclass
@@ -147,13 +157,28 @@ _FLOAT_DOTS = {  # vec_dot type -> (sgemm dot, its k step, vec dot)
 def ggml_matmul(x: jax.Array, w: QTensor, batched: bool | None = None) -> jax.Array:
     """x @ W.T as llama.cpp computes it, the kernel chosen as for a batch of >= 8 rows
     (`batched` True) or of one row (False) instead of from x's row count (None). Rows do
-    not interact in any of these kernels, so one row can be computed as part of a batch."""
+    not interact in any of these kernels, so one row can be computed as part of a batch,
+    and a big weight in row chunks (`cpu_dot.chunked_rows`: the emulations' f32
+    temporaries, several times the weight, stay in cache; an LM head unchunked made
+    hundreds of MB of them per step). Each kernel is kept off XLA CPU's single-threaded
+    "small call" loops (`cpu_dot.keep_on_thunks`): the emulations have no dot of their
+    own, so a layer scan or chunk loop of them would otherwise become one."""
     opaque = ggml_float.opaque
-    return opaque(_ggml_matmul(opaque(x), w, batched))
+    kernel = _ggml_kernel(x, w, batched)
+
+    def rows_fn(x, data):  # tied to the (loop-variant) weight rows: see keep_on_thunks
+        return keep_on_thunks(kernel(x, data), data)
+
+    x = opaque(x)
+    if w.data.ndim != 2:
+        return opaque(rows_fn(x, w.data))
+    rows = max(8, CHUNK_ELEMS // 4 // w.cols // 8 * 8)  # whole groups of 8: the repacks'
+    return opaque(chunked_rows(x, (w.data,), rows_fn, w.data.shape[0], rows))
 
 
-def _ggml_matmul(x: jax.Array, w: QTensor, batched: bool | None = None) -> jax.Array:
-    """x @ W.T as llama.cpp's CPU backend computes it (x86, AVX-512 build).
+def _ggml_kernel(x: jax.Array, w: QTensor, batched: bool | None = None):
+    """The function (x, data) -> x @ W.T for rows `data` of w, as llama.cpp's CPU backend
+    computes it (x86, AVX-512 build).
 
     Which kernel runs depends on the weight type and the number of rows n of x (the
     tokens of the batch): Q4_0 weights with a row count divisible by 8 are repacked at
@@ -172,22 +197,32 @@ def _ggml_matmul(x: jax.Array, w: QTensor, batched: bool | None = None) -> jax.A
     dot = VEC_DOT_TYPES[t]
     n = int(np.prod(x.shape[:-1])) if batched is None else (8 if batched else 1)
     n_rows = w.data.shape[-2]
+
+    def on(f, *args):  # f(x, w, *args) as a function of (x, rows of w)
+        return lambda x, data: f(x, dataclasses.replace(w, data=data), *args)
+
     if dot in _Q8_ACTS:
         if t == _T.Q4_0 and n_rows % 8 == 0:
-            return _q4_0_repack_dot(x, w)
-        return _q8_block_dot(x, w)
+            return on(_q4_0_repack_dot)
+        return on(_q8_block_dot)
     if dot in _FLOAT_DOTS:
         sgemm, step, vec = _FLOAT_DOTS[dot]
-        xr = w.round_activations(x)[..., None, :]
-        wf = w.dequantize(jnp.float32)
         batched = n >= 2 and n_rows % 4 == 0 and w.cols % step == 0
-        return (sgemm if batched else vec)(xr, wf)
+
+        def float_dot(x, w):
+            xr = w.round_activations(x)[..., None, :]
+            return (sgemm if batched else vec)(xr, w.dequantize(jnp.float32))
+
+        return on(float_dot)
     if dot == _T.Q8_K and t in _KQUANT_DOTS:
         repacked = t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0
-        kernel = "repack" if repacked else "tiled" if n >= 8 else t.name
-        return _kquant_dot(x, w, kernel)
-    wf = w.dequantize(jnp.float32)
-    return jnp.einsum("...k,nk->...n", w.round_activations(x), wf, precision="highest")
+        return on(_kquant_dot, "repack" if repacked else "tiled" if n >= 8 else t.name)
+
+    def plain(x, w):
+        wf = w.dequantize(jnp.float32)
+        return jnp.einsum("...k,nk->...n", w.round_activations(x), wf, precision="highest")
+
+    return on(plain)
 
 
 def _q4_0_repack_dot(x: jax.Array, w: QTensor) -> jax.Array:
@@ -247,25 +282,42 @@ def _q8_block_dot(x: jax.Array, w: QTensor) -> jax.Array:
     lead = x.shape[:-1]
     n_rows, nb = dw.shape
     f32 = jnp.float32
-    qa = jnp.moveaxis(acts.qs.reshape(-1, nb, 8, 4).astype(f32), 1, 0)  # [nb, L, 8, 4]
-    qw = jnp.moveaxis(qw.reshape(n_rows, nb, 8, 4).astype(f32), 1, 0)  # [nb, N, 8, 4]
+    qa = acts.qs.reshape(-1, nb, 8, 4)  # [L, nb, 8, 4]
+    qw = qw.reshape(n_rows, nb, 8, 4)
+    n_lead = qa.shape[0]
+    if n_lead < LANES_AT_ONCE_BELOW:
+        # Few rows (decode): every block's lane sums in one int8 dot, laid out block-major
+        # for the scan ([nb, L, N, 8] int32, a few times the weight's bytes): 1.5-2x faster
+        # than the per-block dots at 1-4 rows, which pay an f32 copy of the whole weight,
+        # and slower from 8 rows on (the threshold).
+        lane_xs = (jnp.einsum("lbci,nbci->blnc", qa, qw, preferred_element_type=jnp.int32),)
+
+        def lane_sums(xy):
+            return xy.astype(f32)
+    else:
+        # Many rows (prefill): the lane sums of one block at a time, inside the scan
+        # (all blocks at once would be nb x L x N x 8 floats, far out of cache).
+        lane_xs = (jnp.moveaxis(qa.astype(f32), 1, 0), jnp.moveaxis(qw.astype(f32), 1, 0))
+
+        def lane_sums(qa_b, qw_b):  # [L, 8, 4] x [N, 8, 4] -> [L, N, 8], exact integers
+            return jnp.einsum("lci,nci->lnc", qa_b, qw_b, precision="highest")
+
     da = acts.d.reshape(-1, nb).T  # [nb, L]
     sums = acts.sums.reshape(-1, nb).T if mw is not None else da
     m = mw.T if mw is not None else dw.T
 
     def block(carry, xs):
         acc, summs = carry
-        qa_b, qw_b, da_b, dw_b, s_b, m_b = xs
-        xy = jnp.einsum("lci,nci->lnc", qa_b, qw_b, precision="highest")  # exact integers
+        *lane_b, da_b, dw_b, s_b, m_b = xs
+        xy = lane_sums(*lane_b)
         dd = da_b[:, None] * dw_b[None, :]  # exact: two f16 values
         acc = ggml_float.fma(dd[..., None], xy, acc, narrow=True)
         if mw is not None:
             summs = summs + s_b[:, None] * m_b[None, :]  # exact products, block order
         return (acc, summs), None
 
-    n_lead = qa.shape[1]
     init = (jnp.zeros((n_lead, n_rows, 8), f32), jnp.zeros((n_lead, n_rows), f32))
-    (acc, summs), _ = jax.lax.scan(block, init, (qa, qw, da, dw.T, sums, m))
+    (acc, summs), _ = jax.lax.scan(block, init, (*lane_xs, da, dw.T, sums, m))
     y = ggml_float.hsum8(acc)
     if mw is not None:
         y = y + summs
