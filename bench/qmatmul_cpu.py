@@ -13,7 +13,13 @@ Formulations (all exact math: f32 products of the dequantised values, f32 sums):
   what `qmatmul` runs on CPU;
 - f32-dense: a plain f32 weight (no dequantisation: the bandwidth-bound reference);
 - block-reduce: Σ_b s_b (x_b·q_b) + o_b Σ x_b as a dot with the group as batch dim;
-- col-reduce: q transposed [K, N], dequantised and reduced over K in one fusion.
+- col-reduce: q transposed [K, N], dequantised and reduced over K in one fusion;
+- affine-t: the affine repack stored transposed ([K, N] quants, [K/g, N] scales),
+  dequantised to f32 [K, N] and multiplied as x @ W (no row chunks: layer shapes);
+- w8a8: llama.cpp's way, not exact numerics (its rel err is the activations' int8
+  rounding): x quantised per group to int8, an int8 x int8 -> int32 dot with the
+  group as batch dim, per-group scales applied to the int32 sums. XLA CPU (jax 0.12)
+  converts both sides to s32 and runs a generic dot: no VNNI kernel.
 
 Printed per case: µs per matmul (median of `reps` timed runs after a compile run,
 interleaved across formulations), G MAC/s and the max error relative to float64.
@@ -107,8 +113,29 @@ def formulations(t: GGMLType, raw: np.ndarray, n: int, k: int) -> dict[str, tupl
         w = affine_values(bk, qt.T, st.T, None if ot is None else ot.T).T
         return (x[:, :, None] * w[None]).sum(1)
 
+    def affine_t(x, qt, st, ot=None):  # qt [K, N], st/ot [K // g, N]
+        w = qt.reshape(-1, g, n).astype(jnp.float32) * st[:, None]
+        if ot is not None:
+            w = w + ot[:, None]
+        return jnp.einsum("mk,kn->mn", x, w.reshape(k, n), precision="highest")
+
+    def w8a8(x, q, s, o=None):
+        xb = x.reshape(x.shape[0], -1, g)
+        d = jnp.max(jnp.abs(xb), -1) / 127
+        qa = jnp.round(xb / jnp.where(d == 0, 1, d)[..., None]).astype(jnp.int8)
+        isum = jax.lax.dot_general(  # [blocks, M, N]
+            qa, q.reshape(n, -1, g), (((2,), (2,)), ((1,), (1,))),
+            preferred_element_type=jnp.int32,
+        )  # fmt: skip
+        y = jnp.einsum("bmn,mb,nb->mn", isum.astype(jnp.float32), d, s)
+        if o is not None:
+            y = y + jnp.einsum("mb,nb->mn", xb.sum(-1), o, precision="highest")
+        return y
+
     transposed = tuple(np.ascontiguousarray(a.T) for a in parts)
     out |= {
+        "affine-t": (affine_t, transposed),
+        "w8a8": (w8a8, parts),
         "affine": (affine, parts),
         "block-reduce": (block_reduce, parts),
         "col-reduce": (col_reduce, transposed),
@@ -136,8 +163,9 @@ def run_case(role, t, n, k, layers, m, reps, only) -> list[dict]:
     forms = formulations(t, raw, n, k)
     if only:
         forms = {name: f for name, f in forms.items() if name in only}
-    if n * k > (1 << 23):  # the heads: the reduce formulations take seconds there
-        forms = {name: f for name, f in forms.items() if not name.endswith("-reduce")}
+    if n * k > (1 << 23):  # the heads: these take seconds there (no row chunks)
+        skip = ("-reduce", "affine-t", "w8a8")
+        forms = {name: f for name, f in forms.items() if not name.endswith(skip)}
     jitted, args, errors = {}, {}, {}
     xj = jnp.asarray(x)
     for name, (fn, host) in forms.items():
