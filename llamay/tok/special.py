@@ -7,9 +7,11 @@ text stays plain text). A token with the LSTRIP/RSTRIP attribute also eats the A
 whitespace to its left/right.
 
 Scanning every fragment for each of thousands of special tokens (Gemma has ~6400) would be
-slow on long prompts, so a trie first finds the few special tokens that occur in the text
-at all; the exact llama.cpp procedure then runs over those only (an absent token can never
-match a fragment of the text, so the result is the same).
+slow on long prompts, so a walk over the set of the special texts' prefixes (a trie as flat
+strings: a set comprehension, several times faster to build than nested dicts) first finds
+the few special tokens that occur in the text at all; the exact llama.cpp procedure then
+runs over those only (an absent token can never match a fragment of the text, so the
+result is the same).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from llamay.tok.vocab import (
 )
 
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale
-_END = ""  # trie key marking the end of a token: the id list
 
 
 class SpecialSplitter:
@@ -41,14 +42,9 @@ class SpecialSplitter:
         }
         self._lstrip = {tid for tid in self._ids if int(attrs[tid]) & ATTR_LSTRIP}
         self._rstrip = {tid for tid in self._ids if int(attrs[tid]) & ATTR_RSTRIP}
-        trie: dict = {}
-        for tid in self._ids:
-            node = trie
-            for ch in self._text[tid]:
-                node = node.setdefault(ch, {})
-            node.setdefault(_END, []).append(tid)
-        self._trie = trie
-        firsts = sorted(k for k in trie if k != _END)
+        self._by_text = {t: tid for tid, t in self._text.items()}
+        self._prefixes = {t[:k] for t in self._by_text for k in range(1, len(t) + 1)}
+        firsts = sorted({t[0] for t in self._by_text})
         self._first = (
             re.compile("[" + "".join(re.escape(c) for c in firsts) + "]") if firsts else None
         )
@@ -58,19 +54,19 @@ class SpecialSplitter:
         if self._first is None:
             return []
         found: set[int] = set()
-        trie = self._trie
+        prefixes, by_text = self._prefixes, self._by_text
         n = len(text)
         for m in self._first.finditer(text):
-            node = trie
             p = m.start()
-            while p < n:
-                node = node.get(text[p])
-                if node is None:
+            q = p + 1
+            while q <= n:
+                piece = text[p:q]
+                if piece not in prefixes:
                     break
-                p += 1
-                ids = node.get(_END)
-                if ids:
-                    found.update(ids)
+                tid = by_text.get(piece)
+                if tid is not None:
+                    found.add(tid)
+                q += 1
         if not parse_special:
             found -= self._plain_only
         return sorted(found, key=self._order.__getitem__)

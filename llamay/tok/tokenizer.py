@@ -12,14 +12,22 @@ from llamay.tok.detok import IncrementalDecoder, Pieces, detokenize
 from llamay.tok.special import SpecialSplitter
 from llamay.tok.vocab import KIND_BPE, KIND_SPM, KIND_WPM, Vocab
 
+# Characters encoded through per-text SentencePiece engines before building the full one:
+# subset engines cost ~25 us per character of new text (2 cores at load 8), so this much
+# costs about what one full Gemma build does.
+SPM_SUBSET_BUDGET = 50_000
+
 
 class Tokenizer:
     """A GGUF model's tokenizer.
 
     `encode`/`decode` reproduce llama.cpp's `llama_tokenize`/`llama_detokenize`. The
-    `tokenizers` engine behind `encode` is built on first use (for a 262k SentencePiece
-    vocabulary that derives ~0.5M merges, about a second), so constructing a `Tokenizer`
-    to read its special ids or to decode is cheap.
+    `tokenizers` engine behind `encode` is built on first use, so constructing a
+    `Tokenizer` to read its special ids or to decode is cheap. A SentencePiece vocabulary's
+    full engine (262k tokens and ~0.5M derived merges for Gemma: over a second) is put off
+    further, ski-rental style: the first `SPM_SUBSET_BUDGET` characters encoded each get a
+    small engine of just the tokens their text contains (milliseconds for a prompt, same
+    ids), and only past that budget, or on `warm()`, is the full one built.
     """
 
     def __init__(self, vocab: Vocab) -> None:
@@ -28,6 +36,8 @@ class Tokenizer:
         self._splitter: SpecialSplitter | None = None
         self._engine = None
         self._lock = threading.Lock()
+        self._subset_budget = SPM_SUBSET_BUDGET
+        self._max_token_len = 0
         if vocab.chat_template:
             self.chat_template: str = vocab.chat_template
             self.chat_template_source = "gguf"
@@ -49,15 +59,40 @@ class Tokenizer:
 
         return cls.from_metadata(open_gguf(path).metadata)
 
+    def _get_splitter(self) -> SpecialSplitter:
+        sp = self._splitter
+        if sp is None:
+            with self._lock:
+                if self._splitter is None:
+                    self._splitter = SpecialSplitter(self.vocab)
+                sp = self._splitter
+        return sp
+
     def _get_engine(self):
         eng = self._engine
         if eng is None:
             with self._lock:
                 if self._engine is None:
-                    self._splitter = SpecialSplitter(self.vocab)
                     self._engine = self._build_engine()
                 eng = self._engine
         return eng
+
+    def _spm_engine(self, pieces: list[str]):
+        """The full engine once built or once the subset budget is spent, else one for
+        `pieces` alone."""
+        if self._engine is None:
+            n = sum(map(len, pieces))
+            with self._lock:
+                subset = self._engine is None and n <= self._subset_budget
+                if subset:
+                    self._subset_budget -= n
+                    if not self._max_token_len:
+                        self._max_token_len = max(map(len, self.vocab.tokens))
+            if subset:
+                from llamay.tok.spm import build_spm_for
+
+                return build_spm_for(self.vocab, pieces, self._max_token_len)
+        return self._get_engine()
 
     def _build_engine(self):
         kind = self.vocab.kind
@@ -76,7 +111,8 @@ class Tokenizer:
         raise TokenizerError(f"no encoder for tokenizer kind {kind!r}")
 
     def warm(self) -> Tokenizer:
-        """Build the encoder now (otherwise the first `encode` does)."""
+        """Build the full encoder now (otherwise `encode` does when it needs it)."""
+        self._get_splitter()
         self._get_engine()
         return self
 
@@ -165,25 +201,28 @@ class Tokenizer:
                 raise TokenizerError(
                     f"text is not valid Unicode (lone surrogate at position {e.start})"
                 ) from None
-        eng = self._get_engine()
         v = self.vocab
-        frags = self._splitter.split(text, parse_special)
+        frags = self._get_splitter().split(text, parse_special)
         out: list[int] = []
         kind = v.kind
         if add_special and (v.add_bos or kind == KIND_WPM):
             out.append(v.special["bos"])
         if kind == KIND_SPM:
             prev_special = True
+            for k, f in enumerate(frags):
+                if isinstance(f, str):
+                    if v.add_space_prefix and prev_special:
+                        f = " " + f
+                    frags[k] = f.replace(" ", "▁")
+                prev_special = not isinstance(f, str)
+            eng = self._spm_engine([f for f in frags if isinstance(f, str)])
             for f in frags:
                 if isinstance(f, int):
                     out.append(f)
-                    prev_special = True
-                    continue
-                if v.add_space_prefix and prev_special:
-                    f = " " + f
-                out.extend(eng.encode(f.replace(" ", "▁"), add_special_tokens=False).ids)
-                prev_special = False
+                else:
+                    out.extend(eng.encode(f, add_special_tokens=False).ids)
         else:
+            eng = self._get_engine()
             escape = kind == KIND_BPE and v.escape_whitespaces
             for f in frags:
                 if isinstance(f, int):

@@ -51,6 +51,18 @@ def gemma3_tok(request):
 
 
 @pytest.fixture(scope="session")
+def gemma3_subset_tok(request):
+    """Gemma 3's tokenizer that never builds its full engine: every `encode` runs on a
+    per-text subset engine (`Tokenizer`'s ski-rental path with an unlimited budget)."""
+    from llamay.gguf import open_gguf
+    from llamay.tok import Tokenizer
+
+    tok = Tokenizer.from_metadata(open_gguf(_model_path(request, "gemma3")).metadata)
+    tok._subset_budget = 10**12
+    return tok
+
+
+@pytest.fixture(scope="session")
 def llamacpp_goldens(fixtures_dir) -> dict[str, dict]:
     d = fixtures_dir / "llamacpp"
     return {name: json.loads((d / f).read_text()) for name, f in GOLDEN_FILES.items()}

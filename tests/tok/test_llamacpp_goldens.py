@@ -14,9 +14,10 @@ MODES = {  # golden key -> (add_special, parse_special)
 }
 
 
-@pytest.fixture(params=["smollm2", "gemma3"])
+@pytest.fixture(params=["smollm2", "gemma3", "gemma3_subset"])
 def model(request):
-    return request.param, request.getfixturevalue(f"{request.param}_tok")
+    """(golden name, tokenizer); gemma3_subset encodes on per-text engines only."""
+    return request.param.removesuffix("_subset"), request.getfixturevalue(f"{request.param}_tok")
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -104,3 +105,10 @@ def test_chat_prompt_gemma3(gemma3_tok):
     )
     ids = tok.encode(text, add_special=True, parse_special=True)
     assert ids[:3] == [2, 105, 2364]  # <bos> <start_of_turn> user
+
+
+def test_gemma3_subset_engines_never_build_the_full_one(gemma3_subset_tok, llamacpp_goldens):
+    tok = gemma3_subset_tok
+    for case in llamacpp_goldens["gemma3"]["tokenize"][:5]:
+        assert tok.encode(case["text"], add_special=False) == case["ids_raw"]
+    assert tok._engine is None

@@ -18,6 +18,8 @@ def _tok(**kw) -> Tokenizer:
 
 
 TOK = _tok()
+TOK._subset_budget = 10**12  # every encode on a per-text subset engine
+TOK_FULL = _tok().warm()  # the engine over the whole vocabulary
 
 
 @settings(max_examples=300, deadline=None)
@@ -28,7 +30,40 @@ def test_matches_llamacpp_procedure(text):
         meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"], text.replace(" ", "▁")
     )
     assert TOK.encode(text, add_special=False) == expected
+    assert TOK_FULL.encode(text, add_special=False) == expected
     assert TOK.decode(expected) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(alphabet="ab▁", min_size=2, max_size=5), st.integers(-3, 0), max_size=30
+    ),
+    st.lists(st.text(alphabet="ab <>é", max_size=16), min_size=1, max_size=3),
+)
+def test_subset_engine_equals_full_engine(pieces, texts):
+    """Including tied scores (where both differ from llama.cpp in the same way)."""
+    pieces = {"a": -1.0, "b": -1.0, "▁": -2.0, **{k: float(v) for k, v in pieces.items()}}
+    subset = Tokenizer.from_metadata(spm_meta(pieces, extra=[("<>", 4)]))
+    subset._subset_budget = 10**12
+    full = Tokenizer.from_metadata(spm_meta(pieces, extra=[("<>", 4)])).warm()
+    for text in texts:
+        assert subset.encode(text) == full.encode(text)
+    assert subset._engine is None
+
+
+def test_full_engine_once_the_subset_budget_is_spent():
+    tok = _tok()
+    tok._subset_budget = 10
+    meta = spm_meta(PIECES)
+    for text, built in (("abcd", False), ("dddddddcab", True), ("bca", True)):
+        expected = llamacpp_spm(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"], text)
+        assert tok.encode(text, add_special=False) == expected
+        assert (tok._engine is not None) == built
+    long = _tok()
+    long._subset_budget = 10
+    long.encode("a" * 11)  # one text over the budget goes straight to the full engine
+    assert long._engine is not None
 
 
 def test_merges_by_score_not_training_order():
