@@ -75,10 +75,14 @@ def paged_step(
 
 
 def set_rows(params: SamplingParams | object, rows, new):
-    """Rows `rows` of a per-slot pytree (sampler state) replaced by those of `new`."""
-    return _set_rows(params, jax.device_put(np.asarray(rows, np.int32)), new)
+    """Rows `rows` of a per-slot pytree (sampler state) replaced by the first len(rows)
+    of `new`; `new`'s rows past those are padding (bucketed row counts) and dropped."""
+    n = jax.tree_util.tree_leaves(new)[0].shape[0]
+    idx = np.full(n, np.iinfo(np.int32).max, np.int32)  # out of range: dropped
+    idx[: len(rows)] = rows
+    return _set_rows(params, jax.device_put(idx), new)
 
 
 @jax.jit  # one program (per row count), not a dozen eager scatters at a request's start
 def _set_rows(params, idx, new):
-    return jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), params, new)
+    return jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b, mode="drop"), params, new)

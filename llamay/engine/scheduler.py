@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ MIN_VIEW = 256  # the smallest attention view (positions), as the dense cache's 
 # (OpenAI's top_logprobs maximum), so requests asking different N share a batch and its
 # compiled step; a request asking more than that widens the batch to the Sampler's limit.
 LOGPROB_WIDTH, LOGPROB_WIDTH_MAX = 20, 64
+GATHER_MAX_S = 0.25  # the longest an idle engine waits to gather a burst (`gather_s`)
 
 
 @dataclass(eq=False)
@@ -119,18 +121,24 @@ class BatchEngine:
         prefix_cache: bool = True,
         max_pages: int | None = None,
         local_pages: int | None = None,
+        gather_s: float = 0.0,
     ):
         """`n_pages` pages in the pool (default: `slots` sequences of up to 1024
         tokens); with `max_pages` above it the pool grows on demand up to that, so a
         small pool can still take a long request (each new size compiles the step
         once more). A model with sliding-window layers keeps theirs in a local pool of
         `local_pages` (default: two windows per slot, at most `n_pages`), which grows
-        up to `max_pages` (or `n_pages`) as well."""
+        up to `max_pages` (or `n_pages`) as well. `gather_s` > 0: an idle engine woken
+        by a request waits for more while they keep arriving within `gather_s` of each
+        other (at most `GATHER_MAX_S`), so a burst reaching it one by one (a server's
+        clients) starts as one batch: one prefill step and one row count, not a step
+        per straggler, each a program of its own to compile (5-7 s each on a CPU)."""
         self.model = model
         cfg = model.config
         self.cfg, self.weights = cfg, model.weights
         self.n_ctx = model.n_ctx
         self.n_slots, self.page_size, self.chunk = slots, page_size, chunk
+        self.gather_s = gather_s
         if n_pages is None:
             n_pages = slots * -(-min(self.n_ctx, 1024) // page_size) + 1
         self.kv_dtype = model.runtime.kv_dtype
@@ -241,6 +249,8 @@ class BatchEngine:
                     cmds.append(self._inbox.get_nowait())
             except queue.Empty:
                 pass
+            if idle and self.gather_s > 0 and cmds[0][0] == "submit":
+                self._gather(cmds)
             for op, arg in cmds:
                 if op == "close":
                     self._shutdown()
@@ -260,6 +270,19 @@ class BatchEngine:
                     self._step()
             except Exception as exc:  # fail every request rather than hang them
                 self._fail_all(exc)
+
+    def _gather(self, cmds: list) -> None:
+        """Append the commands that keep arriving within `gather_s` of each other, until
+        there are requests for every free slot."""
+        end = time.monotonic() + GATHER_MAX_S
+        free = self.slots.count(None) - len(self.waiting)
+        while sum(op == "submit" for op, _ in cmds) < free:
+            if (left := end - time.monotonic()) <= 0:
+                return
+            try:
+                cmds.append(self._inbox.get(timeout=min(self.gather_s, left)))
+            except queue.Empty:
+                return
 
     def _command(self, op: str, arg) -> None:
         if op == "submit":
@@ -382,9 +405,12 @@ class BatchEngine:
                 )
         fresh = [i for i, a in enumerate(self.slots) if a is not None and a.fresh]
         if fresh:
+            # rows bucketed, the padding repeating the last (`set_rows` drops it): one
+            # program per power of two, not one per count of requests starting at once
+            pad = [fresh[-1]] * (bucket(len(fresh), 1) - len(fresh))
             rows = SamplerState.init(
-                [samplers[i] for i in fresh],
-                [self.slots[i].seq.tokens for i in fresh],
+                [samplers[i] for i in fresh + pad],
+                [self.slots[i].seq.tokens for i in fresh + pad],
                 history=self.n_ctx,  # the whole context: llama.cpp's repeat_last_n=-1
             )
             self._state = set_rows(self._state, fresh, rows)

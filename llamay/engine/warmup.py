@@ -12,7 +12,8 @@ them from the engine's own inputs (`BatchEngine._blank_plan` / `_step_inputs`: o
 shapes matter, no forward runs) and compiles it, so the executables land in the
 persistent compilation cache (`llamay.runtime`) and a later process reads them back
 instead of compiling (5-7 s each for SmolLM2 on a 2-core CPU). It also runs the small
-per-request program (`set_rows`, seeding a request's sampler state) at each row count.
+per-request program (`set_rows`, seeding the starting requests' sampler state) at each
+row bucket.
 
 Programs depend on the engine's shapes: `Model.engine` (`llamay generate`: 4 slots,
 prefill chunk 256) and a server's engine (`llamay serve --parallel 8`: 8 slots, chunk
@@ -142,8 +143,9 @@ def warmup(
     t0 = time.perf_counter()
     done: list[tuple[StepShape, float]] = []
     try:
-        for k in range(1, max(s.rows for s in shapes) + 1):
-            # a request's sampler seeding, and the pipelined decode's `nxt[:, None]`
+        for k in _powers(1, max(s.rows for s in shapes)):
+            # the requests' sampler seeding (bucketed counts), and the pipelined decode's
+            # `nxt[:, None]`
             set_rows(state, list(range(k)), SamplerState.init(samplers[:k], history=engine.n_ctx))
             jax.device_put(np.zeros(bucket(k, 1), np.int32))[:, None].block_until_ready()
         n = workers or min(4, os.cpu_count() or 1)

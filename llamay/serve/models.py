@@ -40,7 +40,9 @@ def make_engine(model, parallel: int = 8):
     slots, page = max(1, parallel), 16
     # the scheduler's default pool, but never too small for one full context
     n_pages = max(slots * -(-min(model.n_ctx, 1024) // page), -(-model.n_ctx // page)) + 1
-    return BatchEngine(model, slots=slots, page_size=page, n_pages=n_pages)
+    # clients' concurrent requests reach the engine one by one: gather them into one
+    # first step (`BatchEngine` gather_s) rather than compile a step per arrival pattern
+    return BatchEngine(model, slots=slots, page_size=page, n_pages=n_pages, gather_s=0.01)
 
 
 @dataclass
