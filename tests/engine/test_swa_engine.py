@@ -197,3 +197,18 @@ def test_models_without_windows_keep_one_pool(fixtures_dir):
         assert "local_pages_total" not in e.stats()
     finally:
         e.close()
+
+
+@pytest.mark.slow  # ggml-order attention compiles slowly: ~2 min on a busy 2-core CPU
+def test_f16_split_pools_equal_dense(fixtures_dir):
+    # llamacpp numerics: both pools f16, attention rounded as ggml does, paged or not
+    m = llamay.load(fixtures_dir / "tiny" / "gemma3.gguf", numerics="llamacpp", n_ctx=512)
+    prompts = [list(range(400, 400 + n)) for n in (270, 9)]
+    want = [list(m.generation(p, 8, GREEDY)) for p in prompts]
+    e = BatchEngine(m, slots=2, page_size=PS, chunk=16, n_pages=96, local_pages=24)
+    try:
+        assert e.kv.k.dtype == e.kv.local_k.dtype == "float16"
+        hs = [e.submit(Request(p, 8, GREEDY)) for p in prompts]
+        assert [ids(h) for h in hs] == want
+    finally:
+        e.close()
