@@ -30,12 +30,43 @@ def parse_merges(merges: list[str], token_to_id: dict[str, int]) -> list[tuple[s
 
 def build_bpe(vocab: Vocab):
     """A `tokenizers.Tokenizer` that maps one raw-text fragment to llama.cpp's BPE ids."""
+    assert vocab.pre_spec is not None and vocab.merges is not None
+    merges = parse_merges(vocab.merges, vocab.token_to_id)
+    return _engine(vocab, vocab.token_to_id, merges, pre_tokenizer(vocab.pre_spec))
+
+
+def _engine(vocab: Vocab, token_to_id: dict[str, int], merges, pre):
     from tokenizers import Tokenizer
     from tokenizers.models import BPE
 
-    assert vocab.pre_spec is not None and vocab.merges is not None
-    merges = parse_merges(vocab.merges, vocab.token_to_id)
-    model = BPE(vocab.token_to_id, merges, ignore_merges=vocab.ignore_merges)
-    tk = Tokenizer(model)
-    tk.pre_tokenizer = pre_tokenizer(vocab.pre_spec, byte_level=True)
+    tk = Tokenizer(BPE(token_to_id, merges, ignore_merges=vocab.ignore_merges))
+    tk.pre_tokenizer = pre
     return tk
+
+
+class BpeSubsets:
+    """Engines of `build_bpe` cut down to what encoding given fragments can touch.
+
+    A merge result is a substring of a pre-token, so the tokens occurring in the
+    fragments' pre-tokens and the merges producing them (found by splitting each such
+    token, not by parsing every merge string) give the same ids as the full engine."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        assert vocab.pre_spec is not None and vocab.merges is not None
+        self.vocab = vocab
+        self.pre = pre_tokenizer(vocab.pre_spec)
+        n = len(vocab.merges)  # merge string -> rank; the first of repeats wins
+        self.rank = dict(zip(reversed(vocab.merges), range(n - 1, -1, -1), strict=True))
+
+    def __call__(self, frags: list[str]):
+        words = [w for f in frags for w, _ in self.pre.pre_tokenize_str(f)]
+        found = self.vocab.tokens_in(words)
+        ranked = []
+        for s in found:
+            for k in range(1, len(s)):
+                m = f"{s[:k]} {s[k:]}"
+                r = self.rank.get(m)
+                if r is not None and m.find(" ", 1) == k and s[:k] in found and s[k:] in found:
+                    ranked.append((r, s[:k], s[k:]))
+        ranked.sort()
+        return _engine(self.vocab, found, [(a, b) for _, a, b in ranked], self.pre)

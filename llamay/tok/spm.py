@@ -143,23 +143,14 @@ def _engine(token_to_id: dict[str, int], merges: list[tuple[str, str]]):
     return Tokenizer(BPE(token_to_id, merges, byte_fallback=True))
 
 
-def build_spm_for(vocab: Vocab, pieces: list[str], max_len: int):
+def build_spm_for(vocab: Vocab, pieces: list[str]):
     """The engine of `build_spm` cut down to what encoding `pieces` can touch.
 
     Every merge result is a substring of the piece being merged, so the tokens occurring
-    as substrings of `pieces` (at most `max_len` code points long), their merges in the
-    full engine's order, and the byte-fallback tokens give the same ids as the full
-    engine: a few thousand entries instead of 262k tokens and 0.5M merges."""
-    get = vocab.token_to_id.get
-    found: dict[str, int] = {}
-    for text in set(pieces):
-        n = len(text)
-        for i in range(n):
-            for j in range(i + 1, min(n, i + max_len) + 1):
-                s = text[i:j]
-                t = get(s)
-                if t is not None:
-                    found[s] = t
+    as substrings of `pieces`, their merges in the full engine's order, and the
+    byte-fallback tokens give the same ids as the full engine: a few thousand entries
+    instead of 262k tokens and 0.5M merges."""
+    found = vocab.tokens_in(pieces)
     scores = vocab.scores
     ranked = []  # (-score, token id, cut): derive_merges' order
     for s, t in found.items():
@@ -167,6 +158,7 @@ def build_spm_for(vocab: Vocab, pieces: list[str], max_len: int):
             if s[:k] in found and s[k:] in found:
                 ranked.append((-float(scores[t]), t, k, s))
     ranked.sort()
+    get = vocab.token_to_id.get
     for b in range(256):
         byte = f"<0x{b:02X}>"
         t = get(byte)

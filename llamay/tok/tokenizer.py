@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from llamay.errors import TokenizerError
@@ -12,22 +13,23 @@ from llamay.tok.detok import IncrementalDecoder, Pieces, detokenize
 from llamay.tok.special import SpecialSplitter
 from llamay.tok.vocab import KIND_BPE, KIND_SPM, KIND_WPM, Vocab
 
-# Characters encoded through per-text SentencePiece engines before building the full one:
-# subset engines cost ~25 us per character of new text (2 cores at load 8), so this much
-# costs about what one full Gemma build does.
-SPM_SUBSET_BUDGET = 50_000
+# Characters encoded through per-text engines before building the full one: subset
+# engines cost ~30 us per character of new text (2 cores at load 4-8), so this much costs
+# about what one full Gemma 3 build does.
+SUBSET_BUDGET = 50_000
 
 
 class Tokenizer:
     """A GGUF model's tokenizer.
 
     `encode`/`decode` reproduce llama.cpp's `llama_tokenize`/`llama_detokenize`. The
-    `tokenizers` engine behind `encode` is built on first use, so constructing a
-    `Tokenizer` to read its special ids or to decode is cheap. A SentencePiece vocabulary's
-    full engine (262k tokens and ~0.5M derived merges for Gemma: over a second) is put off
-    further, ski-rental style: the first `SPM_SUBSET_BUDGET` characters encoded each get a
-    small engine of just the tokens their text contains (milliseconds for a prompt, same
-    ids), and only past that budget, or on `warm()`, is the full one built.
+    `tokenizers` engine behind `encode` is built only when needed, so constructing a
+    `Tokenizer` to read its special ids or to decode is cheap. Building the full engine of
+    a merge-based vocabulary costs up to seconds (Gemma 3: 262k tokens and ~0.5M derived
+    merges), so it is put off ski-rental style: the first `SUBSET_BUDGET` characters
+    encoded each get a small engine of just the tokens their text contains (milliseconds
+    for a prompt, same ids), and only past that budget, or on `warm()`, is the full one
+    built. A server should `warm()` at load, before requests share the GIL with it.
     """
 
     def __init__(self, vocab: Vocab) -> None:
@@ -36,8 +38,8 @@ class Tokenizer:
         self._splitter: SpecialSplitter | None = None
         self._engine = None
         self._lock = threading.Lock()
-        self._subset_budget = SPM_SUBSET_BUDGET
-        self._max_token_len = 0
+        self._subset_budget = SUBSET_BUDGET if vocab.kind in (KIND_SPM, KIND_BPE) else 0
+        self._subsets = None  # fragments -> engine for just those
         if vocab.chat_template:
             self.chat_template: str = vocab.chat_template
             self.chat_template_source = "gguf"
@@ -77,22 +79,29 @@ class Tokenizer:
                 eng = self._engine
         return eng
 
-    def _spm_engine(self, pieces: list[str]):
+    def _engine_for(self, frags: list[str]):
         """The full engine once built or once the subset budget is spent, else one for
-        `pieces` alone."""
+        `frags` alone."""
         if self._engine is None:
-            n = sum(map(len, pieces))
+            n = sum(map(len, frags))
             with self._lock:
                 subset = self._engine is None and n <= self._subset_budget
                 if subset:
                     self._subset_budget -= n
-                    if not self._max_token_len:
-                        self._max_token_len = max(map(len, self.vocab.tokens))
+                    if self._subsets is None:
+                        self._subsets = self._build_subsets()
             if subset:
-                from llamay.tok.spm import build_spm_for
-
-                return build_spm_for(self.vocab, pieces, self._max_token_len)
+                return self._subsets(frags)
         return self._get_engine()
+
+    def _build_subsets(self):
+        if self.vocab.kind == KIND_SPM:
+            from llamay.tok.spm import build_spm_for
+
+            return partial(build_spm_for, self.vocab)
+        from llamay.tok.bpe import BpeSubsets
+
+        return BpeSubsets(self.vocab)
 
     def _build_engine(self):
         kind = self.vocab.kind
@@ -215,22 +224,14 @@ class Tokenizer:
                         f = " " + f
                     frags[k] = f.replace(" ", "▁")
                 prev_special = not isinstance(f, str)
-            eng = self._spm_engine([f for f in frags if isinstance(f, str)])
-            for f in frags:
-                if isinstance(f, int):
-                    out.append(f)
-                else:
-                    out.extend(eng.encode(f, add_special_tokens=False).ids)
-        else:
-            eng = self._get_engine()
-            escape = kind == KIND_BPE and v.escape_whitespaces
-            for f in frags:
-                if isinstance(f, int):
-                    out.append(f)
-                else:
-                    if escape:
-                        f = f.replace(" ", "▁")
-                    out.extend(eng.encode(f, add_special_tokens=False).ids)
+        elif kind == KIND_BPE and v.escape_whitespaces:
+            frags = [f.replace(" ", "▁") if isinstance(f, str) else f for f in frags]
+        eng = self._engine_for([f for f in frags if isinstance(f, str)])
+        for f in frags:
+            if isinstance(f, int):
+                out.append(f)
+            else:
+                out.extend(eng.encode(f, add_special_tokens=False).ids)
         if add_special:
             if kind == KIND_WPM:
                 out.append(v.special["sep"])

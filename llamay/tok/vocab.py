@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -192,6 +193,29 @@ class Vocab:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    @cached_property
+    def max_token_len(self) -> int:
+        """Code points in the longest token text."""
+        return max(map(len, self.tokens))
+
+    def tokens_in(self, texts) -> dict[str, int]:
+        """Every token whose text is a substring of one of `texts`: text -> id.
+
+        The tokens a merge-based encoder can produce from `texts` are among these, which
+        lets `spm`/`bpe` build engines of a few thousand entries for one text."""
+        get = self.token_to_id.get
+        longest = self.max_token_len
+        found: dict[str, int] = {}
+        for text in set(texts):
+            n = len(text)
+            for i in range(n):
+                for j in range(i + 1, min(n, i + longest) + 1):
+                    s = text[i:j]
+                    t = get(s)
+                    if t is not None:
+                        found[s] = t
+        return found
 
     def has_attr(self, token_id: int, attr: int) -> bool:
         return bool(int(self.attrs[token_id]) & attr)

@@ -50,16 +50,25 @@ def gemma3_tok(request):
     return _tokenizer(request, "gemma3")
 
 
-@pytest.fixture(scope="session")
-def gemma3_subset_tok(request):
-    """Gemma 3's tokenizer that never builds its full engine: every `encode` runs on a
-    per-text subset engine (`Tokenizer`'s ski-rental path with an unlimited budget)."""
+def _subset_tokenizer(request, name: str):
+    """A tokenizer that never builds its full engine: every `encode` runs on a per-text
+    subset engine (`Tokenizer`'s ski-rental path with an unlimited budget)."""
     from llamay.gguf import open_gguf
     from llamay.tok import Tokenizer
 
-    tok = Tokenizer.from_metadata(open_gguf(_model_path(request, "gemma3")).metadata)
+    tok = Tokenizer.from_metadata(open_gguf(_model_path(request, name)).metadata)
     tok._subset_budget = 10**12
     return tok
+
+
+@pytest.fixture(scope="session")
+def smollm2_subset_tok(request):
+    return _subset_tokenizer(request, "smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_subset_tok(request):
+    return _subset_tokenizer(request, "gemma3")
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,9 @@ MODES = {  # golden key -> (add_special, parse_special)
 }
 
 
-@pytest.fixture(params=["smollm2", "gemma3", "gemma3_subset"])
+@pytest.fixture(params=["smollm2", "gemma3", "smollm2_subset", "gemma3_subset"])
 def model(request):
-    """(golden name, tokenizer); gemma3_subset encodes on per-text engines only."""
+    """(golden name, tokenizer); *_subset encode on per-text engines only."""
     return request.param.removesuffix("_subset"), request.getfixturevalue(f"{request.param}_tok")
 
 
@@ -107,8 +107,9 @@ def test_chat_prompt_gemma3(gemma3_tok):
     assert ids[:3] == [2, 105, 2364]  # <bos> <start_of_turn> user
 
 
-def test_gemma3_subset_engines_never_build_the_full_one(gemma3_subset_tok, llamacpp_goldens):
-    tok = gemma3_subset_tok
-    for case in llamacpp_goldens["gemma3"]["tokenize"][:5]:
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_subset_engines_never_build_the_full_one(name, request, llamacpp_goldens):
+    tok = request.getfixturevalue(f"{name}_subset_tok")
+    for case in llamacpp_goldens[name]["tokenize"][:5]:
         assert tok.encode(case["text"], add_special=False) == case["ids_raw"]
     assert tok._engine is None

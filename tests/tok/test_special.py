@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llamay.tok import Tokenizer, Vocab
 from llamay.tok.bpe import parse_merges
@@ -82,3 +84,44 @@ def test_ignore_merges_emits_whole_word():
     assert [plain.id_to_token(i) for i in plain.encode("ab", add_special=False)] == ["a", "b"]
     llama3 = Tokenizer.from_metadata({**meta, "tokenizer.ggml.pre": "llama-bpe"})  # whole word
     assert [llama3.id_to_token(i) for i in llama3.encode("ab", add_special=False)] == ["ab"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.text(alphabet="abĠ", min_size=2, max_size=4), max_size=25),
+    st.lists(st.text(alphabet="ab <>", max_size=16), min_size=1, max_size=3),
+    st.booleans(),
+)
+def test_bpe_subset_engine_equals_full_engine(words, texts, whole_words):
+    """Per-text engines (merges found by splitting the text's tokens) against the engine
+    of every merge, with repeated, unknown and order-conflicting merges."""
+    toks = ["a", "b", "Ġ", "<>", *dict.fromkeys(words)]
+    merges = [f"{w[:k]} {w[k:]}" for w in words for k in (1, len(w) - 1)] + ["x y", "a b"]
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "llama-bpe" if whole_words else "gpt-2",
+        "tokenizer.ggml.tokens": toks,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": np.array([1, 1, 1, 4] + [1] * (len(toks) - 4), np.int32),
+        "tokenizer.ggml.add_bos_token": False,
+    }
+    subset = Tokenizer.from_metadata(meta)
+    subset._subset_budget = 10**12
+    full = Tokenizer.from_metadata(meta).warm()
+    for text in texts:
+        assert subset.encode(text) == full.encode(text)
+    assert subset._engine is None
+
+
+def test_bpe_subset_engine_keeps_first_rank_of_repeated_merge():
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": ["a", "b", "ab", "bb"],
+        "tokenizer.ggml.merges": ["a b", "b b", "a b"],
+        "tokenizer.ggml.add_bos_token": False,
+    }
+    subset = Tokenizer.from_metadata(meta)
+    full = Tokenizer.from_metadata(meta).warm()
+    assert [subset.id_to_token(i) for i in subset.encode("abb")] == ["ab", "b"]
+    assert full.encode("abb") == subset.encode("abb") and subset._engine is None
