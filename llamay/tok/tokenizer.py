@@ -13,8 +13,8 @@ from llamay.tok.detok import IncrementalDecoder, Pieces, detokenize
 from llamay.tok.special import SpecialSplitter
 from llamay.tok.vocab import KIND_BPE, KIND_SPM, KIND_WPM, Vocab
 
-# Characters encoded through per-text engines before building the full one: subset
-# engines cost ~30 us per character of new text (2 cores at load 4-8), so this much costs
+# Characters encoded through per-text engines before building the full one: a subset
+# engine costs ~30 us per character of its text (2 cores at load 4-8), so this much costs
 # about what one full Gemma 3 build does.
 SUBSET_BUDGET = 50_000
 
@@ -81,7 +81,9 @@ class Tokenizer:
 
     def _engine_for(self, frags: list[str]):
         """The full engine once built or once the subset budget is spent, else one for
-        `frags` alone."""
+        `frags` alone (none without text to encode)."""
+        if not frags:
+            return None
         if self._engine is None:
             n = sum(map(len, frags))
             with self._lock:
