@@ -42,7 +42,7 @@ def make_engine(model, parallel: int = 8):
     n_pages = max(slots * -(-min(model.n_ctx, 1024) // page), -(-model.n_ctx // page)) + 1
     # clients' concurrent requests reach the engine one by one: gather them into one
     # first step (`BatchEngine` gather_s) rather than compile a step per arrival pattern
-    return BatchEngine(model, slots=slots, page_size=page, n_pages=n_pages, gather_s=0.01)
+    return BatchEngine(model, slots=slots, page_size=page, n_pages=n_pages, gather_s=0.025)
 
 
 @dataclass
