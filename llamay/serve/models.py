@@ -94,7 +94,11 @@ def _path_digest(path: Path) -> str:
 def default_loader(path: Path, n_ctx: int | None, numerics: str):
     import llamay
 
-    return llamay.load(path, n_ctx=n_ctx, numerics=numerics, progress=False)
+    model = llamay.load(path, n_ctx=n_ctx, numerics=numerics, progress=False)
+    # A server outlives the tokenizer's per-text engines: build the full one while
+    # loading rather than stall a request on it later (it holds the GIL for seconds).
+    model.tokenizer.warm()
+    return model
 
 
 def _make_mesh(text: str | None):
