@@ -371,10 +371,7 @@ class KVManager:
                 holders[p] += 1
         for p in self.tree.owned_pages():
             holders[p] += 1
-        for p in range(1, self.alloc.n_pages):
-            assert holders[p] == self.alloc.refcount[p], (
-                f"page {p}: count {self.alloc.refcount[p]}, holders {holders[p]}"
-            )
+        _check_holders(self.alloc, holders, "page")
         assert holders[0] == 0, "the null page is in a page table"
         if self.local is None:
             return
@@ -389,8 +386,13 @@ class KVManager:
                 holders[p] += 1
         for p in self.tree.owned_local_pages():
             holders[p] += 1
-        for p in range(1, self.local.n_pages):
-            assert holders[p] == self.local.refcount[p], (
-                f"local page {p}: count {self.local.refcount[p]}, holders {holders[p]}"
-            )
+        _check_holders(self.local, holders, "local page")
         assert self.available_local() >= 0, "local reservations exceed the pool"
+
+
+def _check_holders(alloc, holders: list[int], what: str) -> None:
+    """Every page's reference count equals the number of its holders (page 0 excluded)."""
+    for p in range(1, alloc.n_pages):
+        assert holders[p] == alloc.refcount[p], (
+            f"{what} {p}: count {alloc.refcount[p]}, holders {holders[p]}"
+        )
