@@ -978,14 +978,14 @@ def rooms_table() -> str:
             continue
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
         rows.append([f"<code>llamay/{esc(room)}</code>", inline(_first_line(doc))])
-    rows.append(["<code>llamay_cli</code>", inline(_first_line(_cli_doc()))])
+    rows.append(["<code>cli/</code> (<code>llamay_cli</code>)", inline(_first_line(_cli_doc()))])
     return table(["room", "what it holds"], rows)
 
 
 def _cli_doc() -> str:
     import ast
 
-    src = (ROOT / "llamay_cli" / "main.py").read_text(encoding="utf-8")
+    src = (ROOT / "cli" / "main.py").read_text(encoding="utf-8")
     return ast.get_docstring(ast.parse(src)) or ""
 
 
