@@ -7,7 +7,7 @@ frozen `Config`; `tensors` names the GGUF tensors bound into the weight pytree;
 
 Research scripts run a modified family with `dataclasses.replace(arch, block=...)`
 and `Model.with_architecture(...)`, which stores the new `Architecture` in the
-config (`Config.impl`); `architecture_of(cfg)` is what the step functions call.
+config (`Config.impl`); `llamay.arch.architecture_of(cfg)` is what the step functions call.
 """
 
 from __future__ import annotations
@@ -134,16 +134,6 @@ class Config:
     @property
     def scale(self) -> float:
         return self.attn_scale or self.head_dim**-0.5
-
-
-def architecture_of(cfg) -> Architecture:
-    """The Architecture a config runs: its research variant, or its family's."""
-    impl = getattr(cfg, "impl", None)
-    if impl is not None:
-        return impl
-    from llamay.arch import get_architecture
-
-    return get_architecture(cfg.arch)
 
 
 def read_rope(meta: dict[str, Any], arch: str, kind: str, head_dim: int) -> Rope:
