@@ -132,6 +132,11 @@ class GrammarSyntaxError(ConstraintError):
     """A grammar, regex or schema does not parse; the message says where."""
 
 
+class GrammarLimitError(ConstraintError):
+    """A grammar, regex or schema exceeds a size limit (text length, repetition count,
+    nesting, rule count: `llamay.constrain.limits`); the message names the limit."""
+
+
 class UnsupportedConstraintError(ConstraintError):
     """A schema keyword or grammar feature that cannot be enforced; the message names it
     (pass lenient=True to drop it, and the result says what was dropped)."""

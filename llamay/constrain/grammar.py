@@ -7,7 +7,9 @@ newline, alternation `|`, groups `( )` (which may span lines), `* + ?`, `{m}`, `
 \\t \\r \\n \\\\ \\" \\[ \\]`), negated classes `[^...]`, `.`, `#` comments, and token
 references `<[id]>`, `<text>` (a single vocabulary token), `!<[id]>` / `!<text>` (any
 token but that one). Refused with `GrammarSyntaxError`, as llama.cpp refuses them: a
-missing `root`, an undefined rule, left recursion, malformed syntax.
+missing `root`, an undefined rule, left recursion, malformed syntax; and with
+`GrammarLimitError`, before anything is expanded, a grammar over the limits of
+`llamay.constrain.limits` (text length, repetition counts, nesting, rule count).
 
 The Lark emitted uses one-character lexemes only (a literal becomes a sequence of
 characters), so llguidance's greedy lexer never has to choose between overlapping
@@ -19,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llamay.errors import GrammarSyntaxError
+from llamay.constrain import limits
+from llamay.errors import GrammarLimitError, GrammarSyntaxError
 
 # AST: ("lit", str) ("cls", negated, ((lo, hi), ...)) ("any",) ("ref", name)
 # ("tok", id | str, negated) ("group", alts) ("rep", node, min, max | None)
@@ -38,6 +41,7 @@ class _Parser:
     def __init__(self, text: str):
         self.s = text
         self.n = len(text)
+        self.depth = 0  # groups open at the current position
 
     def err(self, pos: int, msg: str):
         line = self.s.count("\n", 0, pos) + 1
@@ -75,7 +79,7 @@ class _Parser:
             end += 1
         if end == pos:
             self.err(pos, "expecting integer")
-        return int(self.s[pos:end]), end
+        return limits.check_count("GBNF", self.s[pos:end]), end
 
     def char(self, pos: int) -> tuple[str, int]:
         s = self.s
@@ -168,8 +172,11 @@ class _Parser:
                 out.append(("ref", name))
                 pos = self.space(pos, nested)
             elif c == "(":
+                self.depth += 1
+                limits.check_nesting("GBNF", self.depth)
                 pos = self.space(pos + 1, True)
                 alts, pos = self.alternates(pos, nested=True)
+                self.depth -= 1
                 if pos >= self.n or s[pos] != ")":
                     self.err(pos, "expecting ')'")
                 out.append(("group", alts))
@@ -222,8 +229,11 @@ class _Parser:
 
 
 def parse(text: str) -> Grammar:
-    """Parse and check a GBNF grammar as llama.cpp does (root, references, left recursion)."""
+    """Parse and check a GBNF grammar as llama.cpp does (root, references, left recursion),
+    within `llamay.constrain.limits`."""
+    limits.check_text("GBNF", text)
     g = _Parser(text).parse()
+    limits.check_rules("GBNF", len(g.rules))
     if "root" not in g.rules:
         raise GrammarSyntaxError("GBNF: the grammar has no 'root' rule")
     for name, alts in g.rules.items():
@@ -256,7 +266,9 @@ def _node_refs(node):
 def _check_left_recursion(g: Grammar) -> None:
     """llama.cpp flattens groups and repetitions into generated rules, then follows
     leftmost rule references; a rule 'may be empty' only if it has an empty alternative.
-    Reproduced so the same grammars are refused."""
+    Reproduced so the same grammars are refused, with one copy standing for a
+    repetition's copies: they are the same items, so the leftmost walk over them finds
+    what it finds in the first (llama.cpp writes them out: `{1000000000}` must not)."""
     rules: list[list[list]] = []  # rule -> alternatives -> items ("T" or rule index)
     index: dict[str, int] = {}
     for name in g.order:
@@ -279,16 +291,13 @@ def _check_left_recursion(g: Grammar) -> None:
             return [new_rule([flat(seq) for seq in node[1]])]
         _, inner, lo, hi = node
         one = items(inner)
-        out = one * lo
+        out = one * min(lo, 1)
         if hi is None:
             rec = new_rule([])
             rules[rec] = [one + [rec], []]
             out = out + [rec]
         elif hi > lo:
-            last = None
-            for _ in range(hi - lo):
-                last = new_rule([one + ([last] if last is not None else []), []])
-            out = out + [last]
+            out = out + [new_rule([one, []])]
         return out
 
     def flat(seq) -> list:
@@ -323,7 +332,13 @@ def _check_left_recursion(g: Grammar) -> None:
         return False
 
     for i in range(n):
-        if detect(i):
+        try:
+            found = detect(i)
+        except RecursionError:
+            raise GrammarLimitError(
+                "GBNF: rule references nest too deeply to check for left recursion"
+            ) from None
+        if found:
             who = names.get(culprit[0], "a group or repetition")
             raise GrammarSyntaxError(
                 f"GBNF: left recursion in rule {who!r} (llama.cpp refuses left-recursive "

@@ -5,6 +5,7 @@ Fail closed: a schema keyword llguidance cannot enforce, an unknown string forma
 grammar that does not parse, or any warning llguidance raises while compiling, is an
 `UnsupportedConstraintError` / `GrammarSyntaxError` naming it — unless `lenient=True`,
 in which case llguidance drops what it cannot enforce and `constraint.dropped` lists it.
+Every grammar, regex and schema is checked against `llamay.constrain.limits` first.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from llamay.constrain import limits
 from llamay.constrain.schema_rewrite import (
     any_key_order,
     integral_counts,
@@ -170,10 +172,13 @@ FORMAT_MODES = ("assert", "annotation")
 
 def _load_schema(schema):
     if isinstance(schema, str):
+        limits.check_text("JSON schema", schema)
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarSyntaxError(f"JSON schema: not valid JSON ({e})") from None
+        except RecursionError:
+            limits.check_nesting("JSON schema", limits.MAX_NESTING + 1, "objects and arrays")
     if isinstance(schema, bool):
         if not schema:
             raise UnsupportedConstraintError(
@@ -182,6 +187,7 @@ def _load_schema(schema):
         schema = {}
     if not isinstance(schema, dict):
         raise GrammarSyntaxError("JSON schema: a schema must be an object or a boolean")
+    limits.check_schema(schema)
     return schema
 
 
@@ -241,9 +247,11 @@ def gbnf(lltok, text: str, token_id=None) -> GuidanceConstraint:
 
 def lark(lltok, text: str) -> GuidanceConstraint:
     """A grammar in llguidance's Lark dialect."""
+    limits.check_text("Lark grammar", text)
     return GuidanceConstraint(lltok, _need().LLMatcher.grammar_from_lark(text), "Lark grammar")
 
 
 def regex(lltok, pattern: str) -> GuidanceConstraint:
     """Text matching `pattern` whole (Rust regex syntax)."""
+    limits.check_regex(pattern)
     return GuidanceConstraint(lltok, _need().LLMatcher.grammar_from_regex(pattern), "regex")
