@@ -8,10 +8,18 @@ import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from llamay.serve import tools as T
-from llamay.serve.core import EventStream, TextGen, encode_prompt, guarded, make_sampler, sse
+from llamay.serve.core import (
+    EventStream,
+    OpenModel,
+    TextGen,
+    encode_prompt,
+    guarded,
+    make_sampler,
+    sse,
+)
 from llamay.serve.errors import ApiError, error_body, to_http_status
 from llamay.serve.models import Loaded
 from llamay.serve.state import ServerState, state
@@ -19,22 +27,18 @@ from llamay.serve.state import ServerState, state
 router = APIRouter(tags=["Anthropic"])
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Message(_Open):
+class Message(OpenModel):
     role: Literal["user", "assistant"]
     content: str | list[dict[str, Any]]
 
 
-class Tool(_Open):
+class Tool(OpenModel):
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
-class CountTokensRequest(_Open):
+class CountTokensRequest(OpenModel):
     model: str = ""
     messages: list[Message] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None

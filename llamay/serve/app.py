@@ -123,9 +123,9 @@ def create_app(
     async def internal_error(request: Request, exc: Exception):
         return _error(request, 500, f"internal error: {type(exc).__name__}: {exc}")
 
-    from llamay.serve import anthropic, context, llamacpp, ollama, openai
+    from llamay.serve import anthropic, context, llamacpp, ollama, openai, responses
 
-    for module in (openai, anthropic, ollama, llamacpp, context):
+    for module in (openai, responses, anthropic, ollama, llamacpp, context):
         app.include_router(module.router)
     return app
 

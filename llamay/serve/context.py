@@ -38,8 +38,8 @@ from llamay.errors import ContextOverflowError, SnapshotError
 from llamay.kv.snapshot import Snapshot as KVSnapshot
 from llamay.kv.snapshot import load_snapshot, snapshot_dir, store_snapshot
 from llamay.serve import kept
-from llamay.serve.core import EventStream, guarded, make_sampler, primed, sse
-from llamay.serve.errors import ApiError, error_body, not_found, to_http_status
+from llamay.serve.core import make_sampler, primed, sse, sse_response
+from llamay.serve.errors import ApiError, not_found
 from llamay.serve.models import Loaded
 from llamay.serve.state import ServerState, state
 
@@ -58,11 +58,11 @@ _SAMPLING = (
 _SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
-class _Open(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Content(_Open):
+class Content(_Strict):
     text: str | None = None
     tokens: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
@@ -74,7 +74,7 @@ class CreateContext(Content):
     snapshot: str | None = None
 
 
-class Generate(_Open):
+class Generate(_Strict):
     max_tokens: int = Field(64, ge=0)
     stop: list[str] | None = None
     stream: bool = False
@@ -88,11 +88,11 @@ class Generate(_Open):
     frequency_penalty: float | None = None
 
 
-class Fork(_Open):
+class Fork(_Strict):
     n: int = Field(1, ge=1, le=64)
 
 
-class Snapshot(_Open):
+class Snapshot(_Strict):
     name: str | None = None
 
 
@@ -338,15 +338,12 @@ async def generate(cid: str, body: Generate, request: Request):
         finally:
             settle(False)
 
-    def on_error(exc: Exception) -> str:
-        return sse(error_body("openai", to_http_status(exc), str(exc)))
-
     try:
         body_iter = await primed(events())
     except BaseException:
         settle(False)
         raise
-    return EventStream(guarded(body_iter, on_error), media_type="text/event-stream")
+    return sse_response(body_iter, "openai")
 
 
 @router.post("/v1/contexts/{cid}/fork", summary="Fork a context into n copies")

@@ -14,19 +14,30 @@ iterator is closed) cancels the request in the engine, which frees its state.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
+import numpy as np
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import StreamingResponse
 
 from llamay.engine.api import Handle, Request
 from llamay.errors import ContextOverflowError, RequestError
 from llamay.sample import Sampler
+from llamay.serve.errors import ApiError, error_body, to_http_status
 from llamay.serve.models import Loaded
 from llamay.tok import IncrementalDecoder
+
+
+class OpenModel(BaseModel):
+    """A request body that keeps fields it does not declare (`model_extra`): every API
+    family takes llama.cpp's extra sampling fields."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 def make_sampler(**params: Any) -> Sampler:
@@ -277,6 +288,16 @@ def ndjson(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False) + "\n"
 
 
+def sse_response(agen: AsyncIterator[str], family: str) -> EventStream:
+    """An SSE response of `agen`; an error once streaming has begun becomes one last
+    `data:` event with `family`'s error body."""
+
+    def on_error(exc: Exception) -> str:
+        return sse(error_body(family, to_http_status(exc), str(exc)))
+
+    return EventStream(guarded(agen, on_error), media_type="text/event-stream")
+
+
 async def guarded(agen: AsyncIterator[str], on_error) -> AsyncIterator[str]:
     """`agen`'s items; an error after the response has started becomes one last item,
     `on_error(exc)` (the status line is gone by then)."""
@@ -315,8 +336,6 @@ async def primed(agen: AsyncIterator[str]) -> AsyncIterator[str]:
 async def merged(gens: Sequence[TextGen]) -> AsyncIterator[tuple[int, str | None]]:
     """Several generations at once, as (index, delta) in arrival order; (index, None) when
     that one ends. Closing this stops (and so cancels) the ones still running."""
-    import asyncio
-
     q: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, g: TextGen) -> None:
@@ -341,3 +360,34 @@ async def merged(gens: Sequence[TextGen]) -> AsyncIterator[tuple[int, str | None
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def check_ids(lm: Loaded, prompts: list[list[int]]) -> None:
+    """Refuse token ids outside the model's vocabulary (400 naming `prompt`)."""
+    n_vocab = lm.model.tokenizer.vocab_size
+    for p in prompts:
+        bad = [t for t in p if not 0 <= t < n_vocab]
+        if bad:
+            raise ApiError(
+                400,
+                f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})",
+                param="prompt",
+            )
+
+
+async def embed_all(lm: Loaded, prompts: list[list[int]]) -> list[np.ndarray]:
+    """L2-normalised embeddings of token-id prompts (off the event loop); the OpenAI,
+    Ollama and rerank endpoints share it."""
+
+    def run():
+        out = []
+        for p in prompts:
+            if len(p) > lm.model.n_ctx:
+                raise RequestError(
+                    f"the input has {len(p)} tokens; the context holds {lm.model.n_ctx}"
+                )
+            v = np.asarray(lm.model.embed(p), np.float32).reshape(-1)
+            out.append(v / max(float(np.linalg.norm(v)), 1e-12))
+        return out
+
+    return await asyncio.get_running_loop().run_in_executor(None, run)

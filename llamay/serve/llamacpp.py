@@ -8,20 +8,21 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from llamay.errors import RequestError
 from llamay.serve import tools as T
 from llamay.serve.core import (
-    EventStream,
+    OpenModel,
     TextGen,
+    embed_all,
     encode_prompt,
-    guarded,
     make_sampler,
     primed,
     sse,
+    sse_response,
 )
-from llamay.serve.errors import ApiError, error_body, to_http_status
+from llamay.serve.errors import ApiError
 from llamay.serve.models import Loaded
 from llamay.serve.state import ServerState, state
 
@@ -53,11 +54,7 @@ _SAMPLER_FIELDS = (
 )
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class CompletionRequest(_Open):
+class CompletionRequest(OpenModel):
     model: str = ""
     prompt: str | list[int | str] = ""
     n_predict: int = -1
@@ -73,7 +70,7 @@ class CompletionRequest(_Open):
     logit_bias: list[list[Any]] | dict[str, float] | None = None
 
 
-class TokenizeRequest(_Open):
+class TokenizeRequest(OpenModel):
     model: str = ""
     content: str = ""
     add_special: bool = False
@@ -81,18 +78,18 @@ class TokenizeRequest(_Open):
     with_pieces: bool = False
 
 
-class DetokenizeRequest(_Open):
+class DetokenizeRequest(OpenModel):
     model: str = ""
     tokens: list[int] = Field(default_factory=list)
 
 
-class TemplateRequest(_Open):
+class TemplateRequest(OpenModel):
     model: str = ""
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
 
 
-class RerankRequest(_Open):
+class RerankRequest(OpenModel):
     model: str = ""
     query: str = Field(min_length=1)
     documents: list[str] = Field(min_length=1)
@@ -208,10 +205,7 @@ async def completion(body: CompletionRequest, request: Request):
             end["completion_probabilities"] = _probs(lm, rest)
         yield sse(end)
 
-    def on_error(exc: Exception) -> str:
-        return sse(error_body("llamacpp", to_http_status(exc), str(exc)))
-
-    return EventStream(guarded(await primed(events()), on_error), media_type="text/event-stream")
+    return sse_response(await primed(events()), "llamacpp")
 
 
 def _probs(lm: Loaded, rows) -> list[dict[str, Any]]:
@@ -336,8 +330,6 @@ async def rerank(body: RerankRequest, request: Request):
     `pooling_type` 4, RANK, with `cls.*` tensors) is not run: llamay does not load such
     GGUFs yet (the bert architecture refuses pooling_type 4 with a clear error, which
     becomes this endpoint's 400)."""
-    from llamay.serve.openai import embed_all
-
     lm = await state(request).models.get(body.model)
     if lm.model.config.causal:
         raise RequestError(

@@ -25,6 +25,7 @@ from llamay.serve import tools as T
 from llamay.serve.core import (
     EventStream,
     TextGen,
+    embed_all,
     encode_prompt,
     guarded,
     make_sampler,
@@ -671,8 +672,6 @@ async def version():
 
 @router.post("/api/embed", summary="Embeddings (Ollama)")
 async def embed(body: EmbedRequest, request: Request):
-    from llamay.serve.openai import embed_all
-
     st: ServerState = state(request)
     t0 = time.perf_counter()
     lm, load_s = await _get(st, body.model, body.keep_alive)
@@ -701,8 +700,6 @@ async def embed(body: EmbedRequest, request: Request):
 
 @router.post("/api/embeddings", summary="Embedding of one prompt (Ollama, legacy)")
 async def embeddings(body: EmbeddingsRequest, request: Request):
-    from llamay.serve.openai import embed_all
-
     st: ServerState = state(request)
     lm, _ = await _get(st, body.model, body.keep_alive)
     if not body.prompt:

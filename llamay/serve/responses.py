@@ -1,0 +1,349 @@
+"""OpenAI's Responses API: POST /v1/responses (non-streaming and the typed event stream).
+
+Input items (messages, function calls and their outputs) become chat messages for the
+model's template; function tools are offered through it, and a forced tool choice is a
+JSON-schema constraint on the call. The server keeps no responses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import Field
+
+from llamay.serve import tools as T
+from llamay.serve.core import OpenModel, encode_prompt, make_sampler, primed, sse, sse_response
+from llamay.serve.errors import ApiError
+from llamay.serve.state import ServerState, state
+
+router = APIRouter(tags=["OpenAI"])
+
+
+class ResponsesRequest(OpenModel):
+    model: str = ""
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def _responses_messages(body: ResponsesRequest) -> list[dict]:
+    out: list[dict] = []
+    if body.instructions:
+        out.append({"role": "system", "content": body.instructions})
+    if isinstance(body.input, str):
+        return [*out, {"role": "user", "content": body.input}]
+    for i, item in enumerate(body.input):
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role", "user")
+            content = item.get("content", "")
+            if isinstance(content, list):
+                parts = []
+                for p in content:
+                    if p.get("type") not in ("input_text", "output_text", "text"):
+                        raise ApiError(
+                            400,
+                            f"input.{i}: content of type {p.get('type')!r} is "
+                            "not supported (text only)",
+                            param="input",
+                        )
+                    parts.append(str(p.get("text", "")))
+                content = "".join(parts)
+            out.append({"role": "system" if role == "developer" else role, "content": str(content)})
+        elif kind == "function_call":
+            args = item.get("arguments", "{}")
+            try:
+                args = json.loads(args) if isinstance(args, str) else args
+            except ValueError:
+                pass
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": item.get("call_id"),
+                            "type": "function",
+                            "function": {"name": item.get("name"), "arguments": args},
+                        }
+                    ],
+                }
+            )
+        elif kind == "function_call_output":
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": str(item.get("output", "")),
+                }
+            )
+        else:
+            raise ApiError(
+                400, f"input.{i}: items of type {kind!r} are not supported", param="input"
+            )
+    return out
+
+
+def _responses_tools(body: ResponsesRequest):
+    """(tools for the template, forced functions or None)."""
+    if body.previous_response_id:
+        raise ApiError(
+            400,
+            "previous_response_id is not supported (the server keeps no "
+            "responses); send the conversation as input",
+            param="previous_response_id",
+        )
+    fns = []
+    for t in body.tools or []:
+        if t.get("type") != "function" or not t.get("name"):
+            raise ApiError(
+                400,
+                f"tools of type {t.get('type')!r} are not supported (function tools only)",
+                param="tools",
+            )
+        fns.append(
+            {
+                "name": t["name"],
+                "description": t.get("description") or "",
+                "parameters": t.get("parameters") or {"type": "object"},
+            }
+        )
+    choice = body.tool_choice if body.tool_choice is not None else "auto"
+    if not fns or choice == "none":
+        return None, None
+    tools = [{"type": "function", "function": f} for f in fns]
+    if choice == "auto":
+        return tools, None
+    if choice == "required":
+        return tools, fns
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return tools, T.pick(fns, choice.get("name"))
+    raise ApiError(400, f"tool_choice {choice!r} is not supported", param="tool_choice")
+
+
+@router.post("/v1/responses", summary="Create a model response (OpenAI Responses API)")
+async def responses(body: ResponsesRequest, request: Request):
+    st: ServerState = state(request)
+    lm = await st.models.get(body.model)
+    tools, forced = _responses_tools(body)
+    names = {t["function"]["name"] for t in tools or []}
+    ids = encode_prompt(lm, T.render_prompt(lm, _responses_messages(body), tools))
+    fmt = (body.text or {}).get("format") or {}
+    if forced is not None:
+        ckw: dict[str, Any] = {"json_schema": T.call_schema(forced)}
+    elif fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise ApiError(400, "text.format.schema must be a JSON schema object", param="text")
+        ckw = {"json_schema": fmt["schema"]}
+    elif fmt.get("type") == "json_object":
+        ckw = {"json": True}
+    elif fmt.get("type") in (None, "text"):
+        ckw = {}
+    else:
+        raise ApiError(400, f"text.format type {fmt.get('type')!r} is not supported", param="text")
+    con = await st.constraint(lm, **ckw) if ckw else None
+    sampler = make_sampler(temperature=body.temperature, top_p=body.top_p)
+    g = st.textgen(lm, ids, body.max_output_tokens, sampler, None, con)
+    rid, mid = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
+    created = int(time.time())
+
+    def output_items(text: str) -> list[dict]:
+        calls = T.calls_in(text, forced is not None, names)
+        if calls:
+            return [
+                {
+                    "type": "function_call",
+                    "id": f"fc_{uuid.uuid4().hex[:24]}",
+                    "call_id": T.call_id(),
+                    "name": c["name"],
+                    "arguments": T.forced_arguments(text)
+                    if forced is not None
+                    else json.dumps(c["arguments"]),
+                    "status": "completed",
+                }
+                for c in calls
+            ]
+        return [
+            {
+                "type": "message",
+                "id": mid,
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ]
+
+    def response(status: str, output: list[dict]) -> dict:
+        incomplete = g.finish_reason == "length" and status != "in_progress"
+        return {
+            "id": rid,
+            "object": "response",
+            "created_at": created,
+            "status": "incomplete" if incomplete else status,
+            "model": lm.name,
+            "output": output,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "parallel_tool_calls": False,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "tool_choice": body.tool_choice or "auto",
+            "tools": body.tools or [],
+            "text": body.text or {"format": {"type": "text"}},
+            "metadata": body.metadata or {},
+            "usage": None
+            if status == "in_progress"
+            else {
+                "input_tokens": g.prompt_tokens,
+                "output_tokens": g.completion_tokens,
+                "total_tokens": g.prompt_tokens + g.completion_tokens,
+                "input_tokens_details": {"cached_tokens": g.cached_tokens},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        }
+
+    if not body.stream:
+        text = await g.collect(request)
+        return response("completed", output_items(text))
+
+    seq = iter(range(1 << 30))
+
+    def ev(obj: dict) -> str:
+        return sse({**obj, "sequence_number": next(seq)}, event=obj["type"])
+
+    async def forced_call():
+        """The enforced call as it is generated: its item once the name is complete, then
+        the arguments as function_call_arguments.delta events."""
+        call, item = T.ForcedCallStream(), None
+
+        def added(name: str) -> tuple[dict, str]:
+            it = {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex[:24]}",
+                "call_id": T.call_id(),
+                "name": name,
+                "arguments": "",
+                "status": "in_progress",
+            }
+            return it, ev({"type": "response.output_item.added", "output_index": 0, "item": it})
+
+        def args_delta(piece: str) -> str:
+            return ev(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": item["id"],
+                    "output_index": 0,
+                    "delta": piece,
+                }
+            )
+
+        async for delta in g.stream():
+            name, piece = call.feed(delta)
+            if name is not None:
+                item, e = added(name)
+                yield e
+            if piece:
+                yield args_delta(piece)
+        whole = call.finish()
+        args = T.forced_arguments(call.text)
+        if item is None:  # keys in another order: nothing streamed yet
+            item, e = added(whole["name"])
+            yield e
+            yield args_delta(args)
+        yield ev(
+            {
+                "type": "response.function_call_arguments.done",
+                "item_id": item["id"],
+                "output_index": 0,
+                "arguments": args,
+            }
+        )
+        item = {**item, "arguments": args, "status": "completed"}
+        yield ev({"type": "response.output_item.done", "output_index": 0, "item": item})
+        done = "response.incomplete" if g.finish_reason == "length" else "response.completed"
+        yield ev({"type": done, "response": response("completed", [item])})
+
+    async def events():
+        yield ev({"type": "response.created", "response": response("in_progress", [])})
+        yield ev({"type": "response.in_progress", "response": response("in_progress", [])})
+        if forced is not None:
+            async for e in forced_call():
+                yield e
+            return
+        if names:  # tool calls are recognised in the whole text
+            items = output_items(await g.collect())
+            for i, item in enumerate(items):
+                yield ev({"type": "response.output_item.added", "output_index": i, "item": item})
+                yield ev({"type": "response.output_item.done", "output_index": i, "item": item})
+            yield ev({"type": "response.completed", "response": response("completed", items)})
+            return
+        empty = {
+            "type": "message",
+            "id": mid,
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        part = {"type": "output_text", "text": "", "annotations": []}
+        yield ev({"type": "response.output_item.added", "output_index": 0, "item": empty})
+        yield ev(
+            {
+                "type": "response.content_part.added",
+                "item_id": mid,
+                "output_index": 0,
+                "content_index": 0,
+                "part": part,
+            }
+        )
+        async for delta in g.stream():
+            yield ev(
+                {
+                    "type": "response.output_text.delta",
+                    "item_id": mid,
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": delta,
+                    "logprobs": [],
+                }
+            )
+        text = g.text
+        yield ev(
+            {
+                "type": "response.output_text.done",
+                "item_id": mid,
+                "output_index": 0,
+                "content_index": 0,
+                "text": text,
+                "logprobs": [],
+            }
+        )
+        yield ev(
+            {
+                "type": "response.content_part.done",
+                "item_id": mid,
+                "output_index": 0,
+                "content_index": 0,
+                "part": {**part, "text": text},
+            }
+        )
+        items = output_items(text)
+        yield ev({"type": "response.output_item.done", "output_index": 0, "item": items[0]})
+        done = "response.incomplete" if g.finish_reason == "length" else "response.completed"
+        yield ev({"type": done, "response": response("completed", items)})
+
+    return sse_response(await primed(events()), "openai")
