@@ -25,6 +25,7 @@ import numpy as np
 
 from llamay.arch import Architecture, get_architecture
 from llamay.arch.layers import pool
+from llamay.arch.validate import check_tensors
 from llamay.engine import Generation, Runtime, check_prompt, padded_batch
 from llamay.engine.api import Handle, Request
 from llamay.errors import ConstraintIncompleteError, RequestError
@@ -57,6 +58,7 @@ class Model:
         self.gguf = GGUFFile(self.path)
         self.arch = get_architecture(self.gguf.architecture)
         self.config = dataclasses.replace(self.arch.config(self.gguf.metadata), numerics=numerics)
+        check_tensors(self.config, self.arch, self.gguf.tensors, str(self.path))
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
         self.weights = bind(self.gguf, self.arch, self.config.n_layers, numerics)
         ctx = self.config.context_length
@@ -366,11 +368,13 @@ def load(
     n_ctx: int | None = None,
     progress: bool = True,
 ) -> Model:
-    """Load a model from a `.gguf` path or a store name (fetched on first use)."""
+    """Load a model from a `.gguf` path or a store name (fetched on first use; a name
+    llamay's store and catalogue lack may be a local Ollama store's)."""
+    from llamay.ollama import find_blob
     from llamay.store import resolve
 
     return Model(
-        resolve(str(path_or_name), progress=progress)
+        resolve(str(path_or_name), progress=progress, elsewhere=find_blob)
         if not Path(path_or_name).is_file()
         else path_or_name,
         numerics=numerics,

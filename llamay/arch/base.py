@@ -16,16 +16,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamay.arch.validate import check_config, head_dim, hyperparameter
 from llamay.errors import ModelFormatError
 
 _REQUIRED = object()
 
 
 def hparam(meta: dict[str, Any], arch: str, key: str, default: Any = _REQUIRED) -> Any:
-    """`{arch}.{key}` from GGUF metadata; a missing required key is a ModelFormatError."""
+    """`{arch}.{key}` from GGUF metadata; a missing required key, or a value out of the
+    key's range (`llamay.arch.validate`), is a ModelFormatError."""
     full = f"{arch}.{key}"
     if full in meta:
-        return meta[full]
+        return hyperparameter(arch, key, meta[full])
     if default is _REQUIRED:
         raise ModelFormatError(f"GGUF metadata lacks {full!r}, which the {arch} architecture needs")
     return default
@@ -166,29 +168,41 @@ def read_config(meta: dict[str, Any], *, rope: str | None, norm: str = "rms", **
     arch = meta["general.architecture"]
     n_heads = hparam(meta, arch, "attention.head_count")
     d_model = hparam(meta, arch, "embedding_length")
-    head_dim = hparam(meta, arch, "attention.key_length", d_model // n_heads)
-    v_dim = hparam(meta, arch, "attention.value_length", head_dim)
-    if v_dim != head_dim:
+    if f"{arch}.attention.key_length" in meta:
+        head_size = hparam(meta, arch, "attention.key_length")
+    else:
+        head_size = head_dim(arch, d_model, n_heads)
+    v_dim = hparam(meta, arch, "attention.value_length", head_size)
+    if v_dim != head_size:
         raise ModelFormatError(
-            f"{arch}: attention.value_length {v_dim} differs from key_length {head_dim}, "
+            f"{arch}: attention.value_length {v_dim} differs from key_length {head_size}, "
             "which llamay's KV cache does not support"
         )
     eps_key = (
         "attention.layer_norm_rms_epsilon" if norm == "rms" else "attention.layer_norm_epsilon"
     )
-    vocab = hparam(meta, arch, "vocab_size", None) or len(meta["tokenizer.ggml.tokens"])
+    vocab = hparam(meta, arch, "vocab_size", None)
+    if vocab is None:
+        if not isinstance(meta.get("tokenizer.ggml.tokens"), list):
+            raise ModelFormatError(
+                f"GGUF metadata lacks {arch}.vocab_size and tokenizer.ggml.tokens: "
+                "the vocabulary size is unknown"
+            )
+        vocab = len(meta["tokenizer.ggml.tokens"])
     base = dict(
         arch=arch,
         n_layers=hparam(meta, arch, "block_count"),
         d_model=d_model,
         n_heads=n_heads,
         n_kv_heads=hparam(meta, arch, "attention.head_count_kv", n_heads),
-        head_dim=head_dim,
+        head_dim=head_size,
         vocab=vocab,
         context_length=hparam(meta, arch, "context_length"),
         eps=float(hparam(meta, arch, eps_key)),
         ffn=hparam(meta, arch, "feed_forward_length", 0),
-        rope=read_rope(meta, arch, rope, head_dim) if rope else None,
+        rope=read_rope(meta, arch, rope, head_size) if rope else None,
         norm=norm,
     )
-    return Config(**(base | fields))
+    cfg = Config(**(base | fields))
+    check_config(cfg)
+    return cfg
