@@ -57,6 +57,10 @@ class UnsupportedTensorTypeError(LlamayError):
     """A tensor's GGML type has no dequantiser in llamay."""
 
 
+class NativeKernelError(LlamayError):
+    """The native CPU kernels (llamay.kernels_cpu) cannot be built or loaded."""
+
+
 # --- Models ---------------------------------------------------------------------
 
 

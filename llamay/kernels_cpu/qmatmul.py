@@ -1,0 +1,95 @@
+"""The native quantised matmul y = x @ W.T over GGUF block rows, beside its reference.
+
+Reference: `llamay.quant.qmatmul` (exact: f32 dot over `dequantize_jnp`; llamacpp:
+`qtensor.ggml_matmul`, the XLA emulation of ggml's kernels, which these kernels equal
+bit for bit). The kernels (`src/qmatmul.cc`):
+
+- exact, every type the loader accepts: f32 register tiles over weight rows dequantised
+  into a small buffer (values bit-exact; only the summation order differs).
+- llamacpp, the 32-element types and the K-quants: activations quantised to Q8_0 / Q8_1
+  / Q8_K by the same jnp code the reference uses (so identical), then ggml's integer
+  dots and f32 accumulation order. The kernel is chosen from the weight type and x's
+  row count as `qtensor._ggml_kernel` chooses it. Float weights (F32/F16/BF16) in
+  llamacpp numerics keep the reference (tinyBLAS' orders are not reproduced here).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from llamay.gguf.constants import GGMLType
+from llamay.kernels_cpu.build import targets
+from llamay.quant import (
+    VEC_DOT_TYPES,
+    QTensor,
+    ggml_float,
+    quantize_q8_0,
+    quantize_q8_1,
+    quantize_q8_k,
+)
+from llamay.quant.qtensor import LLAMACPP_Q8_VARIANT
+
+_T = GGMLType
+EXACT_TYPES = frozenset(
+    (_T.F32, _T.F16, _T.BF16, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0)
+    + (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K)
+)
+Q8_TYPES = frozenset((_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
+K_TYPES = frozenset((_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+K_VEC, K_TILED, K_REPACK = 0, 1, 2  # src/qmatmul.cc's KKernel
+
+
+def applies(x: jax.Array, w, numerics: str) -> bool:
+    """Whether a native kernel computes x @ W.T (trace time; the build aside)."""
+    if not isinstance(w, QTensor) or w.data.ndim != 2 or x.shape[-1] != w.cols:
+        return False
+    types = EXACT_TYPES if numerics == "exact" else Q8_TYPES | K_TYPES
+    return w.ggml_type in types and math.prod(x.shape[:-1]) > 0
+
+
+def _call(prefix: str, name: str, x_lead, n: int, *args, **attrs) -> jax.Array:
+    out = jax.ShapeDtypeStruct((math.prod(x_lead), n), jnp.float32)
+    call = jax.ffi.ffi_call(prefix + name, out, vmap_method="broadcast_all")
+    return call(*args, **{k: np.int32(v) for k, v in attrs.items()}).reshape(*x_lead, n)
+
+
+def qmatmul_native(
+    x: jax.Array, w: QTensor, numerics: str, *, variant: str = "native",
+    batched: bool | None = None,
+) -> jax.Array | None:  # fmt: skip
+    """x [..., cols] @ W.T by the native kernel, or None when none applies or the
+    kernels are unavailable (`build.targets`). `batched` as `qtensor.ggml_matmul`'s."""
+    if not applies(x, w, numerics):
+        return None
+    prefix = targets(variant)
+    if prefix is None:
+        return None
+    lead, k = x.shape[:-1], x.shape[-1]
+    n_rows = w.data.shape[0]
+    t = w.ggml_type
+    if numerics == "exact":
+        x2 = x.astype(jnp.float32).reshape(-1, k)
+        return _call(prefix, "LlamayQmmExact", lead, n_rows, x2, w.data, ggml_type=t)
+    x = ggml_float.opaque(x.astype(jnp.float32).reshape(-1, k))  # as ggml_matmul hides it
+    n = math.prod(lead) if batched is None else (8 if batched else 1)
+    if t in Q8_TYPES:
+        if VEC_DOT_TYPES[t] == _T.Q8_1:
+            acts = quantize_q8_1(x, LLAMACPP_Q8_VARIANT)
+            sums = acts.sums
+        else:
+            acts = quantize_q8_0(x, LLAMACPP_Q8_VARIANT)
+            sums = acts.d
+        whole = t == _T.Q4_0 and n_rows % 8 == 0  # the Q4_0x8 repack GEMV/GEMM
+        return _call(prefix, "LlamayQmmQ8", lead, n_rows, acts.qs, acts.d, sums, w.data,
+                     ggml_type=t, whole_block=whole)  # fmt: skip
+    acts = quantize_q8_k(x)
+    if t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0:
+        kernel = K_REPACK
+    else:
+        kernel = K_TILED if n >= 8 else K_VEC
+    return _call(prefix, "LlamayQmmQ8K", lead, n_rows, acts.qs, acts.d, acts.sums, w.data,
+                 ggml_type=t, kernel=kernel)  # fmt: skip

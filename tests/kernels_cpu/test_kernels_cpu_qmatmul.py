@@ -1,0 +1,127 @@
+"""The native quantised matmul against its references: exact numerics within 1e-5 of
+the f32 dot over the jnp dequantisation (llamay.quant, itself checked against gguf-py),
+llamacpp numerics bit for bit equal to the XLA emulation of ggml's kernels
+(`qtensor.ggml_matmul`, which the llama.cpp goldens hold), over types x shapes: K one
+block and many, N not a multiple of the 4-row tile nor of 8 (ggml's vec/tiled kernels)
+and a multiple of 8 (its repack kernels), M = 1..9 and 64. The portable scalar build
+equals the SIMD one."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from llamay.gguf.constants import GGMLType
+from llamay.kernels_cpu import build
+from llamay.kernels_cpu.qmatmul import EXACT_TYPES, K_TYPES, Q8_TYPES, qmatmul_native
+from llamay.quant import QTensor, qtensor
+from llamay.quant.quantize import random_blocks
+
+T = GGMLType
+MS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 64]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native(tmp_path_factory):
+    """The kernels must build here (a test that silently took the XLA path would pass)."""
+    import os
+
+    old = os.environ.get(build.ENV)
+    os.environ[build.ENV] = "native"
+    yield
+    if old is None:
+        os.environ.pop(build.ENV)
+    else:
+        os.environ[build.ENV] = old
+
+
+def block(t: GGMLType) -> int:
+    return 256 if t in K_TYPES else 32 if t in Q8_TYPES else 1
+
+
+def shapes(t: GGMLType) -> list[tuple[int, int]]:
+    """(N rows, K cols): one block and many; N = 37 (no tile or group of 8) and 40."""
+    if block(t) == 1:
+        return [(37, 37), (40, 300)]
+    return [(37, block(t)), (40, block(t) * 5), (37, block(t) * 7)]
+
+
+def weight(t: GGMLType, n: int, k: int, numerics: str, seed: int = 0) -> QTensor:
+    raw = random_blocks(t, n, k, seed, scales=(0.001, 0.01))
+    if t == T.BF16:
+        values = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.02
+        raw = (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, -1)
+    return QTensor.from_raw(raw, t, numerics)
+
+
+def acts(m: int, k: int, seed: int) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal((m, k)), jnp.float32)
+
+
+def exact_reference(x, w):
+    return jnp.einsum("mk,nk->mn", x, w.dequantize(jnp.float32), precision="highest")
+
+
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("t", sorted(EXACT_TYPES), ids=lambda t: t.name)
+def test_exact_matches_the_f32_dot_of_the_dequantised_weight(t, m):
+    for n, k in shapes(t):
+        w, x = weight(t, n, k, "exact"), acts(m, k, m)
+        got = np.asarray(jax.jit(lambda x, w: qmatmul_native(x, w, "exact"))(x, w))
+        want = np.asarray(jax.jit(exact_reference)(x, w), np.float64)
+        # f32 sums in another order: relative to the sum of |products| of each output
+        scale = np.abs(np.asarray(x)) @ np.abs(np.asarray(w.dequantize())).T
+        assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), (t.name, n, k)
+
+
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("t", sorted(Q8_TYPES | K_TYPES), ids=lambda t: t.name)
+def test_llamacpp_is_bit_identical_to_the_ggml_emulation(t, m):
+    for n, k in shapes(t):
+        w, x = weight(t, n, k, "llamacpp", seed=n), acts(m, k, m + 100)
+        got = np.asarray(jax.jit(lambda x, w: qmatmul_native(x, w, "llamacpp"))(x, w))
+        want = np.asarray(jax.jit(qtensor.ggml_matmul)(x, w))
+        np.testing.assert_array_equal(got, want, err_msg=f"{t.name} N={n} K={k}")
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+def test_batched_flag_picks_the_one_row_or_batch_kernel_as_the_emulation(t):
+    n, k = 37, 512
+    w, x = weight(t, n, k, "llamacpp"), acts(3, k, 7)
+    for batched in (False, True):
+        got = jax.jit(lambda x, w, b=batched: qmatmul_native(x, w, "llamacpp", batched=b))(x, w)
+        want = jax.jit(lambda x, w, b=batched: qtensor.ggml_matmul(x, w, b))(x, w)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_leading_dims_are_rows():
+    t, n, k = T.Q4_1, 24, 64
+    w, x = weight(t, n, k, "exact"), acts(6, k, 3).reshape(2, 3, k)
+    got = qmatmul_native(x, w, "exact")
+    assert got.shape == (2, 3, n)
+    want = np.asarray(exact_reference(x.reshape(6, k), w))
+    np.testing.assert_allclose(np.asarray(got).reshape(6, n), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("numerics", ["exact", "llamacpp"])
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.Q3_K],
+                         ids=lambda t: t.name)  # fmt: skip
+def test_scalar_build_equals_the_simd_build(t, numerics):
+    for n, k in shapes(t):
+        for m in (1, 9):
+            w, x = weight(t, n, k, numerics), acts(m, k, m)
+            simd = np.asarray(qmatmul_native(x, w, numerics))
+            scalar = np.asarray(qmatmul_native(x, w, numerics, variant="scalar"))
+            if numerics == "llamacpp":  # integer sums, then the same f32 operations per lane
+                np.testing.assert_array_equal(scalar, simd)
+            else:
+                np.testing.assert_allclose(scalar, simd, rtol=1e-5, atol=1e-6)
+
+
+def test_what_is_not_handled_returns_none():
+    w = weight(T.F16, 8, 64, "llamacpp")  # float weights in llamacpp numerics: tinyBLAS orders
+    assert qmatmul_native(acts(1, 64, 0), w, "llamacpp") is None
+    stacked = QTensor(jnp.zeros((2, 8, 36), jnp.uint8), T.Q8_0, 64)
+    assert qmatmul_native(acts(1, 64, 0), stacked, "exact") is None
