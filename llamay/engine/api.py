@@ -1,17 +1,17 @@
 """The engine interface the edges (HTTP server, CLI chat, Python API) drive.
 
-    engine = SerialEngine(model)                 # or the continuous-batching scheduler
+    engine = BatchEngine(model)                  # llamay.engine.scheduler
     h = engine.submit(Request(prompt_ids, max_tokens=64, sampler=Sampler(temperature=0)))
     for ev in h: ...                             # TokenEvent(token_id, ...), blocking
     async for ev in h: ...                       # the same from asyncio
     engine.cancel(h)                             # frees its state at once
     h.finish_reason, h.usage
 
-`SerialEngine` runs one request at a time on a worker thread over `Model.generation`;
-`llamay.engine.scheduler.BatchEngine` implements the same interface with continuous
-batching over a paged KV pool and prefix sharing, and adds `fork`, `snapshot`,
-`restore` and `release` (for requests submitted with `keep=True`); its `stats()` adds
-pages total/free/used/cached/held and computed / cache-hit token counts.
+`llamay.engine.scheduler.BatchEngine` implements it with continuous batching over a
+paged KV pool and prefix sharing, and adds `fork`, `snapshot`, `restore` and `release`
+(for requests submitted with `keep=True`); its `stats()` adds pages
+total/free/used/cached/held and computed / cache-hit token counts. The tests hold it to
+a one-request-at-a-time reference over `Model.generation` (tests/engine/serial_engine.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import itertools
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from llamay.errors import LlamayError
 from llamay.sample import Sampler
 
 _ids = itertools.count(1)
@@ -132,74 +131,3 @@ class Engine(Protocol):
     def cancel(self, handle: Handle) -> None: ...
     def stats(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
-
-
-class SerialEngine:
-    """One request at a time, in submission order, on a worker thread."""
-
-    def __init__(self, model):
-        self.model = model
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._active: Handle | None = None
-        self._served = 0
-        self._closed = False
-        self._worker = threading.Thread(target=self._run, name="llamay-engine", daemon=True)
-        self._worker.start()
-
-    def submit(self, request: Request) -> Handle:
-        if self._closed:
-            raise LlamayError("the engine is closed")
-        handle = Handle(request)
-        self._queue.put(handle)
-        return handle
-
-    def cancel(self, handle: Handle) -> None:
-        handle._cancelled.set()
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "queued": self._queue.qsize(),
-            "active": 0 if self._active is None else 1,
-            "served": self._served,
-        }
-
-    def close(self) -> None:
-        self._closed = True
-        self._queue.put(None)
-        self._worker.join(timeout=30)
-
-    def _run(self) -> None:
-        while (handle := self._queue.get()) is not None:
-            self._active = handle
-            try:
-                self._serve(handle)
-            except LlamayError as exc:
-                handle._finish("error", exc)
-            except Exception as exc:  # never let one request kill the worker
-                handle._finish("error", exc)
-            finally:
-                self._active = None
-                self._served += 1
-
-    def _serve(self, handle: Handle) -> None:
-        if handle.cancelled:
-            handle._finish("cancelled")
-            return
-        r = handle.request
-        n = r.logprobs if r.logprobs is not None else (r.sampler.n_probs or None)
-        sampler = r.sampler if n is None else replace(r.sampler, n_probs=max(n, 1))
-        gen = self.model.generation(r.prompt_ids, r.max_tokens, sampler)
-        if r.stop_ids is not None:
-            gen.stop_ids = frozenset(r.stop_ids)
-        if r.constraint is not None:
-            gen.constraint = r.constraint
-        for tok in gen:
-            if handle.cancelled:
-                handle._finish("cancelled")
-                return
-            if n is None:
-                handle._emit(tok)
-            else:
-                logprob, top = gen.logprobs[-1]
-                handle._emit(tok, logprob, top[:n])
-        handle._finish(gen.finish_reason or "length")

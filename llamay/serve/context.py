@@ -38,9 +38,10 @@ from llamay.errors import ContextOverflowError, SnapshotError
 from llamay.kv.snapshot import Snapshot as KVSnapshot
 from llamay.kv.snapshot import load_snapshot, snapshot_dir, store_snapshot
 from llamay.serve import kept
-from llamay.serve.core import make_sampler, primed, sse, sse_response
+from llamay.serve.core import primed, sse, sse_response
 from llamay.serve.errors import ApiError, not_found
 from llamay.serve.models import Loaded
+from llamay.serve.sampling import make_sampler
 from llamay.serve.state import ServerState, state
 
 router = APIRouter(tags=["Contexts (llamay)"])

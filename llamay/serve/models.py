@@ -29,12 +29,7 @@ from llamay.errors import ModelNotFoundError
 def make_engine(model, parallel: int = 8):
     """The engine serving one model (the one place where the engine is chosen):
     continuous batching (`BatchEngine`, `parallel` slots) for every request, constrained
-    ones included (their token masks ride in the batch); one request at a time with
-    `LLAMAY_SERVE_ENGINE=serial`, kept only for comparisons."""
-    if os.environ.get("LLAMAY_SERVE_ENGINE", "batch") == "serial":
-        from llamay.engine.api import SerialEngine
-
-        return SerialEngine(model)
+    ones included (their token masks ride in the batch)."""
     from llamay.engine.scheduler import BatchEngine
 
     slots, page = max(1, parallel), 16

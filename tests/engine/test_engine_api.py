@@ -1,22 +1,25 @@
-"""The engine interface over the tiny llama: tokens equal direct generation, async
-iteration, cancellation, and request errors that reach the consumer."""
+"""The engine interface over the tiny llama, for the batching engine and the serial test
+reference alike: tokens equal direct generation, async iteration, cancellation, and
+request errors that reach the consumer."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from serial_engine import SerialEngine
 
 import llamay
-from llamay.engine.api import Request, SerialEngine
+from llamay.engine.api import Request
+from llamay.engine.scheduler import BatchEngine
 from llamay.errors import RequestError
 from llamay.sample import GREEDY
 
 
-@pytest.fixture(scope="module")
-def engine(fixtures_dir):
+@pytest.fixture(scope="module", params=[BatchEngine, SerialEngine], ids=["batch", "serial"])
+def engine(request, fixtures_dir):
     m = llamay.load(fixtures_dir / "tiny" / "llama.gguf")
-    e = SerialEngine(m)
+    e = request.param(m)
     yield m, e
     e.close()
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from serial_engine import SerialEngine
 
 import llamay
-from llamay.engine.api import Request, SerialEngine
+from llamay.engine.api import Request
 from llamay.engine.scheduler import BatchEngine
 from llamay.errors import RequestError
 from llamay.sample import Sampler

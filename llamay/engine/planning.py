@@ -1,0 +1,117 @@
+"""Step planning for `BatchEngine`: which slots a step feeds, with which tokens,
+positions and page tables, as host arrays of bucketed shapes (rows R, tokens T,
+page-table width M), so steps of nearby sizes share one compiled program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llamay.engine.api import Handle
+from llamay.engine.paged_steps import PAD_POSITION
+from llamay.kv import bucket
+from llamay.kv.sequences import SeqKV
+from llamay.sample import Sampler, SamplerState
+
+MIN_VIEW = 256  # the smallest attention view (positions), as the dense cache's MIN_SLOTS
+
+
+@dataclass(eq=False)
+class Active:
+    """A request in the engine: waiting, in a slot, or kept after it finished."""
+
+    handle: Handle
+    sampler: Sampler  # n_probs 0: the batch sets the width (`BatchEngine._width`)
+    stop_ids: frozenset[int]
+    budget: int  # tokens it may still generate
+    logprobs: int | None = None  # None: none; 0: the token's own; N: with its top N
+    seq: SeqKV | None = None
+    fresh: bool = True  # sampler state not yet seeded in its slot
+    prompt_cached: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Plan:
+    """One step's inputs (host arrays, R packed rows) and the slots they were built for."""
+
+    idx: list[int]  # the engine slot of each real row
+    rows: list  # the slot occupants when planned
+    feed: list[int]  # tokens each real row feeds
+    tokens: np.ndarray  # [R, T]
+    positions: np.ndarray  # [R, T]
+    table: np.ndarray  # [R, M]
+    last: np.ndarray  # [R]
+    sampling: np.ndarray  # [R] bool
+    slots: np.ndarray  # [R] engine slot per row (padding: out of range)
+    # sliding windows: the local pool's page tables [R, W] and the position each one's
+    # slot 0 holds [R] (`BatchEngine._local_width`)
+    local: tuple[np.ndarray, np.ndarray] | None = None
+    state: SamplerState | None = None  # the sampler state the step returned
+
+
+class Planner:
+    """`BatchEngine`'s planning methods (a mixin over its slots, pools and lock)."""
+
+    def _plan(self, idx: list[int], after: Plan | None = None) -> Plan:
+        """Inputs of a step over slots `idx`. With `after` (a step over the same slots
+        in flight, whose sampled tokens feed this one on device): one token per slot,
+        past what `after` fed."""
+        ps = self.page_size
+        rows = [self.slots[i] for i in idx]
+        R = bucket(len(rows), 1)
+        done = [0] * len(rows) if after is None else after.feed
+        if after is not None:
+            feed = [1] * len(rows)
+        else:
+            feed = [min(len(a.seq.pending), self.chunk) for a in rows]
+        T = 1 if max(feed) <= 1 else bucket(max(feed), 16)
+        with self._lock:
+            for j, a in enumerate(rows):
+                self.mgr.ensure(a.seq, a.seq.n_cached + done[j] + feed[j])
+        M = bucket(max(len(a.seq.pages) for a in rows), max(1, MIN_VIEW // ps))
+        p = self._blank_plan(R, T, M)
+        p.idx, p.rows, p.feed = list(idx), rows, feed
+        p.slots[: len(idx)] = idx
+        for j, a in enumerate(rows):
+            s, n, start = a.seq, feed[j], a.seq.n_cached + done[j]
+            if after is None:
+                p.tokens[j, :n] = s.pending[:n]
+            p.positions[j, :n] = np.arange(start, start + n)
+            p.table[j, : len(s.pages)] = s.pages
+            if p.local is not None:  # from the first page the step's queries can see
+                first = self.mgr.needed_from(start)
+                pages = s.local[first : first + p.local[0].shape[1]]
+                p.local[0][j, : len(pages)] = pages
+                p.local[1][j] = first * ps
+            p.last[j] = n - 1
+            p.sampling[j] = after is not None or n == len(s.pending)
+        return p
+
+    def _blank_plan(self, R: int, T: int, M: int) -> Plan:
+        """The inputs of a step over R rows of T tokens with M-page tables, every row
+        padding: what `_plan` fills in, and the shapes `llamay.engine.warmup` compiles."""
+        local = None
+        if self.mgr.local is not None:
+            local = (np.zeros((R, self._local_width(T, M)), np.int32), np.zeros(R, np.int32))
+        return Plan(
+            [],
+            [],
+            [],
+            tokens=np.zeros((R, T), np.int32),
+            positions=np.full((R, T), PAD_POSITION, np.int32),
+            table=np.zeros((R, M), np.int32),
+            last=np.zeros(R, np.int32),
+            sampling=np.zeros(R, bool),
+            slots=np.full(R, self.n_slots, np.int32),  # padding rows: out of range
+            local=local,
+        )
+
+    def _local_width(self, T: int, M: int) -> int:
+        """The local page tables' width for steps of T tokens and M-page tables: the
+        pages from the window of a row's first fed position to its last, bucketed; a
+        function of the window, not of the sequence's length."""
+        ps, span = self.page_size, self.mgr.window - 1 + T
+        return min(M, bucket((span + ps - 2) // ps + 1, max(1, MIN_VIEW // ps)))

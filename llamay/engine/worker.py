@@ -1,0 +1,238 @@
+"""The worker thread of `BatchEngine`: it alone touches the device state. Each
+iteration takes the commands that arrived (submits, cancels, fork/snapshot/restore
+calls), admits waiting requests, and runs one step: a decode step for the slots
+decoding and a prefill step for those with a prompt chunk to feed. While every slot
+decodes and nothing waits, the next step is dispatched before this one is read back.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import jax
+import numpy as np
+
+from llamay.engine.paged_steps import paged_step
+from llamay.engine.planning import Plan
+from llamay.kv.pages import grow_paged_kv
+from llamay.sample import read_logprobs
+
+GATHER_MAX_S = 0.25  # the longest an idle engine waits to gather a burst (`gather_s`)
+
+
+class StepWorker:
+    """`BatchEngine`'s worker loop and step execution (a mixin over its state)."""
+
+    def _run(self) -> None:
+        while True:
+            idle = not self.waiting and all(a is None for a in self.slots)
+            try:
+                cmds = [self._inbox.get()] if idle else []
+                while True:
+                    cmds.append(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if idle and self.gather_s > 0 and cmds[0][0] == "submit":
+                self._gather(cmds)
+            for op, arg in cmds:
+                if op == "close":
+                    self._shutdown()
+                    return
+                try:
+                    self._command(op, arg)
+                except Exception as exc:  # a broken command never kills the worker
+                    if op == "submit":
+                        arg._finish("error", exc)
+                    elif op not in ("wake",):
+                        arg[0].set_exception(exc)
+            try:
+                self._reap_cancelled()
+                self._admit()
+                if any(a is not None for a in self.slots):
+                    self._refresh_params()
+                    self._step()
+            except Exception as exc:  # fail every request rather than hang them
+                self._fail_all(exc)
+
+    def _gather(self, cmds: list) -> None:
+        """Append the commands that keep arriving within `gather_s` of each other, until
+        there are requests for every free slot."""
+        end = time.monotonic() + GATHER_MAX_S
+        free = self.slots.count(None) - len(self.waiting)
+        while sum(op == "submit" for op, _ in cmds) < free:
+            if (left := end - time.monotonic()) <= 0:
+                return
+            try:
+                cmds.append(self._inbox.get(timeout=min(self.gather_s, left)))
+            except queue.Empty:
+                return
+
+    def _command(self, op: str, arg) -> None:
+        if op == "submit":
+            self._enqueue(arg)
+        elif op == "wake":
+            pass
+        else:
+            fut, args = arg
+            fut.set_result(getattr(self, "_" + op)(*args))
+
+    def _step(self) -> None:
+        """One iteration: a decode step for the slots decoding and a prefill step for
+        those with a prompt chunk to feed, each over just its rows (packed, the row
+        count bucketed). While every slot decodes (and nothing waits), the next step is
+        dispatched, fed from this one's tokens on device, before this one is read
+        back, so the device works while the host does the bookkeeping."""
+        busy = [i for i, a in enumerate(self.slots) if a is not None]
+        decode = [i for i in busy if len(self.slots[i].seq.pending) == 1]
+        prefill = [i for i in busy if len(self.slots[i].seq.pending) > 1]
+        plans = [self._plan(g) for g in (decode, prefill) if g]
+        outs = [self._dispatch(p) for p in plans]
+        if len(plans) == 2 or not decode:
+            for p, nxt in zip(plans, outs, strict=True):
+                self._complete(p, np.asarray(nxt))
+            return
+        plan, nxt = plans[0], outs[0]
+        while True:
+            ahead = None
+            if self._steady(plan):
+                nxt_plan = self._plan(plan.idx, after=plan)
+                ahead = (nxt_plan, self._dispatch(nxt_plan, nxt[:, None]))
+            self._complete(plan, np.asarray(nxt))
+            if ahead is None:
+                return
+            plan, nxt = ahead
+            if self._inbox.qsize() or self.waiting:  # let the loop admit and take commands
+                self._complete(plan, np.asarray(nxt))
+                return
+
+    def _steady(self, plan: Plan) -> bool:
+        return (
+            plan.tokens.shape[1] == 1
+            and not self._inbox.qsize()
+            and not self.waiting
+            and all(
+                self.slots[i] is a
+                and a.handle.request.constraint is None
+                and a.budget >= 2
+                and not a.handle.cancelled
+                for i, a in zip(plan.idx, plan.rows, strict=False)
+            )
+        )
+
+    def _sync_pool(self) -> None:
+        """Pad the device pools to the allocators' sizes after an allocator grew."""
+        n_local = self.mgr.local.n_pages if self.mgr.local is not None else 0
+        if self.mgr.alloc.n_pages != self.kv.n_pages or n_local != self.kv.n_local_pages:
+            self.kv = grow_paged_kv(self.kv, self.mgr.alloc.n_pages, n_local)
+
+    def _dispatch(self, plan: Plan, tokens: jax.Array | None = None) -> jax.Array:
+        self._sync_pool()
+        args = self._step_inputs(plan, tokens, self._params, self._state)
+        nxt, self._state, self.kv = paged_step(*args)
+        plan.state = self._state
+        self.counters["steps"] += 1
+        return nxt
+
+    def _step_inputs(self, plan: Plan, tokens, params, state) -> tuple:
+        """`paged_step`'s arguments for `plan` (`tokens`: fed from the device instead of
+        the plan's); `llamay.engine.warmup` lowers the step with them."""
+        # device_put: jnp.asarray(ndarray) compiles an identity program per shape (jax 0.12)
+        fed, *rows, local = jax.device_put(
+            (
+                plan.tokens,
+                plan.positions,
+                plan.table,
+                plan.last,
+                plan.sampling,
+                plan.slots,
+                plan.local,
+            )
+        )
+        fed = fed if tokens is None else tokens
+        return (
+            self.cfg,
+            self.weights,
+            self.kv,
+            fed,
+            *rows,
+            params,
+            state,
+            self._masks(plan),
+            *(local or (None, None)),
+        )
+
+    def _logprobs(self, plan: Plan) -> dict[int, tuple]:
+        """{row: (logprob, [(id, logprob)...])} of the plan's sampling rows that asked for
+        log-probabilities, read off the step's sampler state in one copy."""
+        want = [
+            j
+            for j, a in enumerate(plan.rows)
+            if plan.sampling[j] and a.logprobs is not None and self.slots[plan.idx[j]] is a
+        ]
+        if not want:
+            return {}
+        got = read_logprobs(
+            plan.state, [plan.idx[j] for j in want], [plan.rows[j].logprobs for j in want]
+        )
+        return dict(zip(want, got, strict=True))
+
+    def _complete(self, plan: Plan, nxt: np.ndarray) -> None:
+        """Commit a finished step: positions fed, tokens sampled, requests ended."""
+        logprobs = self._logprobs(plan)
+        for j, (i, a) in enumerate(zip(plan.idx, plan.rows, strict=True)):
+            if self.slots[i] is not a:
+                continue  # ended while this step was in flight: its result is moot
+            self.counters["computed_tokens"] += plan.feed[j]
+            with self._lock:
+                self.mgr.commit(a.seq, plan.feed[j])
+            if not plan.sampling[j]:
+                continue
+            if not a.prompt_cached:
+                a.prompt_cached = True
+                with self._lock:
+                    self.mgr.cache(a.seq)
+            if a.budget <= 0:  # prefill-only (max_tokens=0, keep=True): the KV is the point
+                self.slots[i] = None
+                self._end(a, "length")
+                continue
+            tok = int(nxt[j])
+            con = a.handle.request.constraint
+            if tok in a.stop_ids and (con is None or con.accepting):
+                self.slots[i] = None
+                self._end(a, "stop")
+                continue
+            if con is not None:
+                try:
+                    con.advance(tok)
+                except Exception as exc:
+                    self.slots[i] = None
+                    self._end(a, "error", exc)
+                    continue
+            a.seq.tokens.append(tok)
+            a.budget -= 1
+            a.handle._emit(tok, *logprobs.get(j, (None, ())))
+            if con is not None and con.done:
+                self.slots[i] = None
+                self._end(a, "stop")
+            elif a.budget <= 0 or len(a.seq.tokens) >= self.n_ctx:
+                self.slots[i] = None
+                self._end(a, "length")
+
+    def _masks(self, plan: Plan):
+        """Packed allowed-token masks [R, W] when a sampling row has a constraint (the
+        others allow everything), else None."""
+        cons = {
+            j: a.handle.request.constraint
+            for j, a in enumerate(plan.rows)
+            if plan.sampling[j] and a.handle.request.constraint is not None
+        }
+        if not cons:
+            return None
+        got = {j: np.asarray(c.mask(), np.uint32) for j, c in cons.items()}
+        W = max(r.shape[-1] for r in got.values())
+        mask = np.full((len(plan.slots), W), 0xFFFFFFFF, np.uint32)
+        for j, r in got.items():
+            mask[j] = 0
+            mask[j, : r.shape[-1]] = r
+        return jax.device_put(mask)
