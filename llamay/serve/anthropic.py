@@ -17,11 +17,11 @@ from llamay.serve.core import (
     TextGen,
     encode_prompt,
     guarded,
-    make_sampler,
     sse,
 )
 from llamay.serve.errors import ApiError, error_body, to_http_status
 from llamay.serve.models import Loaded
+from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
 
 router = APIRouter(tags=["Anthropic"])
@@ -183,7 +183,12 @@ async def messages(body: MessagesRequest, request: Request):
                 400, 'output_config.format must be {"type": "json_schema", "schema": {...}}'
             )
         con = await st.constraint(lm, json_schema=fmt["schema"])
-    sampler = make_sampler(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
+    sampler = make_sampler(
+        **extra_params(body.model_extra),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+    )
     g = st.textgen(lm, ids, body.max_tokens, sampler, body.stop_sequences, con)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
 

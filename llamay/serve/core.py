@@ -30,6 +30,7 @@ from llamay.errors import ContextOverflowError, RequestError
 from llamay.sample import Sampler
 from llamay.serve.errors import ApiError, error_body, to_http_status
 from llamay.serve.models import Loaded
+from llamay.serve.sampling import fit_sampler
 from llamay.tok import IncrementalDecoder
 
 
@@ -38,17 +39,6 @@ class OpenModel(BaseModel):
     family takes llama.cpp's extra sampling fields."""
 
     model_config = ConfigDict(extra="allow")
-
-
-def make_sampler(**params: Any) -> Sampler:
-    """A `Sampler` from the given llama.cpp-named parameters (None: the default)."""
-    given = {k: v for k, v in params.items() if v is not None}
-    try:
-        return Sampler(**given)
-    except TypeError as e:
-        raise RequestError(f"unknown sampling parameter: {e}") from None
-    except ValueError as e:
-        raise RequestError(str(e)) from None
 
 
 def encode_prompt(lm: Loaded, text: str) -> list[int]:
@@ -106,7 +96,7 @@ class TextGen:
         self.lm = lm
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = min(max_tokens, room)
-        self.sampler = sampler
+        self.sampler = fit_sampler(sampler, lm.model.tokenizer.vocab_size, n_ctx)
         self.stop = [s for s in (stop or []) if s]
         self.constraint = constraint
         self.stop_ids = stop_ids

@@ -17,41 +17,16 @@ from llamay.serve.core import (
     TextGen,
     embed_all,
     encode_prompt,
-    make_sampler,
     primed,
     sse,
     sse_response,
 )
 from llamay.serve.errors import ApiError
 from llamay.serve.models import Loaded
+from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
 
 router = APIRouter(tags=["llama.cpp"])
-
-_SAMPLER_FIELDS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "repeat_last_n",
-    "repeat_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "mirostat",
-    "mirostat_tau",
-    "mirostat_eta",
-    "dynatemp_range",
-    "dynatemp_exponent",
-    "xtc_probability",
-    "xtc_threshold",
-    "top_n_sigma",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "min_keep",
-)
 
 
 class CompletionRequest(OpenModel):
@@ -155,8 +130,7 @@ async def completion(body: CompletionRequest, request: Request):
     st: ServerState = state(request)
     lm = await st.models.get(body.model)
     ids = _prompt_ids(lm, body.prompt)
-    extras = body.model_extra or {}
-    params = {k: extras[k] for k in _SAMPLER_FIELDS if k in extras}
+    params = extra_params(body.model_extra)
     if body.seed is not None and body.seed >= 0:
         params["seed"] = body.seed % (2**32)
     if body.samplers:

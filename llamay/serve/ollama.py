@@ -17,66 +17,30 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from llamay import __version__
 from llamay.errors import ModelNotFoundError, RequestError
 from llamay.serve import tools as T
 from llamay.serve.core import (
     EventStream,
+    OpenModel,
     TextGen,
     embed_all,
     encode_prompt,
     guarded,
-    make_sampler,
     ndjson,
     primed,
 )
 from llamay.serve.errors import ApiError
 from llamay.serve.models import Known, Loaded
+from llamay.serve.sampling import EXTRA_FIELDS, make_sampler
 from llamay.serve.state import ServerState, state
 
 router = APIRouter(tags=["Ollama"])
 
-#: Ollama option → Sampler field.
-_SAMPLER_KEYS = {
-    "temperature": "temperature",
-    "top_k": "top_k",
-    "top_p": "top_p",
-    "min_p": "min_p",
-    "typical_p": "typical_p",
-    "repeat_last_n": "repeat_last_n",
-    "repeat_penalty": "repeat_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "mirostat": "mirostat",
-    "mirostat_tau": "mirostat_tau",
-    "mirostat_eta": "mirostat_eta",
-    "seed": "seed",
-}
-#: Options about hardware and loading that have no meaning here (Ollama accepts them).
-_NO_OPS = {
-    "num_keep",
-    "penalize_newline",
-    "numa",
-    "num_batch",
-    "num_gpu",
-    "main_gpu",
-    "low_vram",
-    "vocab_only",
-    "use_mmap",
-    "use_mlock",
-    "num_thread",
-    "num_ctx",
-    "tfs_z",
-}
 
-
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class GenerateRequest(_Open):
+class GenerateRequest(OpenModel):
     model: str = ""
     prompt: str | None = None
     suffix: str | None = None
@@ -92,7 +56,7 @@ class GenerateRequest(_Open):
     think: bool | str | None = None
 
 
-class ChatMessage(_Open):
+class ChatMessage(OpenModel):
     role: str
     content: str | None = ""
     images: list[str] | None = None
@@ -100,7 +64,7 @@ class ChatMessage(_Open):
     tool_name: str | None = None
 
 
-class ChatRequest(_Open):
+class ChatRequest(OpenModel):
     model: str = ""
     messages: list[ChatMessage] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
@@ -111,7 +75,7 @@ class ChatRequest(_Open):
     think: bool | str | None = None
 
 
-class NameRequest(_Open):
+class NameRequest(OpenModel):
     model: str | None = None
     name: str | None = None
     verbose: bool | None = None
@@ -125,12 +89,12 @@ class NameRequest(_Open):
         return n
 
 
-class CopyRequest(_Open):
+class CopyRequest(OpenModel):
     source: str
     destination: str
 
 
-class EmbedRequest(_Open):
+class EmbedRequest(OpenModel):
     model: str = ""
     input: str | list[str] = ""
     truncate: bool = True
@@ -139,7 +103,7 @@ class EmbedRequest(_Open):
     dimensions: int | None = Field(None, ge=1)
 
 
-class EmbeddingsRequest(_Open):
+class EmbeddingsRequest(OpenModel):
     model: str = ""
     prompt: str = ""
     options: dict[str, Any] | None = None
@@ -183,10 +147,8 @@ def _options(options: dict[str, Any] | None) -> tuple[dict[str, Any], int | None
     num_predict = None
     stop: list[str] = []
     for k, v in (options or {}).items():
-        if k in _SAMPLER_KEYS:
-            if not isinstance(v, int | float) or isinstance(v, bool):
-                raise ApiError(400, f"option {k} must be a number, not {v!r}")
-            params[_SAMPLER_KEYS[k]] = v
+        if k in EXTRA_FIELDS or k == "seed":  # Ollama's names are llama.cpp's
+            params[k] = v  # checked by make_sampler
         elif k == "num_predict":
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ApiError(400, f"option num_predict must be an integer, not {v!r}")
@@ -196,10 +158,8 @@ def _options(options: dict[str, Any] | None) -> tuple[dict[str, Any], int | None
             if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
                 raise ApiError(400, "option stop must be a string or a list of strings")
             stop = items
-        elif k not in _NO_OPS:
-            raise ApiError(400, f"unknown option {k!r}")
-    if "seed" in params:
-        params["seed"] = int(params["seed"]) % (2**32)
+        # Other options (hardware, loading, newer Ollama's own) are ignored, as Ollama
+        # ignores the ones it does not know.
     return params, num_predict, stop
 
 
@@ -221,7 +181,7 @@ def _layers(k: Known) -> tuple[str | None, str | None, dict[str, Any]]:
             loaded = json.loads(raw)
         except ValueError:
             loaded = {}
-        known = set(_SAMPLER_KEYS) | {"num_predict", "stop"}
+        known = {*EXTRA_FIELDS, "seed", "num_predict", "stop"}
         params = {key: v for key, v in loaded.items() if key in known}
     return text(media.SYSTEM), text(media.TEMPLATE), params
 
@@ -586,7 +546,7 @@ async def pull(body: NameRequest, request: Request):
     return _ndjson_response(lines())
 
 
-class CreateRequest(_Open):
+class CreateRequest(OpenModel):
     model: str = Field(min_length=1)
     modelfile: str | None = None
     from_: str | None = Field(None, alias="from")

@@ -26,33 +26,16 @@ from llamay.serve.core import (
     check_ids,
     embed_all,
     encode_prompt,
-    make_sampler,
     merged,
     primed,
     sse,
     sse_response,
 )
 from llamay.serve.errors import ApiError, not_found
+from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
 
 router = APIRouter(tags=["OpenAI"])
-
-_LLAMA_EXTRAS = (
-    "top_k",
-    "min_p",
-    "repeat_penalty",
-    "repeat_last_n",
-    "typical_p",
-    "mirostat",
-    "mirostat_tau",
-    "mirostat_eta",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "xtc_probability",
-    "xtc_threshold",
-    "top_n_sigma",
-)
 
 
 class StreamOptions(OpenModel):
@@ -136,8 +119,7 @@ def _sampler(body: _Sampling, index: int = 0):
             raise ApiError(
                 400, f"logit_bias keys are token ids, not {k!r}", param="logit_bias"
             ) from None
-    extras = body.model_extra or {}
-    params: dict[str, Any] = {k: extras[k] for k in _LLAMA_EXTRAS if k in extras}
+    params = extra_params(body.model_extra)
     params.update(
         temperature=body.temperature,
         top_p=body.top_p,

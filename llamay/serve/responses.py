@@ -16,8 +16,9 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from llamay.serve import tools as T
-from llamay.serve.core import OpenModel, encode_prompt, make_sampler, primed, sse, sse_response
+from llamay.serve.core import OpenModel, encode_prompt, primed, sse, sse_response
 from llamay.serve.errors import ApiError
+from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
 
 router = APIRouter(tags=["OpenAI"])
@@ -155,7 +156,9 @@ async def responses(body: ResponsesRequest, request: Request):
     else:
         raise ApiError(400, f"text.format type {fmt.get('type')!r} is not supported", param="text")
     con = await st.constraint(lm, **ckw) if ckw else None
-    sampler = make_sampler(temperature=body.temperature, top_p=body.top_p)
+    sampler = make_sampler(
+        **extra_params(body.model_extra), temperature=body.temperature, top_p=body.top_p
+    )
     g = st.textgen(lm, ids, body.max_output_tokens, sampler, None, con)
     rid, mid = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
     created = int(time.time())
