@@ -1,13 +1,13 @@
 """Chat templates: Jinja rendering in a sandbox, plus built-in fallbacks.
 
 A GGUF's `tokenizer.chat_template` comes with the file and is untrusted, so it is rendered
-in `jinja2.sandbox.ImmutableSandboxedEnvironment`: no access to private/dunder attributes
-(an attempt raises `ChatTemplateError` at once instead of rendering an empty string),
-no mutation of the objects passed in, `range` bounded by Jinja, and `+`, `*` and `**`
-checked so a template cannot build gigantic strings, lists or numbers in one step. The
-environment matches what Hugging Face templates expect: `trim_blocks`, `lstrip_blocks`,
-loop controls, `raise_exception`, `strftime_now` and a `tojson` filter that keeps
-non-ASCII text as is.
+in `llamay.tok.sandbox.BoundedEnvironment`: Jinja's immutable sandbox (no access to
+private/dunder attributes — an attempt raises `ChatTemplateError` at once instead of
+rendering an empty string —, no mutation of the objects passed in, `range` bounded by
+Jinja) with a time, an allocation and an output budget, so a template can neither hang
+its caller nor build gigantic strings, lists or numbers. The environment matches what
+Hugging Face templates expect: `trim_blocks`, `lstrip_blocks`, loop controls,
+`raise_exception`, `strftime_now` and a `tojson` filter that keeps non-ASCII text as is.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from llamay.errors import ChatTemplateError
-
-MAX_SIZE = 1 << 24  # largest string/sequence/number magnitude a single operator may produce
-MAX_EXPONENT = 4096
+from llamay.tok import sandbox
 
 # llama.cpp's default when a model has no template (common/chat.cpp CHATML_TEMPLATE_SRC).
 CHATML_TEMPLATE = (
@@ -76,41 +74,11 @@ def _tojson(value: Any, indent=None, separators=None, sort_keys: bool = False) -
     )
 
 
-def _size(x: Any) -> int:
-    if isinstance(x, (str, bytes, list, tuple)):
-        return len(x)
-    return 0
-
-
 def _make_env():
-    from jinja2.exceptions import SecurityError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(["+", "*", "**"])
-
-        def unsafe_undefined(self, obj: Any, attribute: str):
-            raise SecurityError(
-                f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
-            )
-
-        def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
-            if operator == "*":
-                for seq, k in ((left, right), (right, left)):
-                    if isinstance(k, int) and _size(seq) * max(k, 0) > MAX_SIZE:
-                        raise SecurityError("chat template tried to build a too large value")
-            elif operator == "+":
-                if _size(left) + _size(right) > MAX_SIZE:
-                    raise SecurityError("chat template tried to build a too large value")
-            elif operator == "**":
-                if isinstance(right, (int, float)) and abs(right) > MAX_EXPONENT:
-                    raise SecurityError("chat template tried to compute a too large power")
-            return super().call_binop(context, operator, left, right)
-
-    env = ChatTemplateEnvironment(
+    env = sandbox.BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
-    env.filters["tojson"] = _tojson
+    env.add_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -142,26 +110,47 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    time_budget_s: float = sandbox.RENDER_SECONDS,
     **kw: Any,
 ) -> str:
     """Render `messages` with a (possibly untrusted) Jinja chat template.
 
     Extra keyword arguments (`tools`, `documents`, `enable_thinking`, ...) are passed to the
-    template. Any failure, including a sandbox violation, raises `ChatTemplateError` (the
-    original exception is its `__cause__`)."""
+    template. Any failure, including a sandbox violation or an exceeded budget (time:
+    `time_budget_s`; allocations and output: see `llamay.tok.sandbox`), raises
+    `ChatTemplateError` (the original exception is its `__cause__`). Safe to call from
+    any thread; the budgets are per call."""
     from jinja2.exceptions import SecurityError, TemplateError
 
     tmpl = _compile(template)
+    size = sandbox.input_chars(messages, bos_token, eos_token, kw)
     try:
-        return tmpl.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            **kw,
-        )
+        with sandbox.budgeted(size) as budget, sandbox.time_limit(time_budget_s):
+            out, n = [], 0
+            for piece in tmpl.generate(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=bos_token,
+                eos_token=eos_token,
+                **kw,
+            ):
+                n += len(piece)
+                if n > budget.output:
+                    raise sandbox.BudgetError(
+                        f"output over {budget.output} characters (for {size} characters of input)"
+                    )
+                out.append(piece)
+            return "".join(out)
     except ChatTemplateError:
         raise
+    except sandbox.RenderTimeout:
+        raise ChatTemplateError(
+            f"chat template took longer than its time budget of {time_budget_s} s to render"
+        ) from None
+    except sandbox.BudgetError as e:
+        raise ChatTemplateError(f"chat template exceeded a rendering budget: {e}") from e
+    except MemoryError as e:
+        raise ChatTemplateError("chat template ran out of memory while rendering") from e
     except SecurityError as e:
         raise ChatTemplateError(f"chat template attempted an unsafe operation: {e}") from e
     except TemplateError as e:
