@@ -155,7 +155,7 @@ def tokenize(
 ) -> None:
     """Print the token ids (and pieces) of TEXT under MODEL's tokenizer."""
     from llamay.gguf import GGUFFile
-    from llamay.store import resolve
+    from llamay.library import resolve
     from llamay.tok import Tokenizer
 
     try:
@@ -178,7 +178,7 @@ def show(
 ) -> None:
     """Describe a model: architecture, parameters, context, tensor types, chat template."""
     from llamay.gguf.inspect import summary
-    from llamay.store import resolve
+    from llamay.library import resolve
 
     try:
         info = summary(resolve(model))
@@ -215,12 +215,12 @@ def _layers(model: str) -> dict:
     nothing for a plain .gguf path or a model without layers."""
     from pathlib import Path
 
-    from llamay.ollama import resolve_anywhere
+    from llamay.library import layered_model
 
     if Path(model).expanduser().is_file():
         return {}
     try:
-        om = resolve_anywhere(model)
+        om = layered_model(model)
     except LlamayError:
         return {}
     return {

@@ -29,7 +29,7 @@ def parse_models(specs: list[str]) -> dict[str, str]:
 
 
 def _resolve_all(models: dict[str, str]) -> dict[str, Path]:
-    from llamay.store import resolve
+    from llamay.library import resolve
 
     return {name: resolve(target) for name, target in models.items()}
 

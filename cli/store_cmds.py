@@ -95,7 +95,8 @@ def cp(
 
 
 def gc() -> None:
-    """Remove blobs that no model in the store references."""
+    """Remove blobs that no model in the store references, and partial downloads and
+    snapshot saves that no live process is writing."""
     from llamay.store import gc as store_gc
 
     try:
@@ -104,7 +105,7 @@ def gc() -> None:
         raise _fail(exc) from None
     for p in removed:
         print(f"removed {p.name}")
-    _err(f"{len(removed)} unreferenced blob(s) removed")
+    _err(f"{len(removed)} unreferenced blob(s) and dead partial file(s) removed")
 
 
 def create(
@@ -115,7 +116,7 @@ def create(
 ) -> None:
     """Create a model from a Modelfile: FROM a GGUF path or a model, plus TEMPLATE, SYSTEM,
     PARAMETER and LICENSE."""
-    from llamay.store import create as store_create
+    from llamay.library import create as store_create
 
     try:
         text = file.read_text(encoding="utf-8")
@@ -146,7 +147,7 @@ def run(
 ) -> None:
     """Generate with a model's template, system and params layers applied (as `ollama run`
     does for one prompt); options given here override the params layer."""
-    from llamay import ollama
+    from llamay import library, ollama
 
     overrides = {
         k: v
@@ -154,7 +155,7 @@ def run(
         if v is not None
     }
     try:
-        model, om = ollama.load(name)
+        model, om = library.load(name)
         for piece in ollama.generate(
             model, om, prompt, system=system, raw=raw, stream=True, **overrides
         ):
@@ -169,10 +170,10 @@ def modelfile(
     name: Annotated[str, typer.Argument(help="A model with layers (see `run`).")],
 ) -> None:
     """Print a model's Modelfile: its blob, template, system prompt, parameters, license."""
-    from llamay import ollama
+    from llamay import library, ollama
 
     try:
-        print(ollama.to_modelfile(ollama.resolve_anywhere(name)), end="")
+        print(ollama.to_modelfile(library.layered_model(name)), end="")
     except LlamayError as exc:
         raise _fail(exc) from None
 

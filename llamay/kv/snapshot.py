@@ -7,7 +7,7 @@ back bit for bit and the continuation runs the same steps. A sliding-window mode
 local layers had released their positions before the window (`llamay.kv.pages`): in
 its snapshot those are zeros, and a restore writes back only the window.
 
-In the model store (`llamay.store.store_dir()`, under `kv/`, apart from the model
+In the model store (`llamay.files.home()`, under `kv/`, apart from the model
 blobs so that the store's gc leaves them alone):
 
     digest = store_snapshot(engine.snapshot(handle))     # "sha256:..."
@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from llamay.errors import SnapshotError
+from llamay.files import PARTIAL_MARK, fsync_dir, home, locked_partial
 
 FORMAT = 1
 
@@ -57,20 +58,20 @@ class Snapshot:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / (self.digest.split(":", 1)[1] + ".kv.npz")
         meta = {"format": FORMAT, "model": self.model, "kv_dtype": self.kv_dtype}
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".partial")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(
-                    f,
-                    meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-                    tokens=np.asarray(self.tokens, np.int64),
-                    k=_raw(self.k),
-                    v=_raw(self.v),
-                )
+        # locked while written: `llamay gc` removes a partial only once its writer is dead
+        tmp = directory / f".{path.name}{PARTIAL_MARK}-{secrets.token_hex(6)}"
+        with locked_partial(tmp) as f:
+            np.savez(
+                f,
+                meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                tokens=np.asarray(self.tokens, np.int64),
+                k=_raw(self.k),
+                v=_raw(self.v),
+            )
+            f.flush()
+            os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        fsync_dir(directory)
         return path
 
     @staticmethod
@@ -105,9 +106,7 @@ class StoredSnapshot:
 def snapshot_dir(root: str | os.PathLike | None = None) -> Path:
     """Where the store keeps snapshots: `<root or store_dir()>/kv`."""
     if root is None:
-        from llamay.store import store_dir
-
-        root = store_dir()
+        root = home()
     return Path(root) / "kv"
 
 

@@ -270,3 +270,22 @@ def resolve(name: str, root: str | os.PathLike[str] | None = None) -> OllamaMode
     short = _short_names([n for n, _ in found])
     (n, p) = hits[0]
     return _load(base, n, short[n], p)
+
+
+def find_blob(name: str) -> Path | None:
+    """The model blob of `name` in the local Ollama store; None when there is no store or
+    it has no (readable) model of that name."""
+    if find_store() is None:
+        return None
+    try:
+        return resolve(name).model_path
+    except LlamayError:
+        return None
+
+
+def find_model(name: str) -> OllamaModel | None:
+    """The Ollama model `name` with its layers, or None when there is no Ollama store.
+    Raises `ModelNotFoundError`/`OllamaStoreError` when the store lacks or garbles it."""
+    if find_store() is None:
+        return None
+    return resolve(name)

@@ -363,7 +363,7 @@ async def fork(cid: str, body: Fork, request: Request):
 
 
 def _snapshot_path(name: str):
-    if not _SNAPSHOT_NAME.match(name):
+    if not _SNAPSHOT_NAME.fullmatch(name):  # .match lets "name\n" through (`$`)
         raise ApiError(400, f"snapshot name {name!r} must be letters, digits, '_', '.', '-'")
     return _snapshot_dir() / f"{name}.json"
 
@@ -383,7 +383,7 @@ def _kv_in_use(directory, but=None) -> set[str]:
 
 @router.post("/v1/contexts/{cid}/snapshot", summary="Save a context as a named snapshot")
 async def snapshot(cid: str, body: Snapshot, request: Request):
-    from llamay.store import _atomic_write_json
+    from llamay.files import atomic_write_json
 
     st = state(request)
     ctx = _get_ctx(st, cid)
@@ -398,7 +398,7 @@ async def snapshot(cid: str, body: Snapshot, request: Request):
         # into the store's KV snapshots (content-addressed: one file per sequence)
         digest = await asyncio.get_running_loop().run_in_executor(None, store_snapshot, snap)
         saved.update(kv=digest, kv_tokens=snap.n_cached)
-    _atomic_write_json(path, saved)
+    atomic_write_json(path, saved)
     return {
         "name": name,
         "model": ctx.model,

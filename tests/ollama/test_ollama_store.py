@@ -13,6 +13,7 @@ from ollama_layout import OllamaLayout, go_json
 from typer.testing import CliRunner
 
 import llamay.ollama as ollama
+from llamay import library
 from llamay.errors import ModelNotFoundError
 from llamay.ollama import OllamaStoreError, SamplerDefaults, UnsupportedTemplateError
 from llamay.ollama.params import cut_at_stops
@@ -254,7 +255,7 @@ def test_generate_from_ollama_store(layout: OllamaLayout, smollm2_path: Path) ->
     )
     [listed] = ollama.list_models()
     assert listed.name == "smollm2:135m" and listed.license == ("Apache License 2.0",)
-    model, om = ollama.load("smollm2:135m")
+    model, om = library.load("smollm2:135m")
     assert os.path.samefile(model.path, smollm2_path)  # run in place from the blob
 
     # the template and system layers format the prompt
@@ -275,16 +276,19 @@ def test_generate_from_ollama_store(layout: OllamaLayout, smollm2_path: Path) ->
         assert ollama.generate(model, om, "Hi", raw=True, max_tokens=2)
 
 
-def test_store_resolve_falls_back_to_ollama(layout, tiny, tmp_path, monkeypatch) -> None:
+def test_library_resolve_falls_back_to_ollama(layout, tiny, tmp_path, monkeypatch) -> None:
     import llamay.store as store
 
     monkeypatch.setenv("LLAMAY_HOME", str(tmp_path / "llamay-home"))
     layout.model((HOST, "someone", "tiny", "q8"), tiny)
-    path = store.resolve("someone/tiny:q8", progress=False)
+    path = library.resolve("someone/tiny:q8", progress=False)
     assert path.samefile(tiny) and path.parent == layout.root / "blobs"
     assert not (tmp_path / "llamay-home").exists()  # nothing copied, nothing written
     with pytest.raises(ModelNotFoundError, match="unknown model 'someone/other:latest'"):
-        store.resolve("someone/other", progress=False)
+        library.resolve("someone/other", progress=False)
+    # llamay's own store alone does not know Ollama's models
+    with pytest.raises(ModelNotFoundError, match="unknown model 'someone/tiny:q8'"):
+        store.resolve("someone/tiny:q8", progress=False)
 
 
 def test_cli_show_includes_ollama_layers(layout, tiny, tmp_path, monkeypatch) -> None:

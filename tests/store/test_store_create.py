@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import llamay.store as store
+from llamay import library
 from llamay.errors import ModelNotFoundError
 from llamay.store import manifest as media
 from llamay.store.manifest import Manifest
@@ -103,7 +104,7 @@ def test_create_from_a_path(env, tiny, tmp_path, monkeypatch) -> None:
     )
     assert config["model_format"] == "gguf" and config["model_family"] == "llama"
     # its layers take effect through llamay.ollama
-    om = ollama.resolve_anywhere("mine:v1")
+    om = library.layered_model("mine:v1")
     assert ollama.format_prompt(om, "hi") == "[Be terse.] Q: hi\nA:"
     assert om.sampler_defaults().n_ctx == 512 and om.sampler_defaults().stop == (
         "<|im_end|>",
@@ -142,7 +143,7 @@ def test_create_from_an_ollama_model(env, tiny, tmp_path, monkeypatch) -> None:
         params={"temperature": 0.5},
         license="L",
     )
-    entry = store.create("fromollama:1", "FROM tiny\nPARAMETER seed 3", progress=False)
+    entry = library.create("fromollama:1", "FROM tiny\nPARAMETER seed 3", progress=False)
     assert entry.path.read_bytes() == tiny.read_bytes()
     assert json.loads(entry.layer_path(media.PARAMS).read_text()) == {"seed": 3, "temperature": 0.5}
     assert entry.layer_path(media.TEMPLATE).read_text() == "{{ .Prompt }}"
@@ -176,7 +177,6 @@ def test_cli_create(env, tiny, tmp_path, monkeypatch) -> None:
 def test_modelfile_round_trip_and_run(env, tiny, tmp_path, monkeypatch) -> None:
     """`llamay modelfile` prints what `create` reads back; `llamay run` applies the layers."""
     import llamay
-    import llamay.ollama as ollama
     from llamay_cli.main import app
 
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
@@ -189,7 +189,7 @@ def test_modelfile_round_trip_and_run(env, tiny, tmp_path, monkeypatch) -> None:
     r = CliRunner().invoke(app, ["modelfile", "orig:1"])
     assert r.exit_code == 0, r.output
     store.create("again:1", r.stdout, progress=False)
-    a, b = ollama.resolve_anywhere("orig:1"), ollama.resolve_anywhere("again:1")
+    a, b = library.layered_model("orig:1"), library.layered_model("again:1")
     assert (a.template, a.system, a.params) == (b.template, b.system, b.params)
     assert a.params["stop"] == ["\n", 'say "x"'] and a.system == "two\nlines"
 

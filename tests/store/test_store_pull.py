@@ -241,7 +241,7 @@ def test_manifest_write_failure_removes_new_blob(env, monkeypatch) -> None:
     def fail(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store, "_atomic_write_json", fail)
+    monkeypatch.setattr("llamay.store.pulling.atomic_write_json", fail)
     with pytest.raises(FetchError, match="could not write the manifest.*No space left"):
         store.pull("man:1", progress=False)
     assert env.files() == []

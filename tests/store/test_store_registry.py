@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 import llamay.store as store
+from llamay import library
 from llamay.errors import FetchError, ModelNotFoundError
 from llamay.store import manifest as media
 from llamay.store import oci
@@ -178,7 +179,7 @@ def _cut_blob_downloads(monkeypatch, digest: str, cuts: list[int | None]) -> lis
         return (r if limit is None else _CutResponse(r, limit)), start
 
     monkeypatch.setattr(oci.Registry, "open_blob", open_blob)
-    monkeypatch.setattr(store.time, "sleep", lambda s: None)
+    monkeypatch.setattr("llamay.store.blobs.time.sleep", lambda s: None)
     return seen
 
 
@@ -335,7 +336,7 @@ def test_registry_layers_take_effect(env, registry, tiny_gguf, monkeypatch) -> N
     )
     name = f"{registry.host}/{repo}:latest"
     store.pull(name, progress=False)
-    model, om = ollama.load(name)
+    model, om = library.load(name)
     assert om.model_path == store.resolve(name, progress=False)
     assert ollama.format_prompt(om, "hi") == "[terse] Q: hi A:"
     assert om.sampler_defaults().generate_kwargs() == {"temperature": 0.0, "max_tokens": 5}
@@ -401,8 +402,6 @@ def test_manifest_without_a_model_layer_is_refused(env, registry) -> None:
 
 
 def test_unknown_layers_are_kept_and_reported(env, registry, tiny_gguf, monkeypatch) -> None:
-    import llamay.ollama as ollama
-
     monkeypatch.setenv("OLLAMA_MODELS", str(env.home.parent / "no-ollama-here"))
     repo = _repo()
     pushed = registry.push_model(repo, "latest", tiny_gguf)
@@ -412,4 +411,4 @@ def test_unknown_layers_are_kept_and_reported(env, registry, tiny_gguf, monkeypa
     name = f"{registry.host}/{repo}:vision"
     store.pull(name, progress=False)
     assert (env.home / "blobs" / f"sha256-{projector.hex}").is_file()
-    assert ollama.resolve_anywhere(name).ignored_layers == (media.PROJECTOR,)
+    assert library.layered_model(name).ignored_layers == (media.PROJECTOR,)
