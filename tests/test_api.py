@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.errors import (
@@ -17,8 +18,8 @@ from llamay.gguf.writer import copy_gguf
 
 
 @pytest.fixture(scope="module")
-def tiny(fixtures_dir):
-    return fixtures_dir / "tiny" / "llama.gguf"
+def tiny():
+    return tiny_model_file("llama")
 
 
 def test_unknown_architecture_lists_supported(tiny, tmp_path):

@@ -1,9 +1,10 @@
-"""The tiny reference models of ../shared/fixtures/tiny (its README documents them)."""
+"""The tiny reference models of tests/fixtures/tiny (its README documents them)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 
@@ -30,7 +31,7 @@ class Tiny:
 
     def __init__(self, tiny_dir, name: str):
         self.name = name
-        self.model = llamay.load(tiny_dir / f"{name}.gguf")
+        self.model = llamay.load(tiny_model_file(name))
         self.exact = np.load(tiny_dir / f"{name}.exact.npz")
         self.ref = np.load(tiny_dir / f"{name}.llamacpp.npz")
         self._logits: dict[tuple[int, ...], np.ndarray] = {}

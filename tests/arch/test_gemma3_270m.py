@@ -1,5 +1,5 @@
 """Gemma 3 270M Q4_K_M, exact numerics, against transformers (float32 over the same
-dequantised GGUF) and llama.cpp's goldens (../shared/fixtures/{transformers,llamacpp}/)."""
+dequantised GGUF) and llama.cpp's goldens (tests/fixtures/{transformers,llamacpp}/)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Hostile model metadata is refused before anything is built from it (issue 22.4).
 
-Each case is a tiny model of ../shared/fixtures/tiny rewritten with `copy_gguf`: the
+Each case is a tiny model of tests/fixtures/tiny rewritten with `copy_gguf`: the
 reported headers (`block_count = 2**31 - 1`, `head_count = 0`, `embedding_length = 3`,
 `head_count_kv = 0`, IQ4_XS / TQ2_0 tensors), their neighbours, and a seeded corpus of
 random header mutations. `llamay.load` must refuse each with a `ModelFormatError` (or
@@ -16,6 +16,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.errors import LlamayError, ModelFormatError, UnsupportedTensorTypeError
@@ -30,10 +31,8 @@ TIME_BOUND_S = 20.0  # generous: the machine is shared
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(fixtures_dir):
-    path = fixtures_dir / "tiny" / "llama.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
+def tiny_llama():
+    path = tiny_model_file("llama")
     llamay.load(path)  # imports and caches warm, so the bound measures the refusal only
     return GGUFFile(path)
 

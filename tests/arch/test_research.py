@@ -11,6 +11,7 @@ import importlib.util
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.arch import decoder
@@ -30,8 +31,8 @@ def script(request):
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return llamay.load(tiny_dir / "llama.gguf")
+def tiny():
+    return llamay.load(tiny_model_file("llama"))
 
 
 def test_unchanged_variant_gives_the_same_logits(tiny):
@@ -56,7 +57,7 @@ def test_head_ablation_equals_zeroing_its_output_columns(tiny, script):
     np.testing.assert_allclose(ablated.logits(IDS), surgery.logits(IDS), atol=1e-4)
 
 
-def test_script_reports_where_the_change_starts(tiny_dir, script):
-    out = script.main([str(tiny_dir / "llama.gguf"), "--layer", "2", "--head", "1"])
+def test_script_reports_where_the_change_starts(script):
+    out = script.main([str(tiny_model_file("llama")), "--layer", "2", "--head", "1"])
     assert out["first_changed_layer"] == 2
     assert out["ablate_head"]["max_abs"] > 0 and out["swap_mlp"]["max_abs"] > 0

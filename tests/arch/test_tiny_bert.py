@@ -1,10 +1,11 @@
 """The tiny random bert encoder: per-token states and pooled embeddings against its
-float64 reference and llama.cpp (../shared/fixtures/tiny/README.md)."""
+float64 reference and llama.cpp (tests/fixtures/tiny/README.md)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.errors import RequestError
@@ -15,7 +16,7 @@ LLAMACPP_TOL = 0.06  # the README measures 0.023 between llama.cpp and exact
 
 @pytest.fixture(scope="module")
 def bert(tiny_dir):
-    m = llamay.load(tiny_dir / "bert.gguf")
+    m = llamay.load(tiny_model_file("bert"))
     return m, np.load(tiny_dir / "bert.exact.npz"), np.load(tiny_dir / "bert.llamacpp.npz")
 
 
@@ -41,6 +42,6 @@ def test_attention_is_not_causal(bert):
     assert np.abs(full[0] - changed[0]).max() > 1e-4
 
 
-def test_decoders_have_no_embed(tiny_dir):
+def test_decoders_have_no_embed():
     with pytest.raises(RequestError, match="not an embedding"):
-        llamay.load(tiny_dir / "qwen2.gguf").embed([1, 2, 3])
+        llamay.load(tiny_model_file("qwen2")).embed([1, 2, 3])

@@ -1,6 +1,6 @@
 """Every decoder family's tiny random model against its float64 reference (exact
 numerics: ~1e-3) and against llama.cpp (within the README's tolerances, top-1 equal
-where llama.cpp's top-2 gap exceeds them). See ../shared/fixtures/tiny/README.md."""
+where llama.cpp's top-2 gap exceeds them). See tests/fixtures/tiny/README.md."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fixture_data import tiny_model_file
 from typer.testing import CliRunner
 
 from llamay_cli.main import app
@@ -77,10 +78,10 @@ def test_list_shows_pulled_model(smollm2_path):
     assert "smollm2:135m" in r.stdout
 
 
-def test_show_describes_a_model_as_gguf_py_reads_it(fixtures_dir):
+def test_show_describes_a_model_as_gguf_py_reads_it():
     from gguf import GGUFReader
 
-    path = fixtures_dir / "tiny" / "qwen3.gguf"
+    path = tiny_model_file("qwen3")
     r = run("show", str(path), "--json")
     assert r.exit_code == 0, r.stderr
     info = json.loads(r.stdout)
@@ -96,8 +97,8 @@ def test_show_describes_a_model_as_gguf_py_reads_it(fixtures_dir):
     assert text.exit_code == 0 and "qwen3" in text.stdout
 
 
-def test_bench_json_lines(fixtures_dir):
-    path = fixtures_dir / "tiny" / "llama.gguf"
+def test_bench_json_lines():
+    path = tiny_model_file("llama")
     r = run("bench", "-m", str(path), "-p", "16", "-n", "4", "-b", "1,2", "-r", "1", "--json")
     assert r.exit_code == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fixture_data import tiny_model_file
 
 from llamay.errors import ConstraintError, UnsupportedConstraintError
 from llamay.sample import Sampler
@@ -24,12 +25,10 @@ SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def tiny(fixtures_dir):
+def tiny():
     import llamay
 
-    path = fixtures_dir / "tiny" / "llama.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
+    path = tiny_model_file("llama")
     return llamay.load(path)
 
 

@@ -11,6 +11,7 @@ import jsonschema_rs
 import numpy as np
 import pytest
 from conftest import EOS
+from fixture_data import fixture
 
 from llamay.constrain import json_schema
 from llamay.errors import UnsupportedConstraintError
@@ -59,10 +60,8 @@ def _accepts(c, text: str) -> bool:
     return c._m.consume_tokens(list(text.encode())) and c._m.is_accepting()
 
 
-def test_suite_format_strings_follow_the_oracle(byte_tok, fixtures_dir):
-    path = fixtures_dir / "json-schema-test-suite" / "draft2020-12" / "format.json"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
+def test_suite_format_strings_follow_the_oracle(byte_tok):
+    path = fixture("json-schema-test-suite", "draft2020-12", "format.json")
     checked = 0
     for group in json.loads(path.read_text()):
         fmt = group["schema"]["format"]

@@ -20,6 +20,7 @@ import pytest
 
 from llamay.constrain import json_schema
 from llamay.errors import ConstraintError
+from fixture_data import fixture
 
 
 def _canon(x):
@@ -38,10 +39,8 @@ def accepts(c, text: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def suite(fixtures_dir):
-    d = fixtures_dir / "json-schema-test-suite" / "draft2020-12"
-    if not d.is_dir():
-        pytest.skip(f"{d} is absent")
+def suite():
+    d = fixture("json-schema-test-suite", "draft2020-12")
     return sorted(d.glob("*.json"))
 
 

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
@@ -19,8 +20,8 @@ from llamay.sample import GREEDY
 
 
 @pytest.fixture(scope="module")
-def tiny(fixtures_dir):
-    return llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def tiny():
+    return llamay.load(tiny_model_file("llama"))
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def test_fork_children_equal_independent_runs(tiny, engine):
     assert engine.stats()["pages_held"] == 0
 
 
-def test_snapshot_restore_in_a_new_process(tiny, engine, tmp_path, fixtures_dir):
+def test_snapshot_restore_in_a_new_process(tiny, engine, tmp_path):
     prompt = list(range(3000, 3021))
     whole = list(tiny.generation(prompt, 12, GREEDY))
     h = engine.submit(Request(prompt, 6, GREEDY, keep=True))
@@ -113,7 +114,7 @@ def test_snapshot_restore_in_a_new_process(tiny, engine, tmp_path, fixtures_dir)
         from llamay.engine.scheduler import BatchEngine
         from llamay.kv.snapshot import Snapshot
         from llamay.sample import GREEDY
-        m = llamay.load({str(fixtures_dir / "tiny" / "llama.gguf")!r})
+        m = llamay.load({str(tiny_model_file("llama"))!r})
         e = BatchEngine(m, slots=2, page_size=8, n_pages=32)
         h = e.restore(Snapshot.load({str(path)!r}), Request([], 6, GREEDY))
         print([ev.token_id for ev in h])
@@ -124,9 +125,9 @@ def test_snapshot_restore_in_a_new_process(tiny, engine, tmp_path, fixtures_dir)
     assert first + eval(out.stdout.strip().splitlines()[-1]) == whole
 
 
-def test_f16_cache_batched_equals_dense(fixtures_dir):
+def test_f16_cache_batched_equals_dense():
     # llamacpp numerics: an f16 cache, rounded in attention as ggml does, paged or not.
-    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf", numerics="llamacpp")
+    m = llamay.load(tiny_model_file("llama"), numerics="llamacpp")
     prompts = [list(range(800, 800 + n)) for n in (5, 21)]
     want = [list(m.generation(p, 8, GREEDY)) for p in prompts]
     e = BatchEngine(m, slots=2, page_size=8, chunk=32, n_pages=16)
@@ -168,9 +169,9 @@ def test_per_slot_seeded_samplers_equal_dense(tiny, engine):
     assert [ids(engine, h) for h in hs] == want
 
 
-def test_sliding_window_family_batched_equals_dense(fixtures_dir):
+def test_sliding_window_family_batched_equals_dense():
     # gemma3's tiny file: window 8, five local layers per global one; prompts past it.
-    m = llamay.load(fixtures_dir / "tiny" / "gemma3.gguf")
+    m = llamay.load(tiny_model_file("gemma3"))
     prompts = [list(range(100, 105)), list(range(100, 130))]
     want = [list(m.generation(p, 8, GREEDY)) for p in prompts]
     e = BatchEngine(m, slots=2, page_size=8, chunk=32, n_pages=32)

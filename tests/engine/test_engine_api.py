@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fixture_data import tiny_model_file
 from serial_engine import SerialEngine
 
 import llamay
@@ -17,8 +18,8 @@ from llamay.sample import GREEDY
 
 
 @pytest.fixture(scope="module", params=[BatchEngine, SerialEngine], ids=["batch", "serial"])
-def engine(request, fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def engine(request):
+    m = llamay.load(tiny_model_file("llama"))
     e = request.param(m)
     yield m, e
     e.close()

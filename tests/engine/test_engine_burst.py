@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
@@ -18,8 +19,8 @@ from llamay.sample import GREEDY, Sampler, SamplerState
 
 
 @pytest.fixture(scope="module")
-def tiny(fixtures_dir):
-    return llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def tiny():
+    return llamay.load(tiny_model_file("llama"))
 
 
 def traced(e: BatchEngine) -> list[tuple[int, int, int]]:

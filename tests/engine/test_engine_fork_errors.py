@@ -4,6 +4,7 @@ pool as it found it: the child's pages go back, and no earlier child keeps runni
 from __future__ import annotations
 
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
@@ -15,8 +16,8 @@ N_CTX = 64
 
 
 @pytest.fixture(scope="module")
-def engine(fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf", n_ctx=N_CTX)
+def engine():
+    m = llamay.load(tiny_model_file("llama"), n_ctx=N_CTX)
     e = BatchEngine(m, slots=2, page_size=8, chunk=16, n_pages=60)  # room past the context
     yield e
     e.close()

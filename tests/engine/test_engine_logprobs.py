@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 from serial_engine import SerialEngine
 
 import llamay
@@ -19,8 +20,8 @@ SAMPLER = Sampler(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
 
 
 @pytest.fixture(scope="module")
-def tiny(fixtures_dir):
-    return llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def tiny():
+    return llamay.load(tiny_model_file("llama"))
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
@@ -32,8 +33,8 @@ def _pick(logits, history) -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny(fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def tiny():
+    m = llamay.load(tiny_model_file("llama"))
     yield m
     m.close()
 

@@ -5,6 +5,7 @@ the tokens an independent run of the whole text gives."""
 from __future__ import annotations
 
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
@@ -13,8 +14,8 @@ from llamay.sample import GREEDY
 
 
 @pytest.fixture(scope="module")
-def tiny(fixtures_dir):
-    return llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def tiny():
+    return llamay.load(tiny_model_file("llama"))
 
 
 def test_prefill_only_keeps_the_prompt_kv(tiny):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
@@ -16,8 +17,8 @@ from llamay.sample import GREEDY, Sampler
 
 
 @pytest.fixture(scope="module")
-def tiny(fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def tiny():
+    m = llamay.load(tiny_model_file("llama"))
     yield m
     m.close()
 
@@ -70,8 +71,8 @@ def test_concurrent_callers_share_the_engine(tiny):
     assert got == want
 
 
-def test_close_stops_the_engine_and_the_model_stays_usable(fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def test_close_stops_the_engine_and_the_model_stays_usable():
+    m = llamay.load(tiny_model_file("llama"))
     first = m.generate("Hello", max_tokens=4, temperature=0.0)
     engine = m.engine
     m.close()
@@ -101,8 +102,8 @@ DECODERS = ["gemma2", "gemma3", "olmo2", "phi3", "qwen2", "qwen3", "qwen3moe", "
 
 
 @pytest.mark.parametrize("family", DECODERS)
-def test_every_family_generates_as_the_reference(fixtures_dir, family):
-    m = llamay.load(fixtures_dir / "tiny" / f"{family}.gguf")
+def test_every_family_generates_as_the_reference(family):
+    m = llamay.load(tiny_model_file(family))
     try:
         prompt = "Some words to continue, long enough to pass a small window:"
         assert m.generate(prompt, max_tokens=10, temperature=0.0) == reference(
@@ -112,7 +113,7 @@ def test_every_family_generates_as_the_reference(fixtures_dir, family):
         m.close()
 
 
-def test_an_encoder_does_not_generate(fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "bert.gguf")
+def test_an_encoder_does_not_generate():
+    m = llamay.load(tiny_model_file("bert"))
     with pytest.raises(llamay.errors.RequestError, match="encoder"):
         m.generate("hello", max_tokens=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
@@ -18,8 +19,8 @@ PS = 4
 
 
 @pytest.fixture(scope="module")
-def gemma3(fixtures_dir):
-    return llamay.load(fixtures_dir / "tiny" / "gemma3.gguf", n_ctx=512)
+def gemma3():
+    return llamay.load(tiny_model_file("gemma3"), n_ctx=512)
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +175,8 @@ def test_cancel_returns_local_pages(engine):
     engine.mgr.check()
 
 
-def test_gemma2_batched_past_the_window(fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "gemma2.gguf", n_ctx=256)
+def test_gemma2_batched_past_the_window():
+    m = llamay.load(tiny_model_file("gemma2"), n_ctx=256)
     assert m.config.window == 8
     prompts = [list(range(100, 100 + n)) for n in (41, 6)]
     want = [list(m.generation(p, 10, GREEDY)) for p in prompts]
@@ -189,8 +190,8 @@ def test_gemma2_batched_past_the_window(fixtures_dir):
         e.close()
 
 
-def test_models_without_windows_keep_one_pool(fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def test_models_without_windows_keep_one_pool():
+    m = llamay.load(tiny_model_file("llama"))
     e = BatchEngine(m, slots=1, page_size=8, n_pages=8)
     try:
         assert e.kv.local_k is None and e.mgr.local is None
@@ -200,9 +201,9 @@ def test_models_without_windows_keep_one_pool(fixtures_dir):
 
 
 @pytest.mark.slow  # ggml-order attention compiles slowly: ~2 min on a busy 2-core CPU
-def test_f16_split_pools_equal_dense(fixtures_dir):
+def test_f16_split_pools_equal_dense():
     # llamacpp numerics: both pools f16, attention rounded as ggml does, paged or not
-    m = llamay.load(fixtures_dir / "tiny" / "gemma3.gguf", numerics="llamacpp", n_ctx=512)
+    m = llamay.load(tiny_model_file("gemma3"), numerics="llamacpp", n_ctx=512)
     prompts = [list(range(400, 400 + n)) for n in (270, 9)]
     want = [list(m.generation(p, 8, GREEDY)) for p in prompts]
     e = BatchEngine(m, slots=2, page_size=PS, chunk=16, n_pages=96, local_pages=24)

@@ -6,6 +6,7 @@ that many sequences and that length, and `warmup` compiles exactly those shapes.
 from __future__ import annotations
 
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
@@ -29,8 +30,8 @@ class RecordingEngine(BatchEngine):
 
 
 @pytest.fixture(scope="module")
-def tiny(fixtures_dir):
-    return llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def tiny():
+    return llamay.load(tiny_model_file("llama"))
 
 
 def test_every_dispatched_step_is_warmed_up(tiny):

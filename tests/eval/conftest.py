@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_model(fixtures_dir):
-    return llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def tiny_llama_model():
+    return llamay.load(tiny_model_file("llama"))
 
 
 @pytest.fixture(scope="session")

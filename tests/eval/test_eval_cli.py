@@ -6,6 +6,7 @@ import json
 
 import jax
 import pytest
+from fixture_data import tiny_model_file
 from typer.testing import CliRunner
 
 from llamay.eval import perplexity
@@ -25,8 +26,8 @@ def run(*args):
     return CliRunner().invoke(app, ["eval", "perplexity", *map(str, args)])
 
 
-def test_perplexity_json(tiny_llama_model, fixtures_dir, text_file):
-    model = fixtures_dir / "tiny" / "llama.gguf"
+def test_perplexity_json(tiny_llama_model, text_file):
+    model = tiny_model_file("llama")
     res = run("-m", model, text_file, "--ctx", 64, "--batch", 2, "--chunks", 3, "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout.strip().splitlines()[-1])
@@ -36,8 +37,8 @@ def test_perplexity_json(tiny_llama_model, fixtures_dir, text_file):
 
 
 @pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (XLA_FLAGS as `make test`)")
-def test_perplexity_mesh_text_output(tiny_llama_model, fixtures_dir, text_file):
-    model = fixtures_dir / "tiny" / "llama.gguf"
+def test_perplexity_mesh_text_output(tiny_llama_model, text_file):
+    model = tiny_model_file("llama")
     res = run(
         "-m", model, text_file, "--ctx", 64, "--batch", 2, "--chunks", 2, "--mesh", "dp=2,tp=2"
     )
@@ -47,8 +48,8 @@ def test_perplexity_mesh_text_output(tiny_llama_model, fixtures_dir, text_file):
     assert final and f"PPL = {ref.ppl:.4f}" in final[0]
 
 
-def test_errors_exit_1(fixtures_dir, text_file):
-    model = fixtures_dir / "tiny" / "llama.gguf"
+def test_errors_exit_1(text_file):
+    model = tiny_model_file("llama")
     res = run("-m", model, text_file, "--ctx", 100000)
     assert res.exit_code == 1 and "error:" in res.output
     res = run("-m", model, text_file, "--mesh", "pp=3")

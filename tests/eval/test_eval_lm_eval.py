@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixture_data import tiny_model_file
 
 pytest.importorskip("lm_eval")
 
@@ -197,12 +198,10 @@ def test_hook_registers_the_entry_point(hooked_python):
 
 
 @pytest.mark.slow
-def test_stock_lm_eval_command(
-    tiny_llama_model, hooked_python, fixtures_dir, task_dir, offline_env, tmp_path
-):
+def test_stock_lm_eval_command(tiny_llama_model, hooked_python, task_dir, offline_env, tmp_path):
     """lm-eval's own `lm_eval` console script, run by a python with the hook installed."""
     python, _ = hooked_python
-    model = fixtures_dir / "tiny" / "llama.gguf"
+    model = tiny_model_file("llama")
     script = Path(sys.executable).parent / "lm_eval"
     cmd = [python, script, "--model", "llamay", "--tasks", "llamay_local_mc"]
     cmd += ["--model_args", f"model={model},batch_size=4"]
@@ -222,14 +221,14 @@ def test_stock_lm_eval_command(
 @pytest.mark.skipif(
     __import__("jax").device_count() < 4, reason="needs 4 devices (XLA_FLAGS as `make test`)"
 )
-def test_adapter_on_a_mesh(tiny_llama_model, fixtures_dir):
+def test_adapter_on_a_mesh(tiny_llama_model):
     """model_args dp=2,tp=2: the same log-likelihoods from the sharded model."""
     from lm_eval.api.instance import Instance
 
     from llamay.eval.lm_eval_adapter import LlamayLM
 
     lm = LlamayLM.create_from_arg_string(
-        f"model={fixtures_dir / 'tiny' / 'llama.gguf'},dp=2,tp=2", {"batch_size": 2}
+        f"model={tiny_model_file('llama')},dp=2,tp=2", {"batch_size": 2}
     )
     assert lm.model.mesh.shape == {"data": 2, "model": 2} and lm.batch_size == 2
     pairs = [(d["question"], " " + c) for d in MC for c in d["choices"]]

@@ -14,6 +14,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 from llamay.model.score import batch_logits
 
@@ -55,10 +56,10 @@ def run_two_processes(argv: list[str], timeout: float = 600) -> list[str]:
     return [out for out, _ in outs]
 
 
-def test_two_processes_equal_one(tiny_llama_model, fixtures_dir, tmp_path):
+def test_two_processes_equal_one(tiny_llama_model, tmp_path):
     m = tiny_llama_model
     out = tmp_path / "sharded.npz"
-    run_two_processes([str(WORKER), str(fixtures_dir / "tiny" / "llama.gguf"), str(out)])
+    run_two_processes([str(WORKER), str(tiny_model_file("llama")), str(out)])
     got = np.load(out)
     tokens, positions = got["tokens"], got["positions"]
     ref = np.asarray(batch_logits(m.config, m.weights, jnp.asarray(tokens), jnp.asarray(positions)))
@@ -70,7 +71,7 @@ def test_two_processes_equal_one(tiny_llama_model, fixtures_dir, tmp_path):
     assert got["greedy"].tolist() == [w[1] for w in want]
 
 
-def test_cli_perplexity_on_two_processes(tiny_llama_model, fixtures_dir, tmp_path):
+def test_cli_perplexity_on_two_processes(tiny_llama_model, tmp_path):
     """The documented launch: `llamay eval perplexity --mesh dp=2,tp=2 --distributed` on
     each process gives the single-process perplexity."""
     from llamay.eval import perplexity
@@ -78,7 +79,7 @@ def test_cli_perplexity_on_two_processes(tiny_llama_model, fixtures_dir, tmp_pat
     text = tmp_path / "text.txt"
     text.write_text("It was the best of times, it was the worst of times. " * 30)
     cmd = ["-m", "llamay_cli.main", "eval", "perplexity", str(text), "--ctx", "32"]
-    cmd += ["-m", str(fixtures_dir / "tiny" / "llama.gguf"), "--chunks", "4", "--batch", "2"]
+    cmd += ["-m", str(tiny_model_file("llama")), "--chunks", "4", "--batch", "2"]
     cmd += ["--mesh", "dp=2,tp=2", "--distributed", "--json"]
     outs = [json.loads(o.strip().splitlines()[-1]) for o in run_two_processes(cmd)]
     want = perplexity(tiny_llama_model, text.read_text(), ctx=32, batch=2, max_chunks=4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 from llamay.errors import RequestError
 from llamay.eval import encode_pair, loglikelihood_rolling, rolling_windows, score
@@ -123,10 +124,10 @@ def test_one_compile_per_bucket(tiny_llama_model):
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3moe"])
-def test_score_other_families(fixtures_dir, arch):
+def test_score_other_families(arch):
     import llamay
 
-    m = llamay.load(fixtures_dir / "tiny" / f"{arch}.gguf")
+    m = llamay.load(tiny_model_file(arch))
     got = score(m, CONTEXTS[:3], CONTINUATIONS[:3], batch=2)
     for c, x, (lp, greedy) in zip(CONTEXTS, CONTINUATIONS, got, strict=False):
         ref_lp, ref_greedy = reference(m, *encode_pair(m, c, x))

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 from jax.sharding import PartitionSpec as P
 
 from llamay.errors import RequestError
@@ -107,9 +108,9 @@ def test_parse_mesh():
 
 @needs_4
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3moe", "phi3"])
-def test_other_tiny_families_sharded(fixtures_dir, arch):
+def test_other_tiny_families_sharded(arch):
     """Sliding windows and softcaps (gemma3), stacked experts (qwen3moe), fused qkv (phi3)."""
     import llamay
 
-    m = llamay.load(fixtures_dir / "tiny" / f"{arch}.gguf")
+    m = llamay.load(tiny_model_file(arch))
     check_equal(m, "dp=2,tp=2", atol=1e-4)

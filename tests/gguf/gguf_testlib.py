@@ -9,18 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file, tiny_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TINY_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "tiny"
-TINY_MODELS = sorted(p.stem for p in TINY_DIR.glob("*.gguf"))
+TINY_MODELS = tiny_names()
 # gguf-py takes ~3.5 s to parse each tiny model: these run by default, the rest are `slow`.
 DEFAULT_TINY = ("llama", "qwen3moe")
-# Dev copies of the reference models, used when the store fixtures are unavailable.
-DEV_MODELS = Path.home() / ".cache" / "llamay" / "models"
-REFERENCE = {
-    "smollm2": ("smollm2_path", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "gemma3": ("gemma3_path", "gemma-3-270m-q4_k_m.gguf"),
-}
+REFERENCE = {"smollm2": "smollm2_path", "gemma3": "gemma3_path"}  # tests/conftest.py
 
 
 def tiny_params(default: tuple[str, ...] = DEFAULT_TINY) -> list:
@@ -31,20 +26,12 @@ def tiny_params(default: tuple[str, ...] = DEFAULT_TINY) -> list:
 
 
 def tiny_path(name: str) -> Path:
-    return TINY_DIR / f"{name}.gguf"
+    return tiny_model_file(name)
 
 
 def reference_path(request: pytest.FixtureRequest, name: str) -> Path:
-    """A reference model through the shared store fixtures, else the dev copy, else skip."""
-    fixture, filename = REFERENCE[name]
-    try:
-        return Path(request.getfixturevalue(fixture))
-    except pytest.FixtureLookupError:
-        pass
-    path = DEV_MODELS / filename
-    if not path.is_file():
-        pytest.skip(f"reference model {filename} is not available")
-    return path
+    """A reference model through the store fixtures (fetched on first use)."""
+    return Path(request.getfixturevalue(REFERENCE[name]))
 
 
 @functools.lru_cache(maxsize=4)

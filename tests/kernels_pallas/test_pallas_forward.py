@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 from test_pallas_qmatmul import random_weight, random_x
 
 import llamay
@@ -20,11 +21,6 @@ from llamay.model.forward import forward
 from llamay.quant import AffineQTensor, QTensor, qmatmul
 
 PAGE = 4
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(fixtures_dir):
-    return fixtures_dir / "tiny"
 
 
 def paged_logits(model, tokens: np.ndarray, monkeypatch, choice: str, prepack: bool = False):
@@ -66,8 +62,8 @@ KERNELS = {
 
 
 @pytest.mark.parametrize("family", list(KERNELS))
-def test_pallas_dispatch_forward_equals_reference(family, tiny_dir, monkeypatch):
-    model = llamay.load(tiny_dir / f"{family}.gguf")
+def test_pallas_dispatch_forward_equals_reference(family, monkeypatch):
+    model = llamay.load(tiny_model_file(family))
     tokens = np.random.default_rng(0).integers(3, 1000, (2, 10)).astype(np.int32)
     ref, ref_jaxpr = paged_logits(model, tokens, monkeypatch, "reference")
     got, jaxpr = paged_logits(model, tokens, monkeypatch, "pallas-interpret", family == "gemma3")
@@ -79,11 +75,11 @@ def test_pallas_dispatch_forward_equals_reference(family, tiny_dir, monkeypatch)
 
 
 @pytest.mark.slow  # GPU interpret mode simulates every CTA: about a minute
-def test_mosaic_gpu_dispatch_forward_equals_reference(tiny_dir, monkeypatch):
+def test_mosaic_gpu_dispatch_forward_equals_reference(monkeypatch):
     """`pallas-interpret-mosaic-gpu`: a decode-sized prefill (6 rows) and a decode step of
     tiny qwen3 (Q4_K/Q5_K/Q6_K matrices) through the Mosaic GPU matmul in GPU interpret
     mode, attention through the Triton-variant kernel; Q2_K/Q3_K take `qmatmul`."""
-    model = llamay.load(tiny_dir / "qwen3.gguf")
+    model = llamay.load(tiny_model_file("qwen3"))
     tokens = np.random.default_rng(1).integers(3, 1000, (1, 6)).astype(np.int32)
     ref, _ = paged_logits(model, tokens, monkeypatch, "reference")
     got, jaxpr = paged_logits(model, tokens, monkeypatch, "pallas-interpret-mosaic-gpu", True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.kernels_pallas import PackedWeight, dispatch, repack_weights
@@ -20,9 +21,9 @@ from llamay.quant import AffineQTensor, QTensor
 
 
 @pytest.fixture(scope="module")
-def gemma3(fixtures_dir):
+def gemma3():
     # Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices, a tied head
-    return llamay.load(fixtures_dir / "tiny" / "gemma3.gguf")
+    return llamay.load(tiny_model_file("gemma3"))
 
 
 def test_cpu_exact_repacks_whatever_the_device_count(gemma3, monkeypatch):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from fixture_data import tiny_model_file
+
 import llamay
 from llamay.engine.steps import decode_step, prefill_step
 from llamay.model import logits_step
 from llamay.sample import GREEDY
 
 
-def test_new_length_in_same_bucket_does_not_recompile(fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+def test_new_length_in_same_bucket_does_not_recompile():
+    m = llamay.load(tiny_model_file("llama"))
     for step in (prefill_step, decode_step, logits_step):
         step.clear_cache()  # other tests may have compiled these shapes already
     list(m.generation(list(range(100, 120)), max_tokens=3, sampler=GREEDY))  # bucket 32

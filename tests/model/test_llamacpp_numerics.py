@@ -1,4 +1,4 @@
-"""numerics="llamacpp" against llama.cpp's own outputs (../shared/fixtures/llamacpp, tiny/).
+"""numerics="llamacpp" against llama.cpp's own outputs (tests/fixtures/llamacpp, tiny/).
 
 llamay reproduces the arithmetic of llama.cpp's CPU backend (x86, AVX-512 build) bit for
 bit where it can: activations rounded to each weight's dot type, ggml's kernels' sums in
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file, tiny_names
 
 import llamay
 from llamay.arch import REGISTRY, ggml_ops
@@ -25,11 +25,10 @@ from llamay.model import logits_step
 from llamay.quant import ggml_float
 from llamay.sample import GREEDY
 
-# The README's suggested llama.cpp tolerance (../shared/fixtures/tiny/README.md: "≈0.5 abs,
+# The README's suggested llama.cpp tolerance (tests/fixtures/tiny/README.md: "≈0.5 abs,
 # ≈1.0 for qwen3 and gemma3"); llamacpp numerics must stay within a quarter of it.
 README_TOL = {"qwen3": 1.0, "gemma3": 1.0}
-TINY_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "tiny"
-TINY = sorted(p.stem for p in TINY_DIR.glob("*.gguf"))  # every family, as llamay gains it
+TINY = tiny_names()  # every family, as llamay gains it
 
 
 # -- the exact-f32 helpers ------------------------------------------------------------------
@@ -123,8 +122,8 @@ def _decode_rows(m, prompt: list[int], forced: list[int]) -> np.ndarray:
     return np.concatenate(rows)
 
 
-def _supported(tiny_dir, name: str) -> bool:
-    return GGUFFile(tiny_dir / f"{name}.gguf").architecture in REGISTRY
+def _supported(name: str) -> bool:
+    return GGUFFile(tiny_model_file(name)).architecture in REGISTRY
 
 
 def _deviation(got: np.ndarray, ref, ids_key: str | None, want_key: str) -> float:
@@ -135,9 +134,9 @@ def _deviation(got: np.ndarray, ref, ids_key: str | None, want_key: str) -> floa
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_model_within_a_quarter_of_the_readme_tolerance(fixtures_dir, name):
     tiny = fixtures_dir / "tiny"
-    if not _supported(tiny, name):
+    if not _supported(name):
         pytest.skip(f"llamay has no {name} architecture yet")
-    m = llamay.load(tiny / f"{name}.gguf", numerics="llamacpp")
+    m = llamay.load(tiny_model_file(name), numerics="llamacpp")
     ref = np.load(tiny / f"{name}.llamacpp.npz")
     bound = README_TOL.get(name, 0.5) / 4
     worst = 0.0

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct Q4_1, exact numerics, against the transformers (float32 over the
-dequantised weights) and llama.cpp goldens in ../shared/fixtures."""
+dequantised weights) and llama.cpp goldens in tests/fixtures."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""The tiny random llama of ../shared/fixtures/tiny against its float64 reference and llama.cpp."""
+"""The tiny random llama of tests/fixtures/tiny against its float64 reference and llama.cpp."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.sample import GREEDY
@@ -11,7 +12,7 @@ from llamay.sample import GREEDY
 
 @pytest.fixture(scope="module")
 def tiny_llama(fixtures_dir):
-    m = llamay.load(fixtures_dir / "tiny" / "llama.gguf")
+    m = llamay.load(tiny_model_file("llama"))
     exact = np.load(fixtures_dir / "tiny" / "llama.exact.npz")
     ref = np.load(fixtures_dir / "tiny" / "llama.llamacpp.npz")
     return m, exact, ref

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from fixture_data import tiny_model_file
 from ollama_layout import OllamaLayout, go_json
 from typer.testing import CliRunner
 
@@ -30,8 +31,8 @@ PARAMS = {"stop": ["<|im_start|>", "<|im_end|>"], "temperature": 0.0, "num_predi
 
 
 @pytest.fixture
-def tiny(fixtures_dir: Path) -> Path:
-    return fixtures_dir / "tiny" / "llama.gguf"
+def tiny() -> Path:
+    return tiny_model_file("llama")
 
 
 @pytest.fixture

@@ -6,39 +6,23 @@ on a fixed sample of rows per tensor, so the number of compiled shapes stays sma
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import gguf
 import jax
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file, tiny_names
 
 from llamay.gguf.reader import GGUFFile
 from llamay.quant import dequantize, dequantize_jnp
 
-TINY_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "tiny"
-TINY = ["bert", "gemma2", "gemma3", "llama", "olmo2", "phi3", "qwen2", "qwen3", "qwen3moe"]
-TINY += ["starcoder2"]
-REFERENCE = ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"]
+REFERENCE = ["smollm2_path", "gemma3_path"]  # the store's models (tests/conftest.py)
 
 ROWS_PER_CHUNK = 8192
 JNP_ROWS = 8
 
 _jit_dequant = jax.jit(dequantize_jnp, static_argnums=1)
-
-
-def models_dir() -> Path:
-    """Where the reference models live: $LLAMAY_TEST_MODELS_DIR or ~/.cache/llamay/models."""
-    default = Path.home() / ".cache" / "llamay" / "models"
-    return Path(os.environ.get("LLAMAY_TEST_MODELS_DIR", default))
-
-
-def model_file(name: str) -> Path:
-    path = models_dir() / name
-    if not path.is_file():
-        pytest.skip(f"reference model {path} is absent (set LLAMAY_TEST_MODELS_DIR)")
-    return path
 
 
 def bits(x) -> np.ndarray:
@@ -65,15 +49,12 @@ def check_file(path: Path) -> int:
         return len(f.tensors)
 
 
-@pytest.mark.parametrize("model", TINY)
+@pytest.mark.parametrize("model", tiny_names())
 def test_tiny_model_tensors(model):
-    path = TINY_DIR / f"{model}.gguf"
-    if not path.is_file():
-        pytest.skip(f"tiny fixture {path} is absent")
-    assert check_file(path) > 0
+    assert check_file(tiny_model_file(model)) > 0
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("name", REFERENCE)
-def test_reference_model_tensors(name):
-    assert check_file(model_file(name)) > 0
+def test_reference_model_tensors(request, name):
+    assert check_file(request.getfixturevalue(name)) > 0

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay
 from llamay.serve import create_app
@@ -36,10 +37,10 @@ def running(app) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def tiny_paths(fixtures_dir):
+def tiny_paths():
     return {
-        "tiny": fixtures_dir / "tiny" / "llama.gguf",
-        "bert": fixtures_dir / "tiny" / "bert.gguf",
+        "tiny": tiny_model_file("llama"),
+        "bert": tiny_model_file("bert"),
     }
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fixture_data import tiny_model_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,8 +111,8 @@ def test_dry_run_against_fake_servers_and_resume(B, tmp_path):
         B.main(["--tokens", "7", "--dry-run", "--resume", str(saved)])
 
 
-def _real_run(B, tmp_path, fixtures_dir, engine: str, streams: str) -> list[dict]:
-    tiny = fixtures_dir / "tiny" / "llama.gguf"
+def _real_run(B, tmp_path, engine: str, streams: str) -> list[dict]:
+    tiny = tiny_model_file("llama")
     doc = B.main(["--engines", engine, "--model", str(tiny), "--streams", streams, "--tokens", "6",
                   "--prefix", "64", "--reps", "1", "--out-dir", str(tmp_path)])  # fmt: skip
     return doc["rows"]
@@ -126,16 +127,16 @@ def _check_real(rows: list[dict], streams: list[int]) -> None:
     assert ttft["cached_tokens"] == [64]  # the 64-token prefix, not the differing tail
 
 
-def test_llama_server_on_the_tiny_model(B, tmp_path, fixtures_dir):
+def test_llama_server_on_the_tiny_model(B, tmp_path):
     if B.llama_server_binary() is None:
         pytest.skip(
             "no llama-server binary (build it as bench/llamaserver_compare.py's docstring "
             f"says, or set LLAMA_SERVER); looked in {B.DEFAULT_BINARY} and PATH"
         )
-    _check_real(_real_run(B, tmp_path, fixtures_dir, "llama-server", "1,2"), [1, 2])
+    _check_real(_real_run(B, tmp_path, "llama-server", "1,2"), [1, 2])
 
 
 @pytest.mark.slow
-def test_llamay_serve_on_the_tiny_model(B, tmp_path, fixtures_dir):
+def test_llamay_serve_on_the_tiny_model(B, tmp_path):
     # one server (JAX start-up and compiles dominate); concurrency is the dry run's part
-    _check_real(_real_run(B, tmp_path, fixtures_dir, "llamay", "1"), [1])
+    _check_real(_real_run(B, tmp_path, "llamay", "1"), [1])

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay.store as store
 from llamay.store import oci
@@ -82,8 +83,8 @@ def _wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 60) -> None
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(fixtures_dir: Path) -> Path:
-    return fixtures_dir / "tiny" / "llama.gguf"
+def tiny_gguf() -> Path:
+    return tiny_model_file("llama")
 
 
 def test_kill_9_during_pull_leaves_a_consistent_store(

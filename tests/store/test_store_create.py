@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fixture_data import tiny_model_file
 from typer.testing import CliRunner
 
 import llamay.store as store
@@ -75,9 +76,9 @@ def _ollama_layout():
 
 
 @pytest.fixture
-def tiny(fixtures_dir: Path, tmp_path: Path) -> Path:
+def tiny(tmp_path: Path) -> Path:
     """The tiny llama GGUF next to a Modelfile directory."""
-    src = fixtures_dir / "tiny" / "llama.gguf"
+    src = tiny_model_file("llama")
     work = tmp_path / "work"
     work.mkdir()
     (work / "tiny.gguf").symlink_to(src)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 from typer.testing import CliRunner
 
 import llamay.store as store
@@ -24,10 +25,8 @@ _ids = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def tiny_gguf(fixtures_dir: Path) -> Path:
-    path = fixtures_dir / "tiny" / "llama.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
+def tiny_gguf() -> Path:
+    path = tiny_model_file("llama")
     return path
 
 

@@ -12,6 +12,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from fixture_data import tiny_model_file
 
 import llamay.store as store
 from llamay.errors import FetchError
@@ -93,8 +94,8 @@ def front(registry):
 
 
 @pytest.fixture
-def tiny_gguf(fixtures_dir: Path) -> Path:
-    return fixtures_dir / "tiny" / "llama.gguf"
+def tiny_gguf() -> Path:
+    return tiny_model_file("llama")
 
 
 def test_bearer_challenge_and_redirected_blobs(env, registry, front, tiny_gguf) -> None:

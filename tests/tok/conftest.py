@@ -2,7 +2,8 @@
 llama.cpp goldens.
 
 Real models come from `$LLAMAY_TEST_MODELS_DIR` when that is set (the file must be there,
-else the test is skipped), otherwise from the shared store fixtures of `tests/conftest.py`.
+else it is missing: a skip, or a failure in CI), otherwise from the store fixtures of
+`tests/conftest.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+from fixture_data import missing
 
 MODEL_FILES = {
     "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -28,7 +30,7 @@ def _model_path(request, name: str) -> Path:
     if env:
         path = Path(env) / MODEL_FILES[name]
         if not path.is_file():
-            pytest.skip(f"{path} is absent (LLAMAY_TEST_MODELS_DIR={env})")
+            missing(f"{path} is absent (LLAMAY_TEST_MODELS_DIR={env})")
         return path
     return request.getfixturevalue(f"{name}_path")
 

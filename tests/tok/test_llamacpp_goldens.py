@@ -1,5 +1,5 @@
 """Tokenisation and detokenisation of the two reference models against llama.cpp's goldens
-(`shared/fixtures/llamacpp/`: 101 texts x 3 modes, and the greedy continuations)."""
+(`tests/fixtures/llamacpp/`: 101 texts x 3 modes, and the greedy continuations)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixture_data import tiny_model_file
 
 from llamay.gguf import open_gguf
 from llamay.tok import Tokenizer
@@ -14,9 +15,7 @@ TINY = ["bert", "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", 
 
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_tokenizer(fixtures_dir, name):
-    path = fixtures_dir / "tiny" / f"{name}.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
+    path = tiny_model_file(name)
     tok = Tokenizer.from_metadata(open_gguf(path).metadata)
     assert (tok.model, tok.pre, tok.vocab_size, tok.bos_id, tok.eos_id) == (
         "gpt2", "smollm", 49152, 1, 2
