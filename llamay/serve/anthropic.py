@@ -15,8 +15,8 @@ from llamay.serve.core import (
     EventStream,
     OpenModel,
     TextGen,
-    encode_prompt,
     guarded,
+    off_loop,
     sse,
 )
 from llamay.serve.errors import ApiError, error_body, to_http_status
@@ -133,8 +133,7 @@ def _plan(body: CountTokensRequest):
 
 def _prompt_ids(lm: Loaded, body: CountTokensRequest) -> tuple[list[int], Any, Any]:
     tools, forced = _plan(body)
-    text = T.render_prompt(lm, _messages(body), tools)
-    return encode_prompt(lm, text), tools, forced
+    return T.chat_ids(lm, _messages(body), tools), tools, forced
 
 
 _REASONS = {"length": "max_tokens", "stop": "end_turn", "cancelled": "end_turn"}
@@ -168,7 +167,7 @@ async def messages(body: MessagesRequest, request: Request):
     if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):
         raise ApiError(400, "thinking: extended thinking is not supported by this server yet")
     lm = await st.models.get(body.model)
-    ids, tools, forced = _prompt_ids(lm, body)
+    ids, tools, forced = await off_loop(_prompt_ids, lm, body)
     names = {t["function"]["name"] for t in tools or []}
     con = None
     if forced is not None:
@@ -320,5 +319,5 @@ async def messages(body: MessagesRequest, request: Request):
 async def count_tokens(body: CountTokensRequest, request: Request):
     st: ServerState = state(request)
     lm = await st.models.get(body.model)
-    ids, _, _ = _prompt_ids(lm, body)
+    ids, _, _ = await off_loop(_prompt_ids, lm, body)
     return {"input_tokens": len(ids)}

@@ -38,7 +38,7 @@ from llamay.errors import ContextOverflowError, SnapshotError
 from llamay.kv.snapshot import Snapshot as KVSnapshot
 from llamay.kv.snapshot import load_snapshot, snapshot_dir, store_snapshot
 from llamay.serve import kept
-from llamay.serve.core import primed, sse, sse_response
+from llamay.serve.core import off_loop, primed, sse, sse_response
 from llamay.serve.errors import ApiError, not_found
 from llamay.serve.models import Loaded
 from llamay.serve.sampling import make_sampler
@@ -198,7 +198,7 @@ async def create(body: CreateContext, request: Request):
         saved = json.loads(path.read_text())
         lm = await st.models.get(body.model or saved["model"])
         tokens = list(saved["tokens"]) + (
-            _tokens_of(lm, body, False)
+            await off_loop(_tokens_of, lm, body, False)
             if any(getattr(body, k) is not None for k in ("text", "tokens", "messages"))
             else []
         )
@@ -212,7 +212,7 @@ async def create(body: CreateContext, request: Request):
                 pass  # its KV left the store: the tokens are computed again
     else:
         lm = await st.models.get(body.model)
-        ctx = Ctx(lm.name, _tokens_of(lm, body, True))
+        ctx = Ctx(lm.name, await off_loop(_tokens_of, lm, body, True))
     await _ensure_kv(lm, ctx)
     _contexts(st)[ctx.id] = ctx
     return _view(lm, ctx)
@@ -259,7 +259,7 @@ async def append(cid: str, body: Content, request: Request):
     _busy(ctx)
     lm = await st.models.get(ctx.model)
     before = ctx.tokens
-    ctx.tokens = ctx.tokens + _tokens_of(lm, body, not ctx.tokens)
+    ctx.tokens = ctx.tokens + await off_loop(_tokens_of, lm, body, not ctx.tokens)
     try:
         await _ensure_kv(lm, ctx)
     except BaseException:

@@ -15,6 +15,7 @@ iterator is closed) cancels the request in the engine, which frees its state.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -41,9 +42,33 @@ class OpenModel(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+async def off_loop(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """`fn(*args, **kw)` on a worker thread: chat templates (untrusted Jinja) and
+    tokenisation of long texts are CPU work that must not hold up the event loop, and
+    with it every other request and /health."""
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kw))
+
+
+@functools.lru_cache(maxsize=16)
+def _longest_token_bytes(tokenizer) -> int:
+    """An upper bound on the UTF-8 bytes of text one token stands for (its vocabulary
+    entry's, which spells bytes and spaces at least as long as their text)."""
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in tokenizer.vocab.tokens), default=1)
+
+
 def encode_prompt(lm: Loaded, text: str) -> list[int]:
     """Token ids of a prompt, as `Model.generate` encodes it (BOS per the model, special
-    tokens parsed)."""
+    tokens parsed). A text that cannot fit the context whatever its tokens (more bytes
+    than the context's tokens could spell) is refused before it is tokenised: a 10 MB
+    prompt would otherwise cost seconds of CPU to learn that."""
+    n_bytes = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    at_least = n_bytes // max(1, _longest_token_bytes(lm.model.tokenizer))
+    if at_least >= lm.model.n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has at least {at_least} tokens ({n_bytes} bytes); the context "
+            f"holds {lm.model.n_ctx} (shorten the prompt or start the server with a larger "
+            "--ctx)"
+        )
     return lm.model.tokenize(text, add_special=True, parse_special=True)
 
 

@@ -17,6 +17,7 @@ from llamay.serve.core import (
     TextGen,
     embed_all,
     encode_prompt,
+    off_loop,
     primed,
     sse,
     sse_response,
@@ -129,7 +130,7 @@ def _bias(raw) -> tuple:
 async def completion(body: CompletionRequest, request: Request):
     st: ServerState = state(request)
     lm = await st.models.get(body.model)
-    ids = _prompt_ids(lm, body.prompt)
+    ids = await off_loop(_prompt_ids, lm, body.prompt)
     params = extra_params(body.model_extra)
     if body.seed is not None and body.seed >= 0:
         params["seed"] = body.seed % (2**32)
@@ -199,7 +200,9 @@ def _probs(lm: Loaded, rows) -> list[dict[str, Any]]:
 async def tokenize(body: TokenizeRequest, request: Request):
     lm = await state(request).models.get(body.model)
     tok = lm.model.tokenizer
-    ids = tok.encode(body.content, add_special=body.add_special, parse_special=body.parse_special)
+    ids = await off_loop(
+        tok.encode, body.content, add_special=body.add_special, parse_special=body.parse_special
+    )
     if not body.with_pieces:
         return {"tokens": ids}
     pieces = []
@@ -229,7 +232,7 @@ async def apply_template(body: TemplateRequest, request: Request):
     for i, m in enumerate(body.messages):
         if not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages.{i}.role must be a string")
-    return {"prompt": T.render_prompt(lm, body.messages, body.tools)}
+    return {"prompt": await off_loop(T.render_prompt, lm, body.messages, body.tools)}
 
 
 @router.get("/health", summary="Liveness (llama.cpp)")
@@ -310,7 +313,7 @@ async def rerank(body: RerankRequest, request: Request):
             f"model {lm.name!r} is a decoder; rerank needs an embedding (or reranking) model"
         )
     texts = [body.query, *body.documents]
-    prompts = [lm.model.tokenize(t) for t in texts]
+    prompts = await off_loop(lambda: [lm.model.tokenize(t) for t in texts])
     vecs = await embed_all(lm, prompts)
     q = vecs[0]
     scores = [float(np.dot(q, d)) for d in vecs[1:]]

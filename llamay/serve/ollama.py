@@ -21,6 +21,7 @@ from pydantic import Field
 
 from llamay import __version__
 from llamay.errors import ModelNotFoundError, RequestError
+from llamay.ollama.template import render as render_go_template
 from llamay.serve import tools as T
 from llamay.serve.core import (
     EventStream,
@@ -30,6 +31,7 @@ from llamay.serve.core import (
     encode_prompt,
     guarded,
     ndjson,
+    off_loop,
     primed,
 )
 from llamay.serve.errors import ApiError
@@ -261,6 +263,22 @@ def _ndjson_response(agen) -> EventStream:
 # --- generate / chat ----------------------------------------------------------------------
 
 
+def _generate_ids(lm: Loaded, body: GenerateRequest, system: str | None, template: str | None):
+    """The prompt's token ids: raw, through a Go template (the request's or the model's
+    own), or through the model's chat template; after `context`'s ids when given."""
+    prompt = body.prompt or ""
+    if body.raw:
+        text = prompt
+    elif template:
+        text = render_go_template(template, prompt, system)
+    else:
+        messages = [{"role": "system", "content": system}] if system else []
+        text = T.render_prompt(lm, [*messages, {"role": "user", "content": prompt}])
+    if body.context:
+        return list(body.context) + lm.model.tokenize(text, add_special=False, parse_special=True)
+    return encode_prompt(lm, text)
+
+
 @router.post("/api/generate", summary="Generate a completion (Ollama)")
 async def generate(body: GenerateRequest, request: Request):
     st: ServerState = state(request)
@@ -294,22 +312,8 @@ async def generate(body: GenerateRequest, request: Request):
     lm, load_s = await _get(st, body.model, body.keep_alive)
     own_system, own_template, own_params = _layers(lm.known)
     params, num_predict, stop = _options({**own_params, **(body.options or {})})
-    prompt = body.prompt or ""
     system = body.system if body.system is not None else own_system
-    template = body.template or own_template
-    if body.raw:
-        text = prompt
-    elif template:
-        from llamay.ollama.template import render
-
-        text = render(template, prompt, system)
-    else:
-        messages = [{"role": "system", "content": system}] if system else []
-        text = T.render_prompt(lm, [*messages, {"role": "user", "content": prompt}])
-    if body.context:
-        ids = list(body.context) + lm.model.tokenize(text, add_special=False, parse_special=True)
-    else:
-        ids = encode_prompt(lm, text)
+    ids = await off_loop(_generate_ids, lm, body, system, body.template or own_template)
     con = await st.constraint(lm, **_format(body.format))
     g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con)
 
@@ -381,8 +385,7 @@ async def chat(body: ChatRequest, request: Request):
     messages = _chat_messages(body)
     if own_system and not any(m["role"] == "system" for m in messages):
         messages = [{"role": "system", "content": own_system}, *messages]
-    text = T.render_prompt(lm, messages, tools)
-    ids = encode_prompt(lm, text)
+    ids = await off_loop(T.chat_ids, lm, messages, tools)
     con = await st.constraint(lm, **_format(body.format))
     g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con)
 
@@ -638,7 +641,7 @@ async def embed(body: EmbedRequest, request: Request):
     inputs = [body.input] if isinstance(body.input, str) else body.input
     if not inputs or any(not x for x in inputs):
         raise RequestError("embedding input must not be empty")
-    prompts = [lm.model.tokenize(x) for x in inputs]
+    prompts = await off_loop(lambda: [lm.model.tokenize(x) for x in inputs])
     if body.truncate:
         prompts = [p[: lm.model.n_ctx] for p in prompts]
     vecs = await embed_all(lm, prompts)
@@ -664,5 +667,5 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
     lm, _ = await _get(st, body.model, body.keep_alive)
     if not body.prompt:
         return {"embedding": []}
-    (vec,) = await embed_all(lm, [lm.model.tokenize(body.prompt)])
+    (vec,) = await embed_all(lm, [await off_loop(lm.model.tokenize, body.prompt)])
     return {"embedding": vec.tolist()}

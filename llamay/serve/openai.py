@@ -27,6 +27,7 @@ from llamay.serve.core import (
     embed_all,
     encode_prompt,
     merged,
+    off_loop,
     primed,
     sse,
     sse_response,
@@ -319,8 +320,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     lm = await st.models.get(body.model)
     template_tools, forced = _tool_plan(body)
     names = {t["function"]["name"] for t in template_tools or []}
-    text = T.render_prompt(lm, _messages(body), template_tools)
-    ids = encode_prompt(lm, text)
+    ids = await off_loop(T.chat_ids, lm, _messages(body), template_tools)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
@@ -447,7 +447,7 @@ async def completions(body: CompletionRequest, request: Request):
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
         raise ApiError(400, "logprobs must be an integer in [0, 20]", param="logprobs")
     lm = await st.models.get(body.model)
-    prompts = _prompts(lm, body.prompt)
+    prompts = await off_loop(_prompts, lm, body.prompt)
     check_ids(lm, prompts)
     gens = []
     for p in prompts:
@@ -528,19 +528,21 @@ async def completions(body: CompletionRequest, request: Request):
     return sse_response(await primed(events()), "openai")
 
 
+def _embedding_inputs(lm, inp) -> list[list[int]]:
+    if isinstance(inp, str):
+        return [lm.model.tokenize(inp)]
+    if inp and all(isinstance(x, int) for x in inp):
+        return [list(inp)]
+    if all(isinstance(x, str) for x in inp):
+        return [lm.model.tokenize(x) for x in inp]
+    return [list(x) for x in inp]
+
+
 @router.post("/v1/embeddings", summary="Create embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
     st: ServerState = state(request)
     lm = await st.models.get(body.model)
-    inp = body.input
-    if isinstance(inp, str):
-        prompts = [lm.model.tokenize(inp)]
-    elif inp and all(isinstance(x, int) for x in inp):
-        prompts = [list(inp)]
-    elif all(isinstance(x, str) for x in inp):
-        prompts = [lm.model.tokenize(x) for x in inp]
-    else:
-        prompts = [list(x) for x in inp]
+    prompts = await off_loop(_embedding_inputs, lm, body.input)
     if not prompts or any(not p for p in prompts):
         raise RequestError("embedding input must not be empty")
     check_ids(lm, prompts)

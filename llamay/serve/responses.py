@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from llamay.serve import tools as T
-from llamay.serve.core import OpenModel, encode_prompt, primed, sse, sse_response
+from llamay.serve.core import OpenModel, off_loop, primed, sse, sse_response
 from llamay.serve.errors import ApiError
 from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
@@ -141,7 +141,7 @@ async def responses(body: ResponsesRequest, request: Request):
     lm = await st.models.get(body.model)
     tools, forced = _responses_tools(body)
     names = {t["function"]["name"] for t in tools or []}
-    ids = encode_prompt(lm, T.render_prompt(lm, _responses_messages(body), tools))
+    ids = await off_loop(T.chat_ids, lm, _responses_messages(body), tools)
     fmt = (body.text or {}).get("format") or {}
     if forced is not None:
         ckw: dict[str, Any] = {"json_schema": T.call_schema(forced)}

@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from llamay.errors import RequestError
+from llamay.serve.core import encode_prompt
 from llamay.serve.models import Loaded
 
 
@@ -26,6 +27,11 @@ def render_prompt(
     if tools:
         kw["tools"] = tools
     return lm.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
+
+
+def chat_ids(lm: Loaded, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The token ids of `render_prompt`'s text (blocking: run it with `core.off_loop`)."""
+    return encode_prompt(lm, render_prompt(lm, messages, tools))
 
 
 def call_schema(functions: list[dict]) -> dict:

@@ -5,6 +5,7 @@ server finish with exactly the model's own output."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -102,3 +103,89 @@ def test_hostile_sampler_fields_fail_alone(server, expected):
         assert field in error_message(body), (api, field, r.text)
         if isinstance(body["error"], dict) and "param" in body["error"]:  # OpenAI's shape
             assert body["error"]["param"] == field, (api, r.text)
+
+
+# --- CPU work off the event loop (issue 22 items 3 and 6) -------------------------------
+
+#: Rendering never ends: 10^10 loop steps (the sandbox's time budget must stop it).
+NESTED_RANGE = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tiny_paths, serve_home, tmp_path_factory):
+    """The tiny llama twice: as itself, and as "hostile" with a chat template that loops."""
+    from llamay.gguf.writer import copy_gguf
+    from llamay.serve import create_app
+    from llamay.serve.models import Models
+    from tests.serve.conftest import running
+
+    hostile = tmp_path_factory.mktemp("hostile") / "hostile.gguf"
+    copy_gguf(tiny_paths["tiny"], hostile, metadata={"tokenizer.chat_template": NESTED_RANGE})
+    paths = {"tiny": tiny_paths["tiny"], "hostile": hostile}
+    app = create_app(Models(paths, use_store=False, default_keep_alive=-1), max_tokens_limit=64)
+    with running(app) as s:
+        yield s
+
+
+async def health_while(url: str, work) -> tuple[list[float], object]:
+    """(latencies of /health polled every 50 ms while `work` runs, work's result)."""
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        task = asyncio.create_task(work)
+        while not task.done():
+            t0 = time.perf_counter()
+            assert (await client.get("/health")).status_code == 200
+            latencies.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.05)
+        return latencies, task.result()
+
+
+def test_hostile_template_renders_off_the_loop(hostile_server, tiny):
+    body = {"model": "hostile", "messages": MSGS, "max_tokens": 4}
+
+    async def main():
+        async with (
+            Victims(hostile_server.url, victim_oracle(tiny)),
+            httpx.AsyncClient(base_url=hostile_server.url, timeout=120) as client,
+        ):
+
+            async def attack():
+                return await asyncio.gather(
+                    *(client.post("/v1/chat/completions", json=body) for _ in range(4))
+                )
+
+            return await health_while(hostile_server.url, attack())
+
+    latencies, answers = asyncio.run(main())
+    assert len(latencies) >= 3 and max(latencies) < 1.0, latencies
+    for r in answers:
+        assert r.status_code == 400, r.text
+        assert "chat template" in error_message(r.json())
+
+
+def test_ten_megabyte_prompt_tokenises_off_the_loop(hostile_server, tiny):
+    """A 10 MB prompt is refused at once (more bytes than the context's tokens could
+    spell); 2 MB sent to /tokenize (no context limit there) is tokenised while /health
+    keeps answering."""
+    unit = "the sea is wide and deep "
+    big = {"model": "tiny", "prompt": unit * (10_000_000 // len(unit)), "max_tokens": 1}
+    text = unit * (2_000_000 // len(unit))
+
+    async def main():
+        async with httpx.AsyncClient(base_url=hostile_server.url, timeout=300) as client:
+            refused = await health_while(
+                hostile_server.url, client.post("/v1/completions", json=big)
+            )
+            tokenised = await health_while(
+                hostile_server.url, client.post("/tokenize", json={"content": text})
+            )
+            return refused, tokenised
+
+    (lat_refused, r), (lat_tok, t) = asyncio.run(main())
+    assert r.status_code == 400, r.text
+    message = error_message(r.json())
+    assert "tokens" in message and "context holds 2048" in message
+    assert max(lat_refused) < 1.0, lat_refused
+    assert t.status_code == 200
+    assert t.json()["tokens"] == tiny.tokenize(text, add_special=False)
+    assert len(lat_tok) >= 3 and max(lat_tok) < 1.0, lat_tok

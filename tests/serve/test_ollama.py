@@ -127,13 +127,22 @@ def test_keep_alive_unload_and_reload(client, server):
     assert r.done_reason == "load" and "tiny" in server.state.models.loaded
 
 
+def test_unknown_options_are_ignored(client, tiny):
+    """As Ollama does (its api.md's own example sends options this server has no use for,
+    and newer Ollama adds more, e.g. draft_num_predict)."""
+    options = {"temperature": 0, "num_predict": 6, "draft_num_predict": 2, "num_gpu": 1}
+    r = client.generate(model="tiny", prompt="Hello", options=options, stream=False)
+    prompt = chat_prompt(tiny, [{"role": "user", "content": "Hello"}])
+    assert r.response == greedy(tiny, prompt, 6)
+
+
 def test_errors_are_ollama_shaped(client):
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model="nope", prompt="hi")
     assert e.value.status_code == 404 and "nope" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
-        client.generate(model="tiny", prompt="hi", options={"no_such_option": 1})
-    assert e.value.status_code == 400 and "no_such_option" in e.value.error
+        client.generate(model="tiny", prompt="hi", options={"top_k": "forty"})
+    assert e.value.status_code == 400 and "top_k" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model="tiny", prompt="hi", keep_alive="soon")
     assert e.value.status_code == 400
