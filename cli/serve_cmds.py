@@ -89,6 +89,14 @@ def register_serve(app: typer.Typer) -> None:
                 "--no-store", help="Serve only the --model models, not the local store's."
             ),
         ] = False,
+        allow_local_files: Annotated[
+            bool,
+            typer.Option(
+                "--allow-local-files",
+                help="Let /api/create's FROM name a GGUF file on this machine (else only "
+                "store models and uploaded blobs).",
+            ),
+        ] = False,
     ) -> None:
         """Serve models over HTTP: OpenAI, Anthropic, Ollama and llama.cpp-compatible APIs."""
         import uvicorn
@@ -113,6 +121,7 @@ def register_serve(app: typer.Typer) -> None:
         if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
             print(f"warning: serving on {host} without --api-key", file=sys.stderr)
         app_ = create_app(models, api_key=api_key, max_tokens_limit=max_tokens)
+        app_.state.llamay.extra["allow_local_files"] = allow_local_files
         print(
             f"[llamay] serving {', '.join(configured) or 'the store'} on http://{host}:{port}",
             file=sys.stderr,

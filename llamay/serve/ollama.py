@@ -557,15 +557,34 @@ class CreateRequest(OpenModel):
     system: str | None = None
     parameters: dict[str, Any] | None = None
     license: str | list[str] | None = None
+    #: {file name: digest} of uploaded blobs (`POST /api/blobs/<digest>`): one GGUF file
+    files: dict[str, str] | None = None
     stream: bool = True
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _base(body: CreateRequest) -> str:
+    """What FROM names: `from`, or the uploaded GGUF blob of `files` (as `@sha256:<hex>`)."""
+    if body.files:
+        if body.from_ or len(body.files) != 1:
+            raise ApiError(400, "files: give one uploaded .gguf file (and no from)", param="files")
+        ((fname, digest),) = body.files.items()
+        if not fname.lower().endswith(".gguf") or not _DIGEST.fullmatch(digest):
+            raise ApiError(400, "files: expected {name.gguf: sha256:<64 hex>}", param="files")
+        return f"@{digest}"
+    if not body.from_:
+        raise ApiError(400, "give from (a model name), files (an uploaded GGUF) or modelfile")
+    if any(c in body.from_ for c in "\r\n"):
+        raise ApiError(400, "from: one line, a model name", param="from")
+    return body.from_
 
 
 def _modelfile(body: CreateRequest) -> str:
     if body.modelfile is not None:
         return body.modelfile
-    if not body.from_:
-        raise ApiError(400, "give from (a model name) or modelfile")
-    lines = [f"FROM {body.from_}"]
+    lines = [f"FROM {_base(body)}"]
     if body.template is not None:
         lines.append(f'TEMPLATE """{body.template}"""')
     if body.system is not None:
@@ -579,16 +598,19 @@ def _modelfile(body: CreateRequest) -> str:
 
 
 @router.post("/api/create", summary="Create a model from another one (Ollama)")
-async def create(body: CreateRequest):
-    from llamay.store import create as store_create
-    from llamay.store.modelfile import parse as parse_modelfile
+async def create(body: CreateRequest, request: Request):
+    from llamay.library import create as library_create
 
+    st: ServerState = state(request)
     text = _modelfile(body)
-    base = parse_modelfile(text).base
-    if base.lower().endswith(".gguf") or base.startswith(("/", ".", "~")) or "\\" in base:
-        raise ApiError(400, "FROM must name a model over HTTP, not a file path on the server")
+    # FROM names a store model or an uploaded blob; a file on the server only behind
+    # `llamay serve --allow-local-files` (and then only a GGUF file: llamay.store.creating)
+    local = bool(st.extra.get("allow_local_files"))
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, lambda: store_create(body.model, text, progress=False))
+    await loop.run_in_executor(
+        None,
+        lambda: library_create(body.model, text, progress=False, allow_local_files=local),
+    )
     if not body.stream:
         return {"status": "success"}
 
@@ -596,6 +618,40 @@ async def create(body: CreateRequest):
         yield ndjson({"status": "success"})
 
     return _ndjson_response(lines())
+
+
+@router.head("/api/blobs/{digest}", summary="Whether the store has a blob (Ollama)")
+async def blob_exists(digest: str):
+    from llamay.errors import FetchError
+    from llamay.store import has_blob
+
+    try:
+        present = has_blob(digest)
+    except FetchError as e:
+        raise ApiError(400, str(e), param="digest") from None
+    return Response(status_code=200 if present else 404)
+
+
+@router.post("/api/blobs/{digest}", summary="Upload a blob for /api/create (Ollama)")
+async def blob_upload(digest: str, request: Request):
+    from llamay.errors import FetchError
+    from llamay.store import receive_blob
+
+    loop = asyncio.get_running_loop()
+    body = request.stream().__aiter__()
+
+    def chunks():  # the upload, read on the loop, written (hashed, verified) off it
+        while True:
+            try:
+                yield asyncio.run_coroutine_threadsafe(body.__anext__(), loop).result()
+            except StopAsyncIteration:
+                return
+
+    try:
+        await loop.run_in_executor(None, receive_blob, digest, chunks())
+    except FetchError as e:
+        raise ApiError(400, str(e), param="digest") from None
+    return Response(status_code=201)
 
 
 @router.delete("/api/delete", summary="Delete a model from the store (Ollama)")
