@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from llamay.errors import SnapshotError
 from llamay.files import PARTIAL_MARK, fsync_dir, home, locked_partial
 
 FORMAT = 1
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass
@@ -119,7 +121,7 @@ def store_snapshot(snap: Snapshot, root: str | os.PathLike | None = None) -> str
 def load_snapshot(digest: str, root: str | os.PathLike | None = None) -> Snapshot:
     """The stored snapshot of `digest` ("sha256:<hex>" or the hex)."""
     hexdigest = digest.removeprefix("sha256:")
-    if not hexdigest or any(c not in "0123456789abcdef" for c in hexdigest):
+    if not _HEX64.fullmatch(hexdigest):  # a plain name: no "\n", no path, 64 hex digits
         raise SnapshotError(f"{digest!r} is not a snapshot digest (sha256:<hex>)")
     path = snapshot_dir(root) / f"{hexdigest}.kv.npz"
     if not path.is_file():
