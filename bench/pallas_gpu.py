@@ -34,11 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.tiny_models import tiny_model
+
 PEAK_GBPS = 4800.0  # H200 HBM3e
 TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # tiny qwen3: Q4_K/Q5_K/Q6_K matrices and a Q3_K head (no kernel), so the Mosaic GPU
 # interpreter, which simulates every CTA, never runs a 49152-row head in the dry run
-TINY_MODEL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "tiny" / "qwen3.gguf"
+TINY_MODEL = "qwen3"  # bench/tiny_models.py: the tests' tiny models, rebuilt on first use
 MODELS = ("smollm2:135m", "gemma3:270m")
 DRY_MAX_ROWS = 256  # dry run: model weight shapes up to this many rows
 
@@ -332,7 +334,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         interpret, platform = True, "gpu"
         check_shapes = [(1, 64, 256), (20, 48, 256)]
         paged_shape = (2, 4, 2, 16, 4, 6)
-        squares, models, steps, reps = [(1, 64, 256)], [TINY_MODEL], 1, 1
+        squares, models, steps, reps = [(1, 64, 256)], [tiny_model(TINY_MODEL)], 1, 1
         max_rows = DRY_MAX_ROWS
     else:
         interpret, platform = False, "gpu"

@@ -18,6 +18,8 @@ import json
 import statistics
 import time
 
+from bench.tiny_models import tiny_model
+
 
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
@@ -91,13 +93,14 @@ async def _run(url: str, model: str, concurrency: int, per_client: int, n: int) 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("-m", "--model", default="/work/shared/fixtures/tiny/llama.gguf")
+    ap.add_argument("-m", "--model", default=None, help="default: the tests' tiny llama")
     ap.add_argument("-c", "--concurrency", type=int, nargs="+", default=[8, 32])
     ap.add_argument("-r", "--requests-per-client", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, default=32)
     ap.add_argument("-p", "--parallel", type=int, default=None, help="engine slots")
     ap.add_argument("--url", default=None)
     args = ap.parse_args()
+    args.model = args.model or str(tiny_model("llama"))
 
     if args.url:
         for c in args.concurrency:

@@ -8,10 +8,16 @@
 # llamacpp-numerics compile), with or without the persistent compile cache, at 3.6 GB RSS
 # (no OOM), while each half of tests/engine with that test, the test's own file, and 600
 # small programs before the same compile all pass. Until the XLA cause is found, each file
-# gets a fresh process (~3 s of start-up each). Extra arguments go to every pytest call.
+# gets a fresh process (~3 s of start-up each). Extra arguments go to every pytest call
+# (make test passes --require-fixtures: a missing fixture or model fails, see
+# tests/fixture_data.py). Each file's skips are logged (tests/conftest.py) and added up in
+# one line at the end.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PY=${PY:-.venv/bin/python}
+LLAMAY_SKIP_LOG=$(mktemp)
+export LLAMAY_SKIP_LOG
+trap 'rm -f "$LLAMAY_SKIP_LOG"' EXIT
 failed=()
 while IFS= read -r target; do
   echo "== $target"
@@ -22,6 +28,7 @@ while IFS= read -r target; do
     failed+=("$target (exit $rc)")
   fi
 done < <(find tests -name 'test_*.py' | LC_ALL=C sort)
+"$PY" tests/skip_counts.py "$LLAMAY_SKIP_LOG"
 if ((${#failed[@]})); then
   printf 'FAILED: %s\n' "${failed[@]}"
   exit 1

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from fixture_data import FIXTURES, missing, require_fixtures
+from skip_counts import format_skips
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,13 +50,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         with open(log, "a") as f:
             f.write(json.dumps(dict(reasons)) + "\n")
     terminalreporter.write_line(format_skips(reasons))
-
-
-def format_skips(reasons: collections.Counter) -> str:
-    if not reasons:
-        return "skips by reason: none"
-    parts = [f"{n} x {reason}" for reason, n in reasons.most_common()]
-    return f"skips by reason ({sum(reasons.values())}): " + "; ".join(parts)
 
 
 def _model_or_skip(name: str) -> Path:

@@ -52,7 +52,8 @@ def fixture(*parts: str) -> Path:
     return path
 
 
-def _generator():
+def generator():
+    """tests/fixtures/tiny/generate.py as a module."""
     name = "tiny_fixture_generate"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, TINY_GOLDENS / "generate.py")
@@ -64,7 +65,7 @@ def _generator():
 
 @functools.cache
 def tiny_recipe() -> dict:
-    return _generator().load_recipe()
+    return generator().load_recipe()
 
 
 def tiny_names() -> list[str]:
@@ -80,7 +81,7 @@ def tiny_cache_dir() -> Path:
 
 @functools.cache
 def _verified(path: Path, digest: str) -> bool:
-    return path.is_file() and _generator().sha256(path) == digest
+    return path.is_file() and generator().sha256(path) == digest
 
 
 def tiny_model_file(name: str) -> Path:
@@ -96,7 +97,7 @@ def tiny_model_file(name: str) -> Path:
 
 def _rebuild_all() -> None:
     """Rebuild every tiny model that is absent or altered (they share one tokenizer read)."""
-    gen = _generator()
+    gen = generator()
     recipe = tiny_recipe()
     todo = [
         n

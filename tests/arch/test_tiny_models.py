@@ -51,6 +51,18 @@ def test_logits_match_float64_reference(case):
     assert_rows_match(t.logits(t.exact[f"tokens_{seq}"]), t.exact, "", seq)
 
 
+def test_a_corrupted_golden_is_caught(tiny_dir):
+    """The test of the test: one of the reference's top-16 ids changed in a copy (to the
+    row's least likely token), and the comparison above fails."""
+    t = Tiny.get(tiny_dir, "llama")
+    rows = t.logits(t.exact["tokens_a"])
+    corrupted = dict(t.exact)
+    corrupted["top_ids_a"] = t.exact["top_ids_a"].copy()
+    corrupted["top_ids_a"][5, 0] = rows[5].argmin()
+    with pytest.raises(AssertionError):
+        assert_rows_match(rows, corrupted, "", "a")
+
+
 def test_teacher_forced_rows_match_float64_reference(case):
     """The reference's greedy_* rows are teacher-forced on llama.cpp's greedy tokens."""
     t, seq = case

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 pytestmark = pytest.mark.model
@@ -20,18 +22,34 @@ def model(request):
     return request.param.removesuffix("_subset"), request.getfixturevalue(f"{request.param}_tok")
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_tokenize_matches_llamacpp(model, mode, llamacpp_goldens):
-    name, tok = model
+def tokenize_mismatches(tok, cases: list[dict], mode: str) -> list[tuple]:
+    """The golden texts whose ids in `mode` differ from llama.cpp's: (text, ours, theirs)."""
     add_special, parse_special = MODES[mode]
-    cases = llamacpp_goldens[name]["tokenize"]
-    assert len(cases) == 101
     bad = []
     for case in cases:
         ids = tok.encode(case["text"], add_special=add_special, parse_special=parse_special)
         if ids != case[mode]:
             bad.append((case["text"][:60], ids[:12], case[mode][:12]))
+    return bad
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_tokenize_matches_llamacpp(model, mode, llamacpp_goldens):
+    name, tok = model
+    cases = llamacpp_goldens[name]["tokenize"]
+    assert len(cases) == 101
+    bad = tokenize_mismatches(tok, cases, mode)
     assert not bad, f"{len(bad)} of {len(cases)} texts differ from llama.cpp: {bad[:5]}"
+
+
+def test_a_corrupted_golden_is_caught(smollm2_tok, llamacpp_goldens):
+    """The test of the test: one id changed in a copy of the goldens, and the comparison
+    above reports exactly that text."""
+    cases = copy.deepcopy(llamacpp_goldens["smollm2"]["tokenize"])
+    victim = next(c for c in cases if len(c["ids_raw"]) > 3)
+    victim["ids_raw"][2] += 1
+    bad = tokenize_mismatches(smollm2_tok, cases, "ids_raw")
+    assert [b[0] for b in bad] == [victim["text"][:60]]
 
 
 def test_greedy_prompts_and_text(model, llamacpp_goldens):
