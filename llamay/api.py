@@ -38,7 +38,7 @@ from llamay.tok import IncrementalDecoder, Tokenizer
 
 NUMERICS = ("exact", "llamacpp")
 # The KV cache of each numerics: llama.cpp's default cache is F16, and attention
-# against an f16 cache rounds as ggml does (see `llamay.arch.layers.attention`).
+# against an f16 cache rounds as ggml does (see `llamay.kernels.ggml_attention`).
 KV_DTYPES = {"exact": jnp.float32, "llamacpp": jnp.float16}
 # The engine behind `generate`: a few slots for concurrent callers; a pool that starts
 # at ENGINE_START_TOKENS positions and grows to one whole context; prefill in chunks of
@@ -221,12 +221,16 @@ class Model:
         lenient: bool = False,
         after: str | None = None,
         format: str = "assert",
+        closed_objects: bool = True,
     ):
         """A structured-output constraint for `generation()`, or None: a JSON schema (dict
-        or text), a GBNF `grammar`, a `regex`, a list of `choices`, or `json` (any JSON);
-        `after` starts it once that text has been generated (e.g. "</think>"). `format`:
-        a schema's string formats are enforced ("assert") or ignored ("annotation").
-        Fails closed: what cannot be enforced raises ConstraintError naming it."""
+        or text), a GBNF `grammar`, a `regex`, a list of `choices`, or `json` (a JSON
+        object); `after` starts it once that text has been generated (e.g. "</think>").
+        `format`: a schema's string formats are enforced ("assert") or ignored
+        ("annotation"). `closed_objects`: a schema's objects without `additionalProperties`
+        get no undeclared keys (default, as llama.cpp and OpenAI strict mode); False: full
+        JSON-Schema semantics. Fails closed: what cannot be enforced raises ConstraintError
+        naming it."""
         from llamay import constrain
         from llamay.constrain.guidance import FORMAT_MODES
         from llamay.errors import ConstraintError
@@ -263,7 +267,13 @@ class Model:
         else:
             lltok = constrain.lltokenizer_for(self.tokenizer, n_vocab)
             if json_schema is not None:
-                c = constrain.json_schema(lltok, json_schema, lenient=lenient, format=format)
+                c = constrain.json_schema(
+                    lltok,
+                    json_schema,
+                    lenient=lenient,
+                    format=format,
+                    closed_objects=closed_objects,
+                )
                 if c.dropped:  # lenient: say what is not enforced (also in `c.dropped`)
                     warnings.warn(
                         "JSON schema (lenient): not enforced: " + "; ".join(c.dropped),
@@ -274,7 +284,7 @@ class Model:
             elif regex is not None:
                 c = constrain.regex(lltok, regex)
             else:
-                c = constrain.any_json(lltok)
+                c = constrain.json_object(lltok)
         if after is not None:
             from llamay.constrain.trigger import Triggered
 
@@ -299,6 +309,7 @@ class Model:
         lenient: bool = False,
         after: str | None = None,
         format: str = "assert",
+        closed_objects: bool = True,
         **sampling,
     ) -> str | Iterator[str]:
         """Continue `prompt` (special-token text parsed, BOS per the model, as llama.cpp's
@@ -306,9 +317,9 @@ class Model:
         it early cancels the request). Runs on `self.engine`.
 
         Structured output: one of `json_schema`, `grammar` (GBNF), `regex`, `choices`,
-        `json` (`format`: "assert" enforces a schema's string formats, "annotation"
-        ignores them). Other llama.cpp sampler parameters (`repeat_penalty`, `dry_multiplier`,
-        `mirostat`, `typical_p`, `samplers`...) pass through `sampling` to `Sampler`."""
+        `json` (`format`, `closed_objects`: as in `constraint()`). Other llama.cpp sampler
+        parameters (`repeat_penalty`, `dry_multiplier`, `mirostat`, `typical_p`,
+        `samplers`...) pass through `sampling` to `Sampler`."""
         if not self.config.causal:
             raise RequestError(
                 f"{self.config.arch} is an embedding encoder, not a language model: it does "
@@ -318,7 +329,9 @@ class Model:
             sampler = Sampler(temperature, top_k, top_p, min_p, seed, **sampling)
         except TypeError as e:
             raise RequestError(f"unknown sampling parameter: {e}") from None
-        con = self.constraint(json_schema, grammar, regex, choices, json, lenient, after, format)
+        con = self.constraint(
+            json_schema, grammar, regex, choices, json, lenient, after, format, closed_objects
+        )
         ids = self.tokenize(prompt, add_special=True, parse_special=True)
         engine = self.engine
         handle = engine.submit(Request(ids, max_tokens, sampler, constraint=con))

@@ -20,6 +20,7 @@ import numpy as np
 from llamay.constrain import limits
 from llamay.constrain.schema_rewrite import (
     any_key_order,
+    close_objects,
     integral_counts,
     strip_formats,
     tighten_formats,
@@ -197,15 +198,21 @@ def json_schema_grammar(
     whitespace_flexible: bool = True,
     format: str = "assert",
     dropped: list[str] | None = None,
+    closed_objects: bool = True,
 ) -> str:
     """llguidance's grammar for `schema`. `format="assert"` (default) enforces string
     formats (an unknown one is refused); "annotation" ignores them, as JSON Schema 2020-12
-    does by default. What a lenient compile leaves unenforced is appended to `dropped`."""
+    does by default. `closed_objects` (default): objects that declare `properties` and
+    leave `additionalProperties` unsaid get no undeclared keys, as llama.cpp's grammars
+    and OpenAI's strict mode (`schema_rewrite.close_objects`); False: full JSON-Schema
+    semantics. What a lenient compile leaves unenforced is appended to `dropped`."""
     llg = _need()
     if format not in FORMAT_MODES:
         raise ValueError(f"format must be one of {FORMAT_MODES}, not {format!r}")
     schema = _load_schema(schema)
     schema = integral_counts(schema)
+    if closed_objects:
+        schema = close_objects(schema)
     schema = strip_formats(schema) if format == "annotation" else tighten_formats(schema)
     schema, notes = any_key_order(schema, lenient)
     if dropped is not None:
@@ -222,19 +229,33 @@ def json_schema_grammar(
         raise GrammarSyntaxError(f"JSON schema: {e}") from None
 
 
-def json_schema(lltok, schema, lenient: bool = False, format: str = "assert") -> GuidanceConstraint:
+def json_schema(
+    lltok,
+    schema,
+    lenient: bool = False,
+    format: str = "assert",
+    closed_objects: bool = True,
+) -> GuidanceConstraint:
     """JSON conforming to `schema` (a dict, JSON text, or True for any JSON); `format`
-    as in `json_schema_grammar`."""
+    and `closed_objects` as in `json_schema_grammar`."""
     dropped: list[str] = []
-    grammar = json_schema_grammar(schema, lenient, format=format, dropped=dropped)
+    grammar = json_schema_grammar(
+        schema, lenient, format=format, dropped=dropped, closed_objects=closed_objects
+    )
     c = GuidanceConstraint(lltok, grammar, "JSON schema", lenient)
     c.dropped = dropped + c.dropped
     return c
 
 
 def any_json(lltok) -> GuidanceConstraint:
-    """Any JSON value (llama.cpp's --json: an object, array, string, number...)."""
+    """Any JSON value (an object, array, string, number...)."""
     return GuidanceConstraint(lltok, json_schema_grammar({}), "JSON")
+
+
+def json_object(lltok) -> GuidanceConstraint:
+    """A JSON object: JSON mode (`json=True`), as OpenAI's `response_format: json_object`
+    and Ollama's `format: "json"` specify it."""
+    return GuidanceConstraint(lltok, json_schema_grammar({"type": "object"}), "JSON object")
 
 
 def gbnf(lltok, text: str, token_id=None) -> GuidanceConstraint:

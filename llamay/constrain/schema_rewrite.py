@@ -14,6 +14,17 @@ the schema itself defines no order, any order the spec allows must be accepted:
 Both grow factorially, so they are capped; beyond the cap the schema is refused with a
 named error (or, when lenient, left in the fixed order and reported as dropped).
 
+Objects are closed by default (`close_objects`): where a schema declares `properties`
+but says nothing of `additionalProperties`, undeclared keys are not generated — llama.cpp's
+json-schema-to-grammar and OpenAI's strict mode do the same. What is generated is still
+valid under the schema (a subset of its instances). An object is left open where closing
+it could admit an instance the schema rejects — inside `not` and `if` (closing changes what
+they reject or select) — or refuse keys another part requires: where two property sets
+apply to one instance (a node's own `properties` beside an `allOf` / `anyOf` / `oneOf` /
+`then` / `else` / `dependentSchemas` member or a `$ref` that declares some, or several
+`allOf` members), and the `$defs` entries those places refer to.
+`json_schema(..., closed_objects=False)` keeps full JSON-Schema semantics.
+
 `format` is asserted by default (generated dates really are dates); `strip_formats`
 turns it into the spec's default, an annotation. Asserted, a few of llguidance's formats
 are looser than the RFCs and are tightened by a `pattern` beside them (found against
@@ -57,21 +68,24 @@ _LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _BLOCK = ("properties", "patternProperties", "additionalProperties", "required")
 
 
-def _map_schema(node: Any, fn: Callable[[dict], dict]) -> Any:
-    """Apply `fn` bottom-up to every subschema (not to const / enum / default values)."""
+def _map_schema(node: Any, fn: Callable[..., dict], path: tuple | None = None) -> Any:
+    """Apply `fn` bottom-up to every subschema (not to const / enum / default values).
+    With `path` given (the root's: `()`), `fn(node, path)` also gets where the node is:
+    the keywords, property names and list indices leading to it."""
     if not isinstance(node, dict):
         return node
     out = dict(node)
+    at = (lambda *p: path + p) if path is not None else (lambda *p: None)
     for k in _ONE:
         if isinstance(out.get(k), dict):
-            out[k] = _map_schema(out[k], fn)
+            out[k] = _map_schema(out[k], fn, at(k))
     for k in _MAP:
         if isinstance(out.get(k), dict):
-            out[k] = {name: _map_schema(s, fn) for name, s in out[k].items()}
+            out[k] = {name: _map_schema(s, fn, at(k, name)) for name, s in out[k].items()}
     for k in _LIST:
         if isinstance(out.get(k), list):
-            out[k] = [_map_schema(s, fn) for s in out[k]]
-    return fn(out)
+            out[k] = [_map_schema(s, fn, at(k, i)) for i, s in enumerate(out[k])]
+    return fn(out) if path is None else fn(out, path)
 
 
 def strip_formats(schema: Any) -> Any:
@@ -212,6 +226,79 @@ class _Rewriter:
 
 def _declares_properties(s: dict) -> bool:
     return any(k in s for k in ("properties", "patternProperties", "$ref"))
+
+
+# Where closing an object could admit what the schema rejects (see the module docstring).
+_NEGATIVE = ("not", "if")
+_DEF_REF = ("#/$defs/", "#/definitions/")
+
+
+def _in_place(n: dict):
+    """(path step, subschema) of the subschemas that apply to the same instance as `n`."""
+    for k in ("allOf", "anyOf", "oneOf"):
+        if isinstance(n.get(k), list):
+            yield from (((k, i), m) for i, m in enumerate(n[k]) if isinstance(m, dict))
+    for k in ("then", "else"):
+        if isinstance(n.get(k), dict):
+            yield (k,), n[k]
+    if isinstance(n.get("dependentSchemas"), dict):
+        for k, m in n["dependentSchemas"].items():
+            if isinstance(m, dict):
+                yield ("dependentSchemas", k), m
+
+
+def _open_places(schema: dict) -> tuple[set[tuple], set[tuple]]:
+    """Paths of the objects that stay open, and the ($defs, name) entries that do: where
+    two property sets apply to one instance (a node's own and an in-place subschema's, or
+    several allOf members), and every `$ref` target from an open place, `not` or `if`."""
+    places: set[tuple] = set()
+
+    def mark(n: dict, path: tuple) -> dict:
+        own = "properties" in n or "patternProperties" in n
+        declaring = [(step, m) for step, m in _in_place(n) if _declares_properties(m)]
+        merged = [step for step, _ in declaring if step[0] == "allOf"]
+        if (own or "$ref" in n) and declaring or len(merged) > 1:
+            places.add(path)
+            places.update(path + step for step, _ in declaring)
+        if own and "$ref" in n:
+            places.add(path)
+        return n
+
+    _map_schema(schema, mark, ())
+    defs: set[tuple] = set()
+
+    def refs(n: dict, path: tuple) -> dict:
+        ref = n.get("$ref")
+        if isinstance(ref, str) and (path in places or _negative(path)):
+            for prefix in _DEF_REF:
+                if ref.startswith(prefix):
+                    defs.add((prefix[2:-1], ref[len(prefix) :]))
+        return n
+
+    _map_schema(schema, refs, ())
+    return places, defs
+
+
+def _negative(path: tuple) -> bool:
+    return any(p in _NEGATIVE for p in path if isinstance(p, str))
+
+
+def close_objects(schema: Any) -> Any:
+    """`additionalProperties: false` where an object declares `properties` and the schema
+    leaves additionalProperties (and unevaluatedProperties) unsaid, except in the places
+    the module docstring names."""
+    if not isinstance(schema, dict):
+        return schema
+    places, defs = _open_places(schema)
+
+    def close(n: dict, path: tuple) -> dict:
+        if "properties" not in n or "additionalProperties" in n or "unevaluatedProperties" in n:
+            return n
+        if path in places or _negative(path) or (len(path) == 2 and path in defs):
+            return n
+        return dict(n, additionalProperties=False)
+
+    return _map_schema(schema, close, ())
 
 
 def any_key_order(schema: Any, lenient: bool = False) -> tuple[Any, list[str]]:

@@ -97,7 +97,9 @@ def test_format_schema(client):
     r = client.generate(
         model="tiny", prompt="x", format="json", options={"temperature": 0, "num_predict": 30}
     )
-    json.loads(r.response)
+    assert r.response.startswith("{")  # JSON mode is an object (the random model may not close it)
+    if r.done_reason == "stop":
+        assert isinstance(json.loads(r.response), dict)
 
 
 def test_tags_show_ps_version(client, tiny):
