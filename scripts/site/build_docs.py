@@ -213,6 +213,7 @@ PAGES: list[tuple[str, str]] = [
     ("architectures.html", "Architectures"),
     ("quant-types.html", "Quantisation types"),
     ("design.html", "Design"),
+    ("architecture.html", "Code architecture"),
 ]
 
 CSS = """\
@@ -952,7 +953,9 @@ def quant_page(version: str) -> dict[str, str]:
 ROOMS = [
     "gguf",
     "quant",
+    "kernels",
     "kernels_pallas",
+    "kernels_cpu",
     "arch",
     "model",
     "tok",
@@ -963,6 +966,7 @@ ROOMS = [
     "serve",
     "store",
     "ollama",
+    "eval",
     "ocr",
 ]
 
@@ -980,6 +984,40 @@ def rooms_table() -> str:
         rows.append([f"<code>llamay/{esc(room)}</code>", inline(_first_line(doc))])
     rows.append(["<code>cli/</code> (<code>llamay_cli</code>)", inline(_first_line(_cli_doc()))])
     return table(["room", "what it holds"], rows)
+
+
+def arrows_table() -> str:
+    """The room table `tests/test_imports.py` enforces, beside the arrows the source has now
+    (read with the test's own `ast` import graph, so the page and the test agree)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("house_imports", ROOT / "tests/test_imports.py")
+    house = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = house  # its dataclasses look their module up there
+    spec.loader.exec_module(house)
+    now: dict[str, set[str]] = {r: set() for r in house.MAY_IMPORT}
+    for imp in house.imports():
+        src, dst = house.room(imp.source), house.room(imp.target)
+        if dst not in (src, "base"):
+            now[src].add(dst)
+    modules: dict[str, list[str]] = {r: [] for r in house.MAY_IMPORT}
+    for prefix, r in house.ROOM_OF.items():
+        if any(m == prefix or m.startswith(prefix + ".") for m in house.MODULES):
+            modules[r].append(prefix.replace("llamay_cli", "cli/ (llamay_cli)"))
+
+    def names(rooms: Iterable[str]) -> str:
+        return ", ".join(f"<code>{esc(r)}</code>" for r in sorted(rooms)) or "—"
+
+    rows = [
+        [
+            f"<strong>{esc(r)}</strong>",
+            ", ".join(f"<code>{esc(m)}</code>" for m in sorted(modules[r])),
+            names(house.MAY_IMPORT[r]),
+            names(now[r]),
+        ]
+        for r in house.MAY_IMPORT
+    ]
+    return table(["room", "modules", "may import", "imports now"], rows)
 
 
 def _cli_doc() -> str:
@@ -1092,6 +1130,7 @@ def build(out: Path) -> list[str]:
     extra: dict[str, Callable[[], str]] = {
         "cli_commands": cli_summary_table,
         "rooms": rooms_table,
+        "arrows": arrows_table,
         "catalog": catalog_table,
     }
     titles = dict(PAGES)
