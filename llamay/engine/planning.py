@@ -6,7 +6,9 @@ page-table width M), so steps of nearby sizes share one compiled program.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+import jax
 import numpy as np
 
 from llamay.engine.api import Handle
@@ -50,6 +52,16 @@ class Plan:
     # slot 0 holds [R] (`BatchEngine._local_width`)
     local: tuple[np.ndarray, np.ndarray] | None = None
     state: SamplerState | None = None  # the sampler state the step returned
+    mask: Any = None  # packed allowed-token masks [R, W] on device (constraints) or None
+
+
+class RequestFailed(Exception):
+    """Host work for some requests failed (their sampler parameters, a constraint's
+    mask): they fail with their own errors, the batch goes on (`StepWorker._run`)."""
+
+    def __init__(self, requests: dict[Active, BaseException]):
+        super().__init__(f"{len(requests)} request(s) failed")
+        self.requests = requests
 
 
 class Planner:
@@ -88,6 +100,7 @@ class Planner:
                 p.local[1][j] = first * ps
             p.last[j] = n - 1
             p.sampling[j] = after is not None or n == len(s.pending)
+        p.mask = self._masks(p)
         return p
 
     def _blank_plan(self, R: int, T: int, M: int) -> Plan:
@@ -115,3 +128,29 @@ class Planner:
         function of the window, not of the sequence's length."""
         ps, span = self.page_size, self.mgr.window - 1 + T
         return min(M, bucket((span + ps - 2) // ps + 1, max(1, MIN_VIEW // ps)))
+
+    def _masks(self, plan: Plan):
+        """Packed allowed-token masks [R, W] when a sampling row has a constraint (the
+        others allow everything), else None. Computed while planning, before any step
+        is dispatched, so a constraint that fails fails its request alone."""
+        cons = {
+            j: a.handle.request.constraint
+            for j, a in enumerate(plan.rows)
+            if plan.sampling[j] and a.handle.request.constraint is not None
+        }
+        if not cons:
+            return None
+        got, failed = {}, {}
+        for j, c in cons.items():
+            try:
+                got[j] = np.asarray(c.mask(), np.uint32)
+            except Exception as exc:  # that request's constraint: it fails alone
+                failed[plan.rows[j]] = exc
+        if failed:
+            raise RequestFailed(failed)
+        W = max(r.shape[-1] for r in got.values())
+        mask = np.full((len(plan.slots), W), 0xFFFFFFFF, np.uint32)
+        for j, r in got.items():
+            mask[j] = 0
+            mask[j, : r.shape[-1]] = r
+        return jax.device_put(mask)

@@ -34,20 +34,21 @@ from collections import deque
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from llamay.arch.decoder import local_layers
 from llamay.engine.api import Handle, Request
 from llamay.engine.generate import check_prompt
 from llamay.engine.paged_steps import set_rows
 from llamay.engine.persist import Persistence, model_digest
-from llamay.engine.planning import MIN_VIEW, Active, Plan, Planner
+from llamay.engine.planning import MIN_VIEW, Active, Plan, Planner, RequestFailed
 from llamay.engine.worker import GATHER_MAX_S, StepWorker
 from llamay.errors import LlamayError, RequestError
 from llamay.kv import bucket
 from llamay.kv.pages import new_paged_kv
 from llamay.kv.sequences import KVManager, SeqKV, local_bound
 from llamay.kv.snapshot import Snapshot
-from llamay.sample import SamplerState, SamplingParams
+from llamay.sample import Sampler, SamplerState, SamplingParams
 
 __all__ = ["GATHER_MAX_S", "MIN_VIEW", "BatchEngine", "Plan", "model_digest"]
 
@@ -196,7 +197,14 @@ class BatchEngine(StepWorker, Planner, Persistence):
         logprobs = r.logprobs if r.logprobs is not None else (r.sampler.n_probs or None)
         if logprobs is not None and not 0 <= logprobs <= LOGPROB_WIDTH_MAX:
             raise RequestError(f"logprobs must be in [0, {LOGPROB_WIDTH_MAX}], not {logprobs}")
+        self._check_ids(r.prompt_ids)
         sampler = dataclasses.replace(r.sampler, n_probs=0)
+        try:  # what the batch will build from it, once, here: it fails alone if it must
+            self._stack([sampler])
+        except LlamayError:
+            raise
+        except Exception as exc:
+            raise RequestError(f"the request's sampling parameters cannot be used: {exc}") from exc
         a = Active(handle, sampler, stop, budget, seq=seq, logprobs=logprobs)
         if seq is None and not self.mgr.fits_ever(n + budget + 1):
             raise self.mgr.never_fits(
@@ -204,6 +212,20 @@ class BatchEngine(StepWorker, Planner, Persistence):
             )
         self.waiting.append(a)
         return a
+
+    def _check_ids(self, ids: list[int]) -> None:
+        """Prompt token ids must be integers in the vocabulary: a bad one would break the
+        int32 arrays of the whole batch's step, or index past the embedding table."""
+        top = self._vocab or 2**31
+        try:
+            arr = np.asarray(ids)
+        except (OverflowError, ValueError, TypeError):
+            arr = np.asarray([], object)
+        if arr.dtype.kind in "iu" and (not arr.size or (arr.min() >= 0 and arr.max() < top)):
+            return
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t < top:
+                raise RequestError(f"prompt token id {t!r} is not in the vocabulary (0..{top - 1})")
 
     def _reap_cancelled(self) -> None:
         for i, a in enumerate(self.slots):
@@ -224,6 +246,13 @@ class BatchEngine(StepWorker, Planner, Persistence):
                     a.seq = None
             self.counters["served"] += 1
         a.handle._finish(reason, error)
+
+    def _fail(self, failed: dict[Active, BaseException]) -> None:
+        """End the requests in `failed`, each with its own error; the others go on."""
+        for a, exc in failed.items():
+            if a in self.slots:
+                self.slots[self.slots.index(a)] = None
+            self._end(a, "error", exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         for i, a in enumerate(self.slots):
@@ -271,7 +300,35 @@ class BatchEngine(StepWorker, Planner, Persistence):
             return 0
         return LOGPROB_WIDTH if most <= LOGPROB_WIDTH else LOGPROB_WIDTH_MAX
 
+    def _stack(self, samplers: list[Sampler]) -> SamplingParams:
+        dry = any(s.uses_dry for s in samplers)
+        pieces = self.model.token_pieces() if dry else None
+        encode = getattr(self.model, "_encode_plain", None) if dry else None
+        vocab = self._vocab or (len(pieces) if pieces else None)
+        return SamplingParams.stack(samplers, vocab, pieces, encode)
+
     def _refresh_params(self) -> None:
+        """The slots' sampler parameters, and fresh slots' state seeded. When that
+        fails, the slots whose own sampler fails to build fail alone (RequestFailed);
+        a failure no single slot explains fails the batch."""
+        try:
+            self._build_params()
+        except Exception as exc:
+            failed = {}
+            for a in self.slots:
+                if a is None:
+                    continue
+                s = dataclasses.replace(a.sampler, n_probs=self._width())
+                try:
+                    self._stack([s])
+                    SamplerState.init([s], [a.seq.tokens], history=self.n_ctx)
+                except Exception as own:
+                    failed[a] = own
+            if not failed:
+                raise
+            raise RequestFailed(failed) from exc
+
+    def _build_params(self) -> None:
         active = [a for a in self.slots if a is not None]
         if not active:
             return
@@ -283,11 +340,7 @@ class BatchEngine(StepWorker, Planner, Persistence):
         ]
         key = tuple(samplers)  # by value: equal samplers, equal params
         if self._params is None or key != getattr(self, "_params_key", None):
-            dry = any(s.uses_dry for s in samplers)
-            pieces = self.model.token_pieces() if dry else None
-            encode = getattr(self.model, "_encode_plain", None) if dry else None
-            vocab = self._vocab or (len(pieces) if pieces else None)
-            self._params = SamplingParams.stack(samplers, vocab, pieces, encode)
+            self._params = self._stack(samplers)
             self._params_key = key
             if self._state is None:
                 self._state = SamplerState.init(samplers, history=self.n_ctx)

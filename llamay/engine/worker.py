@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from llamay.engine.paged_steps import paged_step
-from llamay.engine.planning import Plan
+from llamay.engine.planning import Plan, RequestFailed
 from llamay.kv.pages import grow_paged_kv
 from llamay.sample import read_logprobs
 
@@ -52,7 +52,9 @@ class StepWorker:
                 if any(a is not None for a in self.slots):
                     self._refresh_params()
                     self._step()
-            except Exception as exc:  # fail every request rather than hang them
+            except RequestFailed as failed:  # one request's host work: it fails alone
+                self._fail(failed.requests)
+            except Exception as exc:  # a step failed: fail every request rather than hang them
                 self._fail_all(exc)
 
     def _gather(self, cmds: list) -> None:
@@ -158,7 +160,7 @@ class StepWorker:
             *rows,
             params,
             state,
-            self._masks(plan),
+            plan.mask,
             *(local or (None, None)),
         )
 
@@ -218,21 +220,3 @@ class StepWorker:
             elif a.budget <= 0 or len(a.seq.tokens) >= self.n_ctx:
                 self.slots[i] = None
                 self._end(a, "length")
-
-    def _masks(self, plan: Plan):
-        """Packed allowed-token masks [R, W] when a sampling row has a constraint (the
-        others allow everything), else None."""
-        cons = {
-            j: a.handle.request.constraint
-            for j, a in enumerate(plan.rows)
-            if plan.sampling[j] and a.handle.request.constraint is not None
-        }
-        if not cons:
-            return None
-        got = {j: np.asarray(c.mask(), np.uint32) for j, c in cons.items()}
-        W = max(r.shape[-1] for r in got.values())
-        mask = np.full((len(plan.slots), W), 0xFFFFFFFF, np.uint32)
-        for j, r in got.items():
-            mask[j] = 0
-            mask[j, : r.shape[-1]] = r
-        return jax.device_put(mask)

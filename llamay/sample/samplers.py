@@ -71,6 +71,53 @@ def parse_order(order: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+_F32_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "dry_multiplier",
+    "dry_base",
+    "mirostat_tau",
+    "mirostat_eta",
+)
+_I32_FIELDS = ("top_k", "min_keep", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n")
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _integer(name: str, v) -> int:
+    """`v` as an int32 (an integral float too, as JSON clients send), else RequestError."""
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int | np.integer) or not _INT32[0] <= v <= _INT32[1]:
+        raise RequestError(
+            f"invalid sampling parameters: {name} must be an integer in "
+            f"[-2**31, 2**31 - 1], not {v!r}"
+        )
+    return int(v)
+
+
+def _check_numbers(s: Sampler) -> None:
+    """Every numeric field a number the step's int32 / float32 arrays can hold: a bad
+    value fails its request here, naming the field, not later inside a batch's arrays."""
+    for f in (*_I32_FIELDS, "mirostat", "n_probs"):
+        object.__setattr__(s, f, _integer(f, getattr(s, f)))
+    for f in _F32_FIELDS:
+        v = getattr(s, f)
+        if isinstance(v, bool) or not isinstance(v, int | float | np.number) or v != v:
+            raise RequestError(f"invalid sampling parameters: {f} must be a number, not {v!r}")
+    if s.seed is not None and not isinstance(s.seed, int | np.integer):
+        raise RequestError(f"invalid sampling parameters: seed must be an integer, not {s.seed!r}")
+
+
 @dataclass(frozen=True)
 class Sampler:
     """One request's sampling, with llama.cpp's parameter names and defaults."""
@@ -104,11 +151,18 @@ class Sampler:
     n_probs: int = 0
 
     def __post_init__(self):
+        _check_numbers(self)
         if isinstance(self.logit_bias, Mapping):
             object.__setattr__(self, "logit_bias", tuple(self.logit_bias.items()))
-        object.__setattr__(
-            self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias)
-        )
+        try:
+            bias = tuple(
+                (_integer("logit_bias token", int(t)), float(b)) for t, b in self.logit_bias
+            )
+        except (TypeError, ValueError) as exc:
+            raise RequestError(
+                f"invalid sampling parameters: logit_bias must map token ids to numbers ({exc})"
+            ) from None
+        object.__setattr__(self, "logit_bias", bias)
         object.__setattr__(self, "samplers", parse_order(self.samplers))
         object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
         checks = [
@@ -239,27 +293,6 @@ def _tail_table(per_slot: list[set]) -> np.ndarray:
             table[i, k, 0] = head
             table[i, k, 1 : 1 + len(tail)] = tail
     return table
-
-
-_F32_FIELDS = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "dynatemp_range",
-    "dynatemp_exponent",
-    "typical_p",
-    "top_n_sigma",
-    "xtc_probability",
-    "xtc_threshold",
-    "repeat_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "dry_multiplier",
-    "dry_base",
-    "mirostat_tau",
-    "mirostat_eta",
-)
-_I32_FIELDS = ("top_k", "min_keep", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n")
 
 
 @jax.tree_util.register_dataclass
