@@ -181,14 +181,22 @@ def read_config(meta: dict[str, Any], *, rope: str | None, norm: str = "rms", **
     eps_key = (
         "attention.layer_norm_rms_epsilon" if norm == "rms" else "attention.layer_norm_epsilon"
     )
+    # As llama.cpp, the embedding and output rows are the tokenizer's tokens: a model
+    # must not generate ids the tokenizer cannot spell.
     vocab = hparam(meta, arch, "vocab_size", None)
-    if vocab is None:
-        if not isinstance(meta.get("tokenizer.ggml.tokens"), list):
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list):
+        if vocab is not None and vocab != len(tokens):
             raise ModelFormatError(
-                f"GGUF metadata lacks {arch}.vocab_size and tokenizer.ggml.tokens: "
-                "the vocabulary size is unknown"
+                f"GGUF metadata {arch}.vocab_size is {vocab}, but tokenizer.ggml.tokens "
+                f"has {len(tokens)} tokens"
             )
-        vocab = len(meta["tokenizer.ggml.tokens"])
+        vocab = len(tokens)
+    elif vocab is None:
+        raise ModelFormatError(
+            f"GGUF metadata lacks {arch}.vocab_size and tokenizer.ggml.tokens: "
+            "the vocabulary size is unknown"
+        )
     base = dict(
         arch=arch,
         n_layers=hparam(meta, arch, "block_count"),

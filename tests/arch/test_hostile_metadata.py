@@ -75,6 +75,12 @@ CASES = [
     ("ffn_96", {"llama.feed_forward_length": 96}, {}, ["feed_forward_length"]),
     ("vocab_1000", {"llama.vocab_size": 1000}, {}, ["vocab_size"]),
     ("no_vocab", {"llama.vocab_size": None, "tokenizer.ggml.tokens": None}, {}, ["vocab_size"]),
+    (
+        "vocab_1000_and_tokens",
+        {"llama.vocab_size": 1000, "tokenizer.ggml.tokens": None},
+        {},
+        ["token_embd.weight", "vocab_size"],
+    ),
     ("ctx_string", {"llama.context_length": "big"}, {"llama.context_length": S}, ["integer"]),
     (
         "ctx_2p40",
@@ -116,6 +122,18 @@ def test_unsupported_tensor_type_refused(tiny_llama, tmp_path, ggml_type):
     err = load_refused(path)
     assert isinstance(err, UnsupportedTensorTypeError)
     assert "blk.0.attn_q.weight" in str(err) and ggml_type.name in str(err)
+
+
+def test_tokenizer_shorter_than_the_embedding_refused(tiny_llama, tmp_path):
+    """As llama.cpp: the embedding has a row per token of the tokenizer (a model that
+    generates an id the tokenizer cannot spell failed in detokenisation)."""
+    tokens = tiny_llama.metadata["tokenizer.ggml.tokens"][:100]
+    types = tiny_llama.metadata["tokenizer.ggml.token_type"][:100]
+    short = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
+    path = hostile(tmp_path, tiny_llama, "short", metadata=short)
+    assert "vocab_size is 49152" in str(load_refused(path))
+    path = hostile(tmp_path, tiny_llama, "short2", metadata=short | {"llama.vocab_size": None})
+    assert "token_embd.weight" in str(load_refused(path))
 
 
 def test_reshaped_tensor_refused(tiny_llama, tmp_path):
