@@ -11,6 +11,8 @@ errors: every room may use it.
     unlink(path)                            missing is fine; read-only (Windows) is made writable
     file_lock(path, on_wait=None)           exclusive, blocking; `on_wait()` once if busy
     try_file_lock(path) -> bool             exclusive if free (context manager), never blocks
+    write_via_partial(partial, final, write)   a large file, locked while written
+    remove_if_unlocked(partial) -> bool     a partial whose writer died
     sha256_file(path) -> str
 """
 
@@ -24,7 +26,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def home() -> Path:
@@ -160,29 +162,54 @@ def _release(fd: int) -> None:
 PARTIAL_MARK = ".partial"
 
 
-@contextlib.contextmanager
-def locked_partial(path: Path) -> Iterator[Any]:
-    """Create `path` (it must not exist) for writing, holding an exclusive lock on it until
-    the block ends, so that `remove_if_unlocked` knows it is being written. Rename it into
-    place inside the block; on an exception it is removed."""
+def write_via_partial(partial: Path, final: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write `final` through `partial`: created exclusively, locked while `write(f)` fills
+    it (so `remove_if_unlocked` leaves it alone), fsync'd, renamed to `final` and the rename
+    fsync'd. On any exception the partial is removed and `final` is untouched."""
+    try:
+        import fcntl  # noqa: F401 (POSIX: flock; Windows cannot rename an open file)
+    except ImportError:
+        with open(partial, "xb") as f:
+            _fill(partial, f, write)
+        os.replace(partial, final)
+        fsync_dir(final.parent)
+        return
     while True:
-        f = open(path, "xb")  # noqa: SIM115 (closed below, after the lock is released)
+        f = open(partial, "xb")  # noqa: SIM115 (closed below, after the rename)
         if _acquire(f.fileno(), blocking=True) and os.fstat(f.fileno()).st_nlink > 0:
             break
         f.close()  # gc removed it between the create and the lock: make another
     try:
-        yield f
-    except BaseException:
-        unlink(path)
-        raise
+        _fill(partial, f, write)
+        os.replace(partial, final)  # still locked: gc cannot take it before the rename
     finally:
         with contextlib.suppress(OSError):
             _release(f.fileno())
         f.close()
+    fsync_dir(final.parent)
+
+
+def _fill(partial: Path, f: BinaryIO, write: Callable[[BinaryIO], None]) -> None:
+    try:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    except BaseException:
+        unlink(partial)
+        raise
 
 
 def remove_if_unlocked(path: Path) -> bool:
-    """Remove a partial file no live process holds (see `locked_partial`); True if removed."""
+    """Remove a partial file no live process holds (see `write_via_partial`); True if
+    removed."""
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:  # Windows: a file another process has open cannot be deleted
+        try:
+            os.unlink(path)
+        except OSError:
+            return False
+        return True
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError:

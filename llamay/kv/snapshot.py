@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from llamay.errors import SnapshotError
-from llamay.files import PARTIAL_MARK, fsync_dir, home, locked_partial
+from llamay.files import PARTIAL_MARK, home, write_via_partial
 
 FORMAT = 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -62,18 +62,17 @@ class Snapshot:
         meta = {"format": FORMAT, "model": self.model, "kv_dtype": self.kv_dtype}
         # locked while written: `llamay gc` removes a partial only once its writer is dead
         tmp = directory / f".{path.name}{PARTIAL_MARK}-{secrets.token_hex(6)}"
-        with locked_partial(tmp) as f:
-            np.savez(
+        write_via_partial(
+            tmp,
+            path,
+            lambda f: np.savez(
                 f,
                 meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
                 tokens=np.asarray(self.tokens, np.int64),
                 k=_raw(self.k),
                 v=_raw(self.v),
-            )
-            f.flush()
-            os.fsync(f.fileno())
-            os.replace(tmp, path)
-        fsync_dir(directory)
+            ),
+        )
         return path
 
     @staticmethod
