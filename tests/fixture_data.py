@@ -6,10 +6,10 @@
   `tests/fixtures/tiny/generate.py` into `$LLAMAY_CACHE/fixtures/tiny/` (default
   `~/.cache/llamay/fixtures/tiny/`) from its recipe plus SmolLM2's tokenizer (the store's
   `smollm2:135m`, fetched on first use), and checked against its recorded sha256.
-- `missing(reason)`: a fixture or model that is not there skips the test on a developer's
-  machine and fails it where the fixtures are required: `CI=true`, or
-  `pytest --require-fixtures` (which `make test` passes). Only what needs other hardware or
-  tools (a GPU, pwsh, ...) may skip there.
+- `missing(reason)`: a fixture, model or test-oracle package (`oracle(module)`) that is not
+  there skips the test on a developer's machine and fails it where the fixtures are
+  required: `CI=true`, or `pytest --require-fixtures` (which `make test` passes). Only what
+  needs other hardware or tools (a GPU, pwsh, ...) may skip there.
 """
 
 from __future__ import annotations
@@ -38,10 +38,20 @@ def fixtures_required() -> bool:
 
 
 def missing(reason: str):
-    """Skip (a developer's machine) or fail (CI, `--require-fixtures`) for absent test data."""
+    """Skip (a developer's machine) or fail (CI, `--require-fixtures`) for absent test data;
+    also at a module's top level."""
     if fixtures_required():
         pytest.fail(f"required test data is missing: {reason}", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def oracle(module: str):
+    """Import a test-only oracle package (jsonschema, onnxruntime, lm_eval, ...), or
+    `missing` when it is not installed (a CI without it checks less than it says)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        missing(f"the test oracle package {module} is not installed: {e}")
 
 
 def fixture(*parts: str) -> Path:

@@ -5,6 +5,7 @@ pass/fail table checks the grammar itself, not a tokenizer's segmentation."""
 from __future__ import annotations
 
 import pytest
+from fixture_data import oracle
 
 SPECIAL0, N_SPECIAL = 256, 64
 EOS = SPECIAL0 + N_SPECIAL
@@ -24,7 +25,7 @@ def byte_pieces() -> list[bytes]:
 
 @pytest.fixture(scope="session")
 def byte_tok():
-    llg = pytest.importorskip("llguidance")
+    llg = oracle("llguidance")
     from llamay.constrain.guidance import VocabAdapter
 
     pieces = byte_pieces()

@@ -11,7 +11,7 @@ import random
 import jsonschema_rs
 import pytest
 from conftest import feed
-from fixture_data import tiny_model_file
+from fixture_data import oracle, tiny_model_file
 from test_json_schema_formats import random_instance
 
 from llamay.constrain import json_object, json_schema
@@ -184,7 +184,7 @@ def _declared_only(value, schema) -> bool:
 
 
 def _sample(model, schema, prompt, seeds, **kw):
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = oracle("jsonschema")
     ids = model.tokenize(prompt, add_special=True, parse_special=True)
     outs = []
     for seed in seeds:

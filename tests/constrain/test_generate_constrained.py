@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixture_data import tiny_model_file
+from fixture_data import oracle, tiny_model_file
 
 from llamay.errors import ConstraintError, UnsupportedConstraintError
 from llamay.sample import Sampler
@@ -33,7 +33,7 @@ def tiny():
 
 
 def test_json_schema_generations_validate(tiny):
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = oracle("jsonschema")
     ids = tiny.tokenize("Person:", add_special=True, parse_special=True)
     for seed in range(3):
         gen = tiny.generation(

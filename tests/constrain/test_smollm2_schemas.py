@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fixture_data import oracle
 
 from llamay.sample import Sampler
 
@@ -58,7 +59,7 @@ PROMPTS = ["A person:", "Colours:", "Weather report:", "A value:", "A blog post:
 
 
 def test_fifty_schema_generations_validate(smollm2_path):
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = oracle("jsonschema")
     import llamay
 
     m = llamay.load(smollm2_path)

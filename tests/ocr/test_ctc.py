@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from fixture_data import oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,14 +146,14 @@ def test_history_pruning_published():
 
 
 def _pyctc(logits, labels, kenlm_path=None, lm_kw=None, **kw):
-    pytest.importorskip("pyctcdecode", reason="pyctcdecode (test oracle) is not installed")
+    oracle("pyctcdecode")
     from pyctcdecode.alphabet import Alphabet as PAlphabet
     from pyctcdecode.decoder import BeamSearchDecoderCTC
     from pyctcdecode.language_model import LanguageModel
 
     language_model = None
     if kenlm_path is not None:
-        kenlm = pytest.importorskip("kenlm", reason="kenlm (pyctcdecode's LM) is not installed")
+        kenlm = oracle("kenlm")
         language_model = LanguageModel(kenlm.Model(str(kenlm_path)), **(lm_kw or {}))
     dec = BeamSearchDecoderCTC(PAlphabet.build_alphabet(list(labels)), language_model)
     return dec.decode_beams(logits, **kw)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixture_data import oracle
 
 from llamay.ocr.ctc import WordScorer, beam_search, greedy_decode
 from llamay.ocr.synth import WORDS, error_rates, make_lines, render_line
@@ -22,7 +23,7 @@ def rec(ppocr_gguf):
 
 @pytest.fixture(scope="module")
 def ort_session(ppocr_onnx):
-    ort = pytest.importorskip("onnxruntime", reason="onnxruntime (test oracle) is not installed")
+    ort = oracle("onnxruntime")
     return ort.InferenceSession(str(ppocr_onnx), providers=["CPUExecutionProvider"])
 
 

