@@ -1,0 +1,21 @@
+"""`llamay serve --allow-local-files` is what lets `/api/create` read a file on the server;
+without it the server refuses (tests/store/test_store_create_http.py drives both)."""
+
+from __future__ import annotations
+
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from llamay_cli.main import app
+
+
+@pytest.mark.parametrize(("args", "allowed"), [([], False), (["--allow-local-files"], True)])
+def test_allow_local_files_reaches_the_server(monkeypatch, tmp_path, args, allowed) -> None:
+    monkeypatch.setenv("LLAMAY_HOME", str(tmp_path))
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: served.append(app_))
+    r = CliRunner().invoke(app, ["serve", "--no-store", *args])
+    assert r.exit_code == 0, r.output
+    [server] = served
+    assert server.state.llamay.extra.get("allow_local_files", False) is allowed
