@@ -14,7 +14,13 @@ from llamay_cli.main import app
 def test_allow_local_files_reaches_the_server(monkeypatch, tmp_path, args, allowed) -> None:
     monkeypatch.setenv("LLAMAY_HOME", str(tmp_path))
     served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: served.append(app_))
+
+    def serve(app_, *args, **kwargs):
+        served.append(app_)
+
+    # whichever way the command starts the server (uvicorn.run, or serve.app's wrapper)
+    monkeypatch.setattr(uvicorn, "run", serve)
+    monkeypatch.setattr("llamay.serve.app.run_server", serve, raising=False)
     r = CliRunner().invoke(app, ["serve", "--no-store", *args])
     assert r.exit_code == 0, r.output
     [server] = served
