@@ -1,6 +1,8 @@
 """The `llamay` command: thin Typer commands over the library.
 
-Generated text goes to stdout; diagnostics (progress, timings) go to stderr.
+Generated text goes to stdout; diagnostics (progress, timings) go to stderr. Each command
+imports the library inside its body: `llamay --help`, `list`, `rm` or `pull` then never
+load JAX (seconds), only the commands that run a model do.
 """
 
 from __future__ import annotations
