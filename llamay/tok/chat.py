@@ -94,10 +94,17 @@ def _env():
     return _ENV
 
 
+MAX_TEMPLATE_CHARS = 1 << 20  # real templates are a few kB; this one comes from a file
+
+
 @lru_cache(maxsize=32)
 def _compile(template: str):
     from jinja2.exceptions import TemplateError
 
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise ChatTemplateError(
+            f"chat template is {len(template)} characters, over the limit of {MAX_TEMPLATE_CHARS}"
+        )
     try:
         return _env().from_string(template)
     except TemplateError as e:
@@ -122,10 +129,10 @@ def render_chat(
     any thread; the budgets are per call."""
     from jinja2.exceptions import SecurityError, TemplateError
 
-    tmpl = _compile(template)
     size = sandbox.input_chars(messages, bos_token, eos_token, kw)
     try:
-        with sandbox.budgeted(size) as budget, sandbox.time_limit(time_budget_s):
+        with sandbox.budgeted(size, messages, kw) as budget, sandbox.time_limit(time_budget_s):
+            tmpl = _compile(template)
             out, n = [], 0
             for piece in tmpl.generate(
                 messages=messages,

@@ -56,9 +56,10 @@ class RenderTimeout(BaseException):  # noqa: N818 - raised into a thread, like K
 class Budget:
     """What one render may still build, in characters (or sequence elements)."""
 
-    def __init__(self, chars: int, output: int):
+    def __init__(self, chars: int, output: int, known: dict[int, int] | None = None):
         self.left = chars
         self.output = output
+        self.known = known or {}  # rendered sizes of the input's containers
 
     def check(self, n: int, what: str) -> None:
         if n > self.left:
@@ -98,11 +99,13 @@ def input_chars(*values: Any) -> int:
 
 
 @contextmanager
-def budgeted(input_size: int):
+def budgeted(input_size: int, *inputs: Any):
+    """The budget of one render of `inputs` (`input_size` characters) in this context."""
     token = _BUDGET.set(
         Budget(
             RENDER_CHARS + RENDER_CHARS_PER_INPUT * input_size,
             OUTPUT_CHARS + OUTPUT_CHARS_PER_INPUT * input_size,
+            container_sizes(*inputs),
         )
     )
     try:
@@ -153,6 +156,15 @@ def time_limit(seconds: float):
 
 # A width or precision in a %-format or str.format spec ("%20s", "{:>20}", "{:.20f}").
 _WIDTHS = re.compile(r"\d+")
+_NESTED_FIELD = re.compile(r"\{[^{}]*\{")  # "{:>{w}}": a width from the arguments
+
+
+def _flat_args(args: tuple, kwargs: dict) -> list:
+    """Arguments, with a %-format's tuple or mapping operand opened."""
+    out: list = []
+    for a in (*args, *kwargs.values()):
+        out.extend(a.values() if isinstance(a, dict) else a if isinstance(a, tuple) else (a,))
+    return out
 
 
 def _size(x: Any) -> int:
@@ -168,6 +180,59 @@ def _format_width(fmt: Any) -> int:
     return max((int(m) if len(m) < 20 else 10**20 for m in _WIDTHS.findall(fmt)), default=0)
 
 
+def rendered_size(
+    x: Any, limit: int, known: dict[int, int] | None = None, record: dict | None = None
+) -> int:
+    """An upper bound on the length of `str(x)` (or its JSON), computed without building
+    it and given up (returning more than `limit`) as soon as it exceeds `limit`. A
+    container shared many times (`[big] * 100`, `l + l`) is walked once. `known`: sizes
+    of containers walked before (the render's input, alive while it renders); `record`:
+    where to keep the sizes walked."""
+    memo: dict[int, int] = {} if record is None else record
+    known = known or {}
+
+    def size(v: Any, depth: int) -> int:
+        if isinstance(v, str):
+            return 6 * len(v) + 2  # quotes and escapes (\u0000: 6 characters) in a repr/JSON
+        if isinstance(v, (int, float, bool)) or v is None:
+            return 24 if not isinstance(v, int) or v.bit_length() < 64 else v.bit_length() // 3
+        if not isinstance(v, (list, tuple, dict, set, frozenset)):
+            return 64
+        if depth > 64:
+            return limit + 1
+        key = id(v)
+        if key in known:
+            return known[key]
+        if key in memo:
+            return memo[key]
+        total = 2
+        items = v.items() if isinstance(v, dict) else ((e,) for e in v)
+        for pair in items:
+            for e in pair:
+                total += size(e, depth + 1) + 2
+            if total > limit:
+                break
+        memo[key] = total
+        return total
+
+    return size(x, 0)
+
+
+def container_sizes(*values: Any) -> dict[int, int]:
+    """The rendered size of every container in `values` (by id), each walked once."""
+    out: dict[int, int] = {}
+    for v in values:
+        rendered_size(v, 1 << 62, record=out)
+    return out
+
+
+def _check_rendered(b: Budget, values: Iterable[Any], what: str) -> None:
+    """Before values are turned into text: containers' rendered size within the budget."""
+    for v in values:
+        if isinstance(v, (list, tuple, dict, set, frozenset)):
+            b.check(rendered_size(v, b.left, b.known), what)
+
+
 def _replace_size(s: Any, old: Any, new: Any) -> int:
     if not (isinstance(s, str) and isinstance(old, str) and isinstance(new, str)):
         return 0
@@ -180,6 +245,9 @@ def _ints(values: Iterable[Any]) -> int:
         (abs(v) for v in values if isinstance(v, int) and not isinstance(v, bool)), default=0
     )
 
+
+# Filters that turn their value or arguments into text (a container's whole rendering).
+_STRINGIFYING = frozenset("string tojson pprint join format urlencode xmlattr".split())
 
 # Filters and str methods whose integer arguments are widths or counts of what they build.
 _SIZED_BY_ARGUMENTS = frozenset(
@@ -204,6 +272,8 @@ def _estimate(name: str, value: Any, args: tuple, kwargs: dict) -> int:
         n = max(n, len(value) + (value.count("\n") + 1) * max(w, 0))
     elif name in ("format", "format_map", "%"):
         width = _format_width(value)
+        if isinstance(value, str) and ("*" in value or _NESTED_FIELD.search(value)):
+            width = max(width, _ints(_flat_args(args, kwargs)))  # widths given as arguments
         if width > MAX_ARGUMENT:
             raise BudgetError(f"{name!r} with a width of {width} (over {MAX_ARGUMENT})")
         n = max(n, width + _size(value))
@@ -233,7 +303,9 @@ def _bounded_join(pieces: Iterable[Any], what: str) -> str:
     b = _budget()
     out, n = [], 0
     for p in pieces:
-        p = p if isinstance(p, str) else str(p)
+        if not isinstance(p, str):
+            _check_rendered(b, (p,), what)
+            p = str(p)
         n += len(p)
         b.check(n, what)
         out.append(p)
@@ -248,6 +320,8 @@ def _bounded_filter(name: str, fn):
     def wrapper(*args, **kwargs):
         b = _budget()
         value = args[offset] if len(args) > offset else None
+        if name in _STRINGIFYING:
+            _check_rendered(b, (*args[offset:], *kwargs.values()), f"filter {name!r}")
         b.check(_estimate(name, value, args[offset + 1 :], kwargs), f"filter {name!r}")
         out = fn(*args, **kwargs)
         b.charge(_size(out), f"filter {name!r}")
@@ -263,7 +337,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset(["+", "*", "**", "%"])
 
     def __init__(self, **kw: Any):
-        super().__init__(**kw)
+        super().__init__(finalize=self._finalize_output, **kw)
         self.filters = {k: _bounded_filter(k, f) for k, f in self.filters.items()}
 
     def add_filter(self, name: str, fn) -> None:
@@ -273,6 +347,12 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         raise SecurityError(
             f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
         )
+
+    @staticmethod
+    def _finalize_output(value: Any) -> Any:
+        """Each `{{ value }}` before Jinja turns it into text."""
+        _check_rendered(_budget(), (value,), "output")
+        return value
 
     @staticmethod
     def concat(pieces: Iterable[Any]) -> str:
@@ -302,6 +382,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             if big and left.bit_length() * max(right, 0) > MAX_INT_BITS:
                 raise BudgetError("chat template tried to compute a too large number")
         elif operator == "%" and isinstance(left, str):
+            _check_rendered(b, (right,), what)
             b.check(_estimate("%", left, (right,), {}), what)
         out = super().call_binop(context, operator, left, right)
         b.charge(_size(out), what)
@@ -316,6 +397,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         value = owner if isinstance(owner, str) else None
         what = f"call of {name!r}"
         if not isinstance(__obj, Macro):  # a macro's output is charged as its body joins
+            if value is not None:  # a str method (join, format...) renders its arguments
+                _check_rendered(b, (*args, *kwargs.values()), what)
             b.check(_estimate(name, value, args, kwargs), what)
         out = super().call(__context, __obj, *args, **kwargs)
         if not isinstance(__obj, Macro):

@@ -56,6 +56,16 @@ HOSTILE = {
     "slice_count": "{{ [1, 2, 3] | slice(10 ** 8) | list | length }}",
     "output_flood": "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
     "recursive_loop": "{% for x in [1] recursive %}{{ loop([1]) }}{% endfor %}",
+    # widths given as arguments, and shared containers rendered as text
+    "star_width": "{{ '%*s' % (999999999, 'x') }}",
+    "star_width_filter": "{{ '%*s' | format(999999999, 'x') }}",
+    "nested_field_width": "{{ '{:>{w}}'.format('x', w=999999999) }}",
+    "shared_lists_output": "{{ [['x'] * 100000] * 100 }}",
+    "shared_lists_joined": "{% set ns = namespace(l=['y' * 100000]) %}{% for i in range(30) %}"
+    "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | join }}",
+    "shared_lists_tilde": "{% set l = [['x'] * 100000] * 100 %}{{ 'a' ~ l }}",
+    "shared_lists_tojson": "{{ ([messages] * 100000) | tojson }}",
+    "huge_template": "x" * (2 << 20),
 }
 
 
