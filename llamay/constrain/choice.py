@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from llamay.constrain import limits
 from llamay.constrain.lexicon import DEAD, LexiconTrie
 from llamay.errors import ConstraintError, UnsupportedConstraintError
 from llamay.sample.constraint import pack_mask
@@ -186,5 +187,7 @@ def choices(
     options: Iterable[str],
     special_ids: Iterable[int] = (),
 ) -> LexiconConstraint:
-    """Exactly one of `options`."""
-    return LexiconConstraint(pieces, eos_ids, list(options), special_ids=special_ids)
+    """Exactly one of `options` (within `limits.MAX_CHOICE_BYTES`)."""
+    options = list(options)
+    limits.check_choices(options)
+    return LexiconConstraint(pieces, eos_ids, options, special_ids=special_ids)

@@ -117,6 +117,7 @@ class _Parser:
             if name in rules:
                 self.err(pos, f"rule {name!r} is defined twice")
             rules[name] = alts
+            limits.check_rules("GBNF", len(rules))
             order.append(name)
             if pos < self.n:
                 if self.s[pos] == "\r":
@@ -233,7 +234,6 @@ def parse(text: str) -> Grammar:
     within `llamay.constrain.limits`."""
     limits.check_text("GBNF", text)
     g = _Parser(text).parse()
-    limits.check_rules("GBNF", len(g.rules))
     if "root" not in g.rules:
         raise GrammarSyntaxError("GBNF: the grammar has no 'root' rule")
     for name, alts in g.rules.items():

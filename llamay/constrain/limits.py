@@ -11,7 +11,10 @@ hundred rules) and far below what would cost memory or time:
   generate reaches such a minimum). A schema's *maximum* counts are not limited: llguidance
   compiles them lazily, and huge ones (2**31 - 1) are a common way of writing "no limit";
 - `MAX_NESTING`: nested groups `( ... )` in a grammar or regex, nested subschemas in a schema;
-- `MAX_RULES`: rules in a grammar.
+- `MAX_RULES`: rules in a grammar;
+- `MAX_SCHEMA_NODES`: objects, arrays and values in a JSON schema;
+- `MAX_CHOICE_BYTES`: the UTF-8 bytes of a list of choices (each byte a trie node built
+  in Python: 64 KiB take about a second and 20 MB).
 
 Each is refused with `GrammarLimitError` naming the limit.
 """
@@ -27,7 +30,9 @@ from llamay.errors import GrammarLimitError
 MAX_TEXT_CHARS = 1 << 20
 MAX_REPETITION = 100_000
 MAX_NESTING = 100
-MAX_RULES = 10_000
+MAX_RULES = 5_000
+MAX_SCHEMA_NODES = 50_000
+MAX_CHOICE_BYTES = 1 << 16
 
 _MIN_COUNTS = ("minLength", "minItems", "minProperties", "minContains")
 
@@ -100,10 +105,20 @@ def check_regex(pattern: str) -> None:
         i += 1
 
 
+def check_choices(options: list) -> None:
+    n = sum(len(str(o).encode()) for o in options)
+    if n > MAX_CHOICE_BYTES:
+        raise GrammarLimitError(
+            f"choices: {len(options)} choices of {n} bytes in all, over the limit of "
+            f"{MAX_CHOICE_BYTES} bytes"
+        )
+
+
 def check_schema(schema: Any) -> None:
-    """A JSON schema's nesting (of objects and arrays) and minimum counts, in one
+    """A JSON schema's size, nesting (of objects and arrays) and minimum counts, in one
     iterative walk (a deeply nested schema cannot exhaust the stack)."""
     stack = [(schema, 1)]
+    seen = 1
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):
@@ -119,4 +134,9 @@ def check_schema(schema: Any) -> None:
         else:
             continue
         check_nesting("JSON schema", depth, "objects and arrays")
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        seen += len(children)
+        if seen > MAX_SCHEMA_NODES:
+            raise GrammarLimitError(
+                f"JSON schema: more than {MAX_SCHEMA_NODES} objects, arrays and values"
+            )
+        stack.extend((c, depth + 1) for c in children)
