@@ -61,7 +61,7 @@ def generate(
     json_schema_file: Annotated[
         Path | None, typer.Option("--json-schema-file", exists=True, dir_okay=False)
     ] = None,
-    json_any: Annotated[bool, typer.Option("--json", help="Any JSON value.")] = False,
+    json_any: Annotated[bool, typer.Option("--json", help="A JSON object.")] = False,
     regex: Annotated[str | None, typer.Option("--regex")] = None,
     lenient: Annotated[
         bool, typer.Option("--lenient", help="Drop schema keywords that cannot be enforced.")
