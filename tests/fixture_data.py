@@ -107,6 +107,7 @@ def tiny_model_file(name: str) -> Path:
 
 def _rebuild_all() -> None:
     """Rebuild every tiny model that is absent or altered (they share one tokenizer read)."""
+    oracle("gguf")  # gguf-py writes and quantises them, as it wrote the originals
     gen = generator()
     recipe = tiny_recipe()
     todo = [

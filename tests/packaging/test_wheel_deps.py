@@ -53,7 +53,13 @@ def test_wheel_and_sdist_are_built():
     assert any(n.endswith("entry_points.txt") for n in names)
     assert not any(n.startswith(("tests/", "site/", "scripts/")) for n in names)
     with tarfile.open(sdist) as t:
-        assert any(n.endswith("/pyproject.toml") for n in t.getnames())
+        names = t.getnames()
+    assert any(n.endswith("/pyproject.toml") for n in names)
+    # the suite and its oracle data travel with the source (MANIFEST.in), not its caches
+    shipped = ("conftest.py", "fixtures/tiny/recipe.json", "fixtures/llamacpp/corpus.json")
+    for part in shipped:
+        assert any(n.endswith(f"/tests/{part}") for n in names), part
+    assert not any(n.endswith((".gguf", ".pyc")) for n in names)
 
 
 def test_base_requirements_name_no_gpu_package():
