@@ -144,6 +144,29 @@ def test_reshaped_tensor_refused(tiny_llama, tmp_path):
     assert "blk.2.attn_q.weight" in str(load_refused(path))
 
 
+OTHER_FAMILIES = [
+    ("qwen3moe", {"qwen3moe.expert_count": 0}, ["qwen3moe.expert_count"]),
+    ("qwen3moe", {"qwen3moe.expert_count": 8}, ["ffn_gate_inp", "expert_count"]),
+    ("qwen3moe", {"qwen3moe.expert_used_count": 5}, ["expert_used_count"]),
+    ("qwen3moe", {"qwen3moe.expert_feed_forward_length": 128}, ["ffn_gate_exps"]),
+    ("qwen3moe", {"qwen3moe.attention.key_length": 16}, ["key_length"]),
+    ("gemma3", {"gemma3.attention.sliding_window": -1}, ["sliding_window"]),
+    ("gemma3", {"gemma3.attention.sliding_window": 2**40}, ["sliding_window"]),
+    ("gemma3", {"gemma3.block_count": 7}, ["gemma3.block_count", "blk.6."]),
+    ("gemma3", {"gemma3.rope.freq_base_swa": float("nan")}, ["freq_base_swa"]),
+]
+
+
+@pytest.mark.parametrize("model,metadata,words", OTHER_FAMILIES)
+def test_hostile_header_of_other_families(tiny_llama, tmp_path, model, metadata, words):
+    src = GGUFFile(tiny_model_file(model))
+    types = {k: GGUFValueType.INT64 for k, v in metadata.items() if isinstance(v, int)}
+    path = hostile(tmp_path, src, model, metadata=metadata, types=types)
+    msg = str(load_refused(path))
+    for w in words:
+        assert w in msg, msg
+
+
 # -- a seeded corpus of header mutations -------------------------------------------------
 
 HOSTILE_INTS = [0, -1, 1, 2, 3, 7, 63, 65, 4097, 2**31 - 1, 2**32 - 1, 2**63 - 1]

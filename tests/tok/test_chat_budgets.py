@@ -9,6 +9,7 @@ import time
 import tracemalloc
 
 import pytest
+from fixture_data import tiny_model_file, tiny_names
 
 from llamay.errors import ChatTemplateError
 from llamay.gguf import GGUFFile
@@ -160,12 +161,12 @@ CONVERSATION = [
 ]
 
 
-def _templates(fixtures_dir, request) -> dict[str, str]:
+def _templates(request) -> dict[str, str]:
     out = dict(BUILTIN_TEMPLATES)
-    for path in sorted((fixtures_dir / "tiny").glob("*.gguf")):
-        t = GGUFFile(path).metadata.get("tokenizer.chat_template")
+    for name in tiny_names():
+        t = GGUFFile(tiny_model_file(name)).metadata.get("tokenizer.chat_template")
         if t:
-            out[f"tiny/{path.stem}"] = t
+            out[f"tiny/{name}"] = t
     for fixture in ("smollm2_path", "gemma3_path"):
         try:
             path = request.getfixturevalue(fixture)
@@ -177,8 +178,8 @@ def _templates(fixtures_dir, request) -> dict[str, str]:
     return out
 
 
-def test_real_templates_render_as_plain_jinja(fixtures_dir, request):
-    templates = _templates(fixtures_dir, request)
+def test_real_templates_render_as_plain_jinja(request):
+    templates = _templates(request)
     assert len(templates) > len(BUILTIN_TEMPLATES)
     for name, template in templates.items():
         for messages in (CONVERSATION, CONVERSATION[1:], CONVERSATION[1:] * 50):
