@@ -128,8 +128,10 @@ def check_qmatmul(out, types, impls: dict, shapes) -> None:
 
 
 def check_paged(out, platform: str, interpret, shape) -> None:
-    from llamay.arch.paged import paged_attention
-    from llamay.kernels_pallas.paged_attention import paged_attention_pallas
+    from llamay.kernels_pallas.paged_attention import (
+        paged_attention_pallas,
+        paged_attention_reference,
+    )
 
     B, H, K, D, ps, M = shape
     for window, cap in ((None, None), (4 * ps, 50.0)):
@@ -158,7 +160,7 @@ def check_paged(out, platform: str, interpret, shape) -> None:
             y = paged_attention_pallas(
                 q, kp, vp, table, pos, jnp.int32(1), platform=platform, interpret=interpret, **kw
             )
-            ref = paged_attention(q, kp, vp, table, pos, jnp.int32(1), **kw)
+            ref = paged_attention_reference(q, kp, vp, table, pos, jnp.int32(1), **kw)
             err = float(jnp.max(jnp.abs(y - ref)))
             emit(out, **what, max_abs_err=err, ok=bool(err < 1e-4))
 
@@ -227,7 +229,8 @@ def decode_run(model, env: dict, steps: int, prompt: int = 8, page: int = 16):
     kernel-layout weights) with the dispatch traced under the environment `env`
     (LLAMAY_BACKEND, LLAMAY_GPU_KERNELS); Pallas runs use weights repacked once."""
     from llamay.arch import architecture_of
-    from llamay.kernels_pallas import PackedWeight, repack_weights
+    from llamay.kernels import repack_weights
+    from llamay.kernels_pallas import PackedWeight
     from llamay.kv.pages import new_paged_kv
     from llamay.model.bind import bind
     from llamay.model.forward import forward

@@ -16,6 +16,21 @@ binds. The block applies a piece iff the layer has its weight:
 - `w_gate`: a gated MLP; without it `w_up` holds `[gate | up]` (phi3);
 - `rope_freqs`: per-dim rope divisors (llama-3 style scaling).
 
+Which kernels run where (chosen at trace time by `llamay.kernels`, from
+`jax.default_backend()`, LLAMAY_BACKEND and the config's numerics):
+
+- every matrix (`linear`, the MLPs, experts, the LM head): `llamay.kernels.matmul`:
+  GPU/TPU the Pallas quantised matmul (Mosaic GPU for decode rows on Hopper); CPU the
+  native kernels (`llamay.kernels_cpu`) where they take the weight, else XLA's CPU forms
+  (`llamay.quant.cpu_dot`); llama.cpp numerics ggml's kernels emulated
+  (`llamay.quant.ggml_matmul`); Metal and anything else the jnp reference.
+- attention (`self_attention` → `llamay.arch.paged.attention`, which unwraps the cache
+  view, → `llamay.kernels.attention`): paged decode on GPU/TPU the Pallas kernel
+  (causal, exact numerics, up to 16 query tokens); paged on CPU the native kernel where
+  it applies; otherwise, and for dense caches everywhere, the references beside the
+  Pallas kernel (`kernels_pallas.paged_attention`: gather the pages, then
+  `attention_reference`), or in llama.cpp numerics `llamay.kernels.ggml_attention`.
+
 Research variants replace the two sub-layers: `functools.partial(block, attn=..., mlp=...)`
 (see `scripts/research_ablate_head.py`). `attn` returns per-head outputs before the
 output projection, so a wrapper can ablate heads.

@@ -13,12 +13,8 @@ bit, and how XLA is kept from fusing):
   cosf/sinf (a host table over the cache's positions; glibc's are not correctly
   rounded), and the rotation as GCC contracts it: fma(x0, cos, -(x1·sin)) and
   fma(x0, sin, x1·cos).
-- `attention`: an F16 KV cache (flash attention off, llama.cpp's default): q (scaled
-  first in the families of `Q_PRESCALED`) rounded to f16; K·q and P·V as llamafile's
-  tinyBLAS sums them for a batch of tokens (16 lanes, chunk after chunk, then
-  `_mm512_reduce_add_ps`) or as ggml_vec_dot_f16 does for one token (4 accumulators of
-  16 lanes); the softmax of ggml_soft_max_f32 (scores·scale, ggml_v_expf, per-16 sums
-  in double, times (float)(1.0/sum)), the probabilities rounded to f16.
+- `attention`: in `llamay.kernels.ggml_attention` (the attention entry point's
+  llamacpp reference); `Q_PRESCALED` here names the families whose graph scales q first.
 - `swiglu` / `geglu` / `gelu`: ggml_vec_swiglu_f32 (x / (1 + ggml_v_expf(-x)) · g) and
   GELU through ggml's f16 lookup table.
 - `moe`: build_moe_ffn with ggml_soft_max's scalar tail (libm expf) and MUL_MAT_ID's
@@ -29,19 +25,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from llamay.kernels import matmul
 from llamay.quant.ggml_float import (
     div_pair as _div_pair,
 )
 from llamay.quant.ggml_float import (
-    dot_f16_sgemm,
-    dot_f16_vec,
     dsum,
     expf,
     fma,
@@ -51,6 +45,7 @@ from llamay.quant.ggml_float import (
     silu,
     v_expf,
 )
+from llamay.quant.qtensor import ggml_matmul
 
 F32 = jnp.float32
 
@@ -199,110 +194,11 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, kind: str) -> jax.A
     return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
 
 
-# -- attention -------------------------------------------------------------------------
+# -- attention (computed in `llamay.kernels.ggml_attention`) ---------------------------
 
 
 # llama.cpp graphs that multiply q by the attention scale before K·q (kq_scale 1.0)
 Q_PRESCALED = frozenset({"gemma2", "gemma3", "phi3"})
-
-
-def _f32_scale(scale: float, head_dim: int) -> np.float32:
-    """The scale as llama.cpp computes it in f32: 1.0f / sqrtf(head_dim) by default."""
-    default = np.float32(1.0) / np.sqrt(np.float32(head_dim))
-    return default if abs(scale - head_dim**-0.5) < 1e-12 else np.float32(scale)
-
-
-def attention(
-    q,
-    k_cache,
-    v_cache,
-    q_pos,
-    *,
-    scale,
-    window=None,
-    softcap=None,
-    causal=True,
-    q_prescaled=False,
-):
-    """`layers.attention` over an f16 cache, as ggml computes it (module doc).
-
-    q_prescaled: llama.cpp's graph scales q before K·q (`Q_PRESCALED` families)."""
-    B, T, H, D = q.shape
-    S, K = k_cache.shape[1], k_cache.shape[2]
-    G = H // K
-    batched = T > 1  # llamafile's sgemm serves >= 2 tokens; one token takes vec_dot
-    kq_scale = _f32_scale(scale, D)
-    if q_prescaled:
-        q = opaque(q.astype(F32) * kq_scale)
-        kq_scale = np.float32(1.0)
-    q16 = q.astype(jnp.float16).astype(F32).reshape(B, T, K, G, D)
-    kc = k_cache.astype(F32)
-    qk = q16[:, :, :, :, None, :]  # [B, T, K, G, 1, D]
-    kk = jnp.transpose(kc, (0, 2, 1, 3))[:, None, :, None, :, :]  # [B, 1, K, 1, S, D]
-    dot = dot_f16_sgemm if batched and D % 16 == 0 else dot_f16_vec
-    scores = dot(qk, kk)  # [B, T, K, G, S]
-    scores = jnp.transpose(scores, (0, 2, 3, 1, 4))  # [B, K, G, T, S]
-    if softcap:  # ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap (tanh not bit for bit)
-        capped = jnp.tanh(opaque(scores * (np.float32(1) / np.float32(softcap))))
-        scores = opaque(capped * np.float32(softcap))
-    wp = opaque(scores * kq_scale)
-    j = jnp.arange(S)[None, None, :]
-    i = q_pos[:, :, None]
-    if causal:
-        visible = j <= i
-    else:
-        last = jnp.max(jnp.where(q_pos < S, q_pos, -1), axis=1)
-        visible = jnp.broadcast_to(j <= last[:, None, None], (B, T, S))
-    if window is not None:
-        w = jnp.asarray(window)
-        visible = visible & ((w <= 0) | (i - j < w))
-    visible = visible[:, None, None, :, :]
-    mx = jnp.max(jnp.where(visible, wp, -jnp.inf), axis=-1, keepdims=True)
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    e = jnp.where(visible, v_expf(jnp.where(visible, wp - mx, -200.0)), 0.0)
-    chunk = reduce16(e.reshape(*e.shape[:-1], S // 16, 16))  # [B, K, G, T, S/16]
-    hi, lo = dsum(chunk)
-    inv = jnp.where(hi > 0, recip_pair(hi, lo), 0.0)  # rows with no visible key: padding
-    p16 = (e * inv[..., None]).astype(jnp.float16).astype(F32)  # [B, K, G, T, S]
-    out = _pv(p16, v_cache.astype(F32), batched)  # [B, K, G, T, D]
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H, D)
-
-
-def _pv(p: jax.Array, v: jax.Array, batched: bool) -> jax.Array:
-    """Σ_s p[..., s]·v[s, d] in ggml's order: p [B, K, G, T, S], v [B, S, K, D]."""
-    B, K, G, T, S = p.shape
-    D = v.shape[-1]
-    n = S // 16
-    pc = jnp.moveaxis(p.reshape(B, K, G, T, n, 16), 4, 0)  # [n, B, K, G, T, 16]
-    vc = jnp.transpose(v.reshape(B, n, 16, K, D), (1, 0, 3, 4, 2))  # [n, B, K, D, 16]
-
-    def prod(pi, vi):  # -> [B, K, G, T, D, 16]
-        return pi[:, :, :, :, None, :] * vi[:, :, None, None, :, :]
-
-    if batched:
-
-        def step(acc, xs):
-            return acc + prod(*xs), None
-
-        acc, _ = jax.lax.scan(step, prod(pc[0], vc[0]), (pc[1:], vc[1:]))
-        return reduce16(acc)
-    # ggml_vec_dot_f16 over llama.cpp's n_kv (a multiple of 256): chunk c goes to
-    # accumulator c % 4, in order; zero padding to a multiple of 64 changes no sum.
-    pad = -n % 4
-    if pad:
-        pc = jnp.concatenate([pc, jnp.zeros((pad, *pc.shape[1:]), pc.dtype)])
-        vc = jnp.concatenate([vc, jnp.zeros((pad, *vc.shape[1:]), vc.dtype)])
-    n4 = (n + pad) // 4
-    pc4 = pc.reshape(n4, 4, *pc.shape[1:])
-    vc4 = vc.reshape(n4, 4, *vc.shape[1:])
-
-    def step4(accs, xs):
-        pi, vi = xs
-        return tuple(accs[j] + prod(pi[j], vi[j]) for j in range(4)), None
-
-    init = tuple(prod(pc4[0, j], vc4[0, j]) for j in range(4))
-    accs, _ = jax.lax.scan(step4, init, (pc4[1:], vc4[1:]))
-    return reduce16((accs[0] + accs[2]) + (accs[1] + accs[3]))
 
 
 def swiglu(g: jax.Array, u: jax.Array) -> jax.Array:
@@ -372,23 +268,15 @@ def _softmax_rows(x: jax.Array) -> jax.Array:
 
 
 def _expert_rows(x: jax.Array, w, experts: jax.Array) -> jax.Array:
-    """x [R, k] through expert experts[r] of w ([E, n, k] QTensor or MixedQTensor) row by
-    row, as ggml's MUL_MAT_ID computes it: vec_dot, or the repack GEMV, per row."""
-    from llamay.quant import MixedQTensor
-    from llamay.quant.qtensor import ggml_matmul
+    """x [R, k] through expert experts[r] of w ([E, n, k] GGUF blocks, or one layer of a
+    MixedQTensor) row by row, as ggml's MUL_MAT_ID computes it: vec_dot, or the repack
+    GEMV, per row (`quant.ggml_matmul` as for one row)."""
 
-    def one(qt):
-        data = jnp.take(qt.data, experts, axis=0)  # [R, n, row bytes]
+    def one(m):
+        picked = jax.tree.map(lambda a: jnp.take(a, experts, axis=0), m)  # [R, n, row]
+        return jax.vmap(lambda mr, xr: ggml_matmul(xr[None], mr, batched=False)[0])(picked, x)
 
-        def row(d, xr):
-            return ggml_matmul(xr[None], dataclasses.replace(qt, data=d), batched=False)[0]
-
-        return jax.vmap(row)(data, x)
-
-    if isinstance(w, MixedQTensor):
-        branches = [lambda s=s: one(s.layer(w.index)) for s in w.stacks]
-        return jax.lax.switch(w.which, branches)
-    return one(w)
+    return w.on_layer(one)
 
 
 def expert_weights(probs: jax.Array, n_used: int) -> tuple[jax.Array, jax.Array]:
@@ -408,11 +296,9 @@ def moe(x, w_router, w_gate, w_up, w_down, n_used: int, act: str = "silu") -> ja
     """llama.cpp's build_moe_ffn (softmax gating, weights renormalised): router matmul,
     ggml_soft_max, top-k, weights / max(Σ, 2**-14), the experts' MUL_MAT_IDs (one row at
     a time), the weighted expert outputs added in selection order."""
-    from llamay.quant.qtensor import qmatmul
-
     lead = x.shape[:-1]
     xf = x.reshape(-1, x.shape[-1]).astype(F32)
-    top_w, top_i = expert_weights(_softmax_rows(qmatmul(xf, w_router)), n_used)
+    top_w, top_i = expert_weights(_softmax_rows(matmul(xf, w_router)), n_used)
     rows = top_i.reshape(-1)  # row r = token r // k, slot r % k
     xr = jnp.repeat(xf, n_used, axis=0)
     g = _expert_rows(xr, w_gate, rows)

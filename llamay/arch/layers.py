@@ -1,14 +1,13 @@
-"""Layers shared by the architecture families: norms, rope, attention, MLPs, MoE routing.
+"""Layers shared by the architecture families: norms, rope, the KV write, MLPs, MoE routing.
 
-All functions are pure jnp over arrays (and `QTensor`s through `kernels_pallas.matmul`:
-`llamay.quant.qmatmul`, or the Pallas kernel on GPU/TPU);
+All functions are pure jnp over arrays (and weight matrices through the dispatcher
+`llamay.kernels.matmul`; attention is `llamay.kernels.attention`);
 shapes use B batch, T query tokens, S cache slots, H heads, K kv heads, D head dim,
 E experts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
@@ -17,8 +16,7 @@ import numpy as np
 
 from llamay.arch import ggml_ops
 from llamay.arch.base import Rope
-from llamay.kernels_pallas import matmul  # qmatmul, or the Pallas kernel on GPU/TPU
-from llamay.quant import MixedQTensor, QTensor
+from llamay.kernels import matmul
 
 F32 = jnp.float32
 
@@ -160,65 +158,6 @@ def write_kv(cache: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Arra
     return cache.at[b, positions].set(new.astype(cache.dtype), mode="drop")
 
 
-def attention(
-    q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
-    q_pos: jax.Array,
-    *,
-    scale: float,
-    window: jax.Array | int | None = None,
-    softcap: float | None = None,
-    causal: bool = True,
-    numerics: str = "exact",
-    q_prescaled: bool = False,
-) -> jax.Array:
-    """Grouped-query attention of q [B, T, H, D] over a cache [B, S, K, D] whose slot j
-    holds position j. Key j is visible from a query at position i iff j <= i (causal)
-    and i - j < window (sliding window; window <= 0 or None means global). Non-causal
-    (encoder) attention sees every slot up to the row's last real query position
-    (queries at positions >= S are padding). Scores are scaled, softcapped, then masked.
-    Returns [B, T, H, D] in f32.
-
-    numerics "llamacpp" (an f16 cache): as ggml computes it (`ggml_ops.attention`);
-    `q_prescaled` says whether llama.cpp's graph scales q before q·K (equal in exact math).
-    """
-    if numerics == "llamacpp":
-        return ggml_ops.attention(
-            q,
-            k_cache,
-            v_cache,
-            q_pos,
-            scale=scale,
-            window=window,
-            softcap=softcap,
-            causal=causal,
-            q_prescaled=q_prescaled,
-        )
-    B, T, H, D = q.shape
-    S, K = k_cache.shape[1], k_cache.shape[2]
-    G = H // K
-    qg = q.astype(F32).reshape(B, T, K, G, D)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache.astype(F32), precision="highest")
-    scores = scores * scale
-    if softcap:
-        scores = softcap * jnp.tanh(scores / softcap)
-    j = jnp.arange(S)[None, None, :]
-    i = q_pos[:, :, None]
-    if causal:
-        visible = j <= i
-    else:
-        last = jnp.max(jnp.where(q_pos < S, q_pos, -1), axis=1)  # [B]
-        visible = jnp.broadcast_to(j <= last[:, None, None], (B, T, S))
-    if window is not None:
-        w = jnp.asarray(window)
-        visible = visible & ((w <= 0) | (i - j < w))
-    scores = jnp.where(visible[:, None, None, :, :], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache.astype(F32), precision="highest")
-    return out.reshape(B, T, H, D)
-
-
 # -- MLPs ------------------------------------------------------------------------------
 
 
@@ -262,38 +201,26 @@ def route(x: jax.Array, w_router, n_used: int, renormalize: bool = True):
     return top_w, top_i
 
 
-def _per_layer(w, fn):
-    """fn(QTensor) for a QTensor, or for this layer's entry of a MixedQTensor."""
-    if isinstance(w, MixedQTensor):
-        branches = [lambda s=s: fn(s.layer(w.index)) for s in w.stacks]
-        return jax.lax.switch(w.which, branches)
-    return fn(w)
-
-
 def expert_matmul(x: jax.Array, w, experts: jax.Array | None = None, per_expert: bool = False):
-    """Per-expert x @ W_e.T with W [E, n, k] (a QTensor, or one layer of a MixedQTensor),
-    through `kernels_pallas.matmul` (so each numerics applies) mapped over the experts.
+    """Per-expert x @ W_e.T with W [E, n, k] (one layer's experts, any matrix form)
+    through `llamay.kernels.matmul` (so each numerics applies) mapped over the experts.
 
     experts None: every expert, -> [..., E, n]; experts [..., k'] (ids): only those,
     gathered while still packed, -> [..., k', n]. x is [..., k], or with `per_expert`
     one input per expert [..., E or k', k].
     """
 
-    def apply(data, xe, qt: QTensor):
-        return matmul(xe, dataclasses.replace(qt, data=data))
-
-    def one(qt: QTensor):
+    def one(m):
         if experts is None:
-            f = jax.vmap(apply, in_axes=(0, -2 if per_expert else None, None), out_axes=-2)
-            return f(qt.data, x, qt)
-        data = jnp.take(qt.data, experts, axis=0)  # [..., k', n, row bytes]
+            f = jax.vmap(matmul, in_axes=(-2 if per_expert else None, 0), out_axes=-2)
+            return f(x, m)
+        # [k' (flat), n, row] of every array of m: gathered packed
+        picked = jax.tree.map(lambda a: jnp.take(a, experts.reshape(-1), axis=0), m)
         xs = x if per_expert else jnp.broadcast_to(x[..., None, :], (*experts.shape, x.shape[-1]))
-        flat = jax.vmap(apply, in_axes=(0, 0, None))(
-            data.reshape(-1, *data.shape[-2:]), xs.reshape(-1, xs.shape[-1]), qt
-        )
+        flat = jax.vmap(matmul)(xs.reshape(-1, xs.shape[-1]), picked)
         return flat.reshape(*experts.shape, flat.shape[-1])
 
-    return _per_layer(w, one)
+    return w.on_layer(one)
 
 
 def moe(
@@ -320,7 +247,7 @@ def moe(
     top_w, top_i = route(x, w_router, n_used)
     lead = x.shape[:-1]
     n_tokens = math.prod(lead)
-    n_experts = (w_up.stacks[0] if isinstance(w_up, MixedQTensor) else w_up).shape[-3]
+    n_experts = w_up.shape[-3]
     limit = n_experts if gather_limit is None else gather_limit
     f = ACTIVATIONS[act]
     if n_tokens * n_used <= limit:

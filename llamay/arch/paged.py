@@ -1,13 +1,8 @@
 """KV caches the decoder block can write and attend through: a dense per-sequence
 array (slot j holds position j), or one layer of the paged pool seen through page
-tables. `write_kv` and `attention` dispatch on the cache type at trace time, so one
-block serves both and the dense path is exactly `llamay.arch.layers`.
-
-`paged_attention(q, k_pages, v_pages, page_table, q_pos, ...)` is the jnp reference of
-the Pallas paged-attention kernel (`llamay.kernels_pallas`, which `attention` dispatches
-to on GPU/TPU): it gathers each row's pages into a dense view (view slot j = position j)
-and runs the dense attention, so both caches share one set of numerics (including the
-f16-cache rounding).
+tables. `write_kv` writes through whichever view the block holds; `attention` hands the
+view's arrays (pages and table, or the dense cache) to the one attention entry point,
+`llamay.kernels.attention`, which chooses the implementation (reference, Pallas, native).
 
 A sliding-window model's pool is split into global and local layers' pools
 (`llamay.kv.pages`); its blocks see a `SplitPagedLayer`, which writes into the
@@ -22,7 +17,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from llamay import kernels_pallas
+from llamay import kernels
 from llamay.arch import layers
 
 
@@ -82,22 +77,6 @@ def paged_write(pages, table, new, positions, layer=None):
     return pages.at[idx].set(new.astype(pages.dtype), mode="drop")
 
 
-def gather_pages(pages, table, layer=None):
-    """The dense view [B, M·ps, K, D] of each row's pages (of pool layer `layer`)."""
-    B, M = table.shape
-    v = pages[(*_at(pages, layer), table)]  # [B, M, ps, K, D]: only these pages are read
-    return v.reshape(B, M * pages.shape[-3], *pages.shape[-2:])
-
-
-def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw):
-    """Attention of q [B, T, H, D] at positions q_pos [B, T] over paged K/V (one layer's
-    pages, or the pool and `layer`). jnp reference: gather, then `layers.attention`
-    (keywords as there)."""
-    k = gather_pages(k_pages, page_table, layer)
-    v = gather_pages(v_pages, page_table, layer)
-    return layers.attention(q, k, v, q_pos, **kw)
-
-
 def write_kv(cache, new: jax.Array, positions: jax.Array):
     if isinstance(cache, SplitPagedLayer):  # the other kind's pool drops the write
         off = jnp.full_like(positions, -1)
@@ -112,6 +91,7 @@ def write_kv(cache, new: jax.Array, positions: jax.Array):
 
 
 def attention(q, k_cache, v_cache, q_pos, **kw):
+    """`llamay.kernels.attention` through the block's cache views (keywords as there)."""
     if isinstance(k_cache, SplitPagedLayer):  # read only the layer's own pool
         return jax.lax.cond(
             k_cache.local,
@@ -119,8 +99,6 @@ def attention(q, k_cache, v_cache, q_pos, **kw):
             lambda: attention(q, k_cache.glob, v_cache.glob, q_pos, **kw),
         )
     if isinstance(k_cache, PagedLayer):
-        args = (q, k_cache.pages, v_cache.pages, k_cache.table, q_pos, k_cache.layer)
-        if kernels_pallas.paged_kernel_applies(q, **kw):  # GPU/TPU: the Pallas kernel
-            return kernels_pallas.paged_attention(*args, **kw)
-        return paged_attention(*args, **kw)
-    return layers.attention(q, k_cache, v_cache, q_pos, **kw)
+        return kernels.attention(q, k_cache.pages, v_cache.pages, q_pos,
+                                 page_table=k_cache.table, layer=k_cache.layer, **kw)  # fmt: skip
+    return kernels.attention(q, k_cache, v_cache, q_pos, **kw)

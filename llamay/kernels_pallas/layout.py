@@ -35,6 +35,7 @@ from llamay.gguf.constants import GGMLType
 from llamay.quant import QTensor, layout_of
 from llamay.quant.formulas import q4k_scales_mins, unpack_bits
 from llamay.quant.layouts import blocks_of, jax_backend
+from llamay.quant.matrix import Matrix, SpecFn
 
 F32 = jnp.float32
 _T = GGMLType
@@ -69,9 +70,10 @@ KERNEL_TYPES = frozenset(FORMATS)
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
-class PackedWeight:
-    """A weight in the kernel layout (module docstring); leading dims (stacked layers)
-    are allowed and slice like a QTensor's."""
+class PackedWeight(Matrix):
+    """A weight in the kernel layout (module docstring), exact numerics; leading dims
+    (stacked layers) are allowed and slice like a QTensor's. The matrix protocol
+    (`llamay.quant.matrix`)."""
 
     q: jax.Array
     high: jax.Array | None
@@ -85,24 +87,45 @@ class PackedWeight:
         return FORMATS[self.ggml_type]
 
     @property
-    def rows(self) -> int:
+    def numerics(self) -> str:
+        return "exact"
+
+    @property
+    def n_rows(self) -> int:
         return self.q.shape[-1]
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The logical weight shape [..., N, K] (as QTensor.shape)."""
-        return (*self.q.shape[:-2], self.rows, self.cols)
+        return (*self.q.shape[:-2], self.n_rows, self.cols)
 
-    def layer(self, index: jax.Array) -> PackedWeight:
-        """One entry of a stacked [L, ...] weight by a traced index (as QTensor.layer)."""
+    def _planes(self, f) -> PackedWeight:
+        """f applied to every plane (None stays None)."""
 
         def one(a):
-            return None if a is None else jax.lax.dynamic_index_in_dim(a, index, keepdims=False)
+            return None if a is None else f(a)
 
         return PackedWeight(
             one(self.q), one(self.high), one(self.scale), one(self.offset),
             self.ggml_type, self.cols,
         )  # fmt: skip
+
+    def layer(self, index: jax.Array) -> PackedWeight:
+        """One entry of a stacked [L, ...] weight by a traced index (as QTensor.layer)."""
+        return self._planes(lambda a: jax.lax.dynamic_index_in_dim(a, index, keepdims=False))
+
+    def rows(self, ids: jax.Array, dtype=F32) -> jax.Array:
+        """Only the rows `ids` (2-D weights): their columns of every plane, dequantised."""
+        flat = self._planes(lambda a: jnp.take(a, ids.reshape(-1), axis=-1))
+        return dequantize_packed(flat).astype(dtype).reshape(*ids.shape, self.cols)
+
+    def dequantize(self, dtype=F32) -> jax.Array:
+        return dequantize_packed(self).astype(dtype)
+
+    def partition_specs(self, spec: SpecFn) -> PackedWeight:
+        """Transposed: rows on axis -1 of every plane, columns in 32-element groups on -2."""
+        s = spec(self.n_rows, self.cols // 32, self.q.ndim, True)
+        return self._planes(lambda a: s)
 
 
 def _fields(w: QTensor) -> dict[str, jax.Array]:

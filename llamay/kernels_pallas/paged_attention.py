@@ -1,7 +1,10 @@
-"""Paged decode attention: Pallas kernels with the signature of the jnp reference
-`llamay.arch.paged.paged_attention(q, k_pages, v_pages, page_table, q_pos, layer, **kw)`
-(the reference gathers each row's pages into a dense view and runs
-`llamay.arch.layers.attention`; it is the CPU path and the tests' oracle).
+"""Paged decode attention: the Pallas kernels and, first, their jnp references.
+
+References (exact numerics; what every backend without the kernel runs, through
+`llamay.kernels.attention`, and the tests' oracle): `attention_reference` over a dense
+cache [B, S, K, D] whose slot j holds position j, and `paged_attention_reference(q,
+k_pages, v_pages, page_table, q_pos, layer, **kw)`, which gathers each row's pages into
+that dense view (`gather_pages`) and runs it. The kernels take the same arguments.
 
 Both kernels walk a row's pages in order with an online softmax (running max m, sum l,
 weighted values acc), so no dense view is materialised, and read only the pages
@@ -33,6 +36,70 @@ from jax.experimental import pallas as pl
 
 F32 = jnp.float32
 HIGHEST = jax.lax.Precision.HIGHEST
+
+
+# -- the references --------------------------------------------------------------------------
+
+
+def attention_reference(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    q_pos: jax.Array,
+    *,
+    scale: float,
+    window: jax.Array | int | None = None,
+    softcap: float | None = None,
+    causal: bool = True,
+) -> jax.Array:
+    """Grouped-query attention of q [B, T, H, D] over a cache [B, S, K, D] whose slot j
+    holds position j, in f32. Key j is visible from a query at position i iff j <= i
+    (causal) and i - j < window (sliding window; window <= 0 or None means global).
+    Non-causal (encoder) attention sees every slot up to the row's last real query
+    position (queries at positions >= S are padding). Scores are scaled, softcapped,
+    then masked. Returns [B, T, H, D] in f32."""
+    B, T, H, D = q.shape
+    S, K = k_cache.shape[1], k_cache.shape[2]
+    G = H // K
+    qg = q.astype(F32).reshape(B, T, K, G, D)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache.astype(F32), precision="highest")
+    scores = scores * scale
+    if softcap:
+        scores = softcap * jnp.tanh(scores / softcap)
+    j = jnp.arange(S)[None, None, :]
+    i = q_pos[:, :, None]
+    if causal:
+        visible = j <= i
+    else:
+        last = jnp.max(jnp.where(q_pos < S, q_pos, -1), axis=1)  # [B]
+        visible = jnp.broadcast_to(j <= last[:, None, None], (B, T, S))
+    if window is not None:
+        w = jnp.asarray(window)
+        visible = visible & ((w <= 0) | (i - j < w))
+    scores = jnp.where(visible[:, None, None, :, :], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache.astype(F32), precision="highest")
+    return out.reshape(B, T, H, D)
+
+
+def gather_pages(pages: jax.Array, table: jax.Array, layer=None) -> jax.Array:
+    """The dense view [B, M·ps, K, D] of each row's pages (of pool layer `layer`)."""
+    B, M = table.shape
+    at = () if layer is None else (layer,)
+    v = pages[(*at, table)]  # [B, M, ps, K, D]: only these pages are read
+    return v.reshape(B, M * pages.shape[-3], *pages.shape[-2:])
+
+
+def paged_attention_reference(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw):
+    """Attention of q [B, T, H, D] at positions q_pos [B, T] over paged K/V (one layer's
+    pages [P, ps, K, D], or the pool [L, P, ps, K, D] and `layer`) through page_table
+    [B, M]: gather, then `attention_reference` (keywords as there)."""
+    k = gather_pages(k_pages, page_table, layer)
+    v = gather_pages(v_pages, page_table, layer)
+    return attention_reference(q, k, v, q_pos, **kw)
+
+
+# -- the kernels' shared pieces ---------------------------------------------------------------
 
 
 def online_update(state, q, pos, k, v, start, window, *, scale: float, softcap: float | None):
@@ -189,7 +256,7 @@ def _gpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, i
     )(meta, table, bounds, qh, pos, pool_k, pool_v)
 
 
-# -- the wrapper: the reference's signature ---------------------------------------------------
+# -- the wrapper: the reference's signature (plus the platform) ------------------------
 
 
 def _rows(tg: int, platform: str) -> int:

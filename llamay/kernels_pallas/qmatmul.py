@@ -205,7 +205,7 @@ def qmatmul_pallas(
 ) -> jax.Array:
     """x [..., K] @ W.T -> [..., N] f32 with the Pallas kernel (W 2-D, kernel layout).
     `interpret`: False on hardware, True (or interpreter params) to run on CPU."""
-    N, K = w.rows, w.cols
+    N, K = w.n_rows, w.cols
     x2, lead = as_rows(x, w)
     M = x2.shape[0]
     t = tiling or tiling_for(M, N, K, platform)

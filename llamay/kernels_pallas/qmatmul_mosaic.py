@@ -182,7 +182,7 @@ def qmatmul_mosaic(
 ) -> jax.Array:
     """x [..., K] @ W.T -> [..., N] f32 with the Mosaic GPU kernel (W 2-D, kernel layout).
     `interpret`: False on a Hopper GPU, `plgpu.InterpretGPUParams()` to run on CPU."""
-    N, K = w.rows, w.cols
+    N, K = w.n_rows, w.cols
     x2, lead = as_rows(x, w)
     M = x2.shape[0]
     t = tiling or mosaic_tiling_for(M, N, K, w.fmt)

@@ -141,7 +141,7 @@ def w4a8_pallas(
         raise ValueError("w4a8_pallas is a TPU kernel (Triton has no batched integer dot)")
     if tiling is not None and tiling.split_k:
         raise ValueError("w4a8_pallas accumulates over K on chip: no split-K tiling")
-    N, K = w.rows, w.cols
+    N, K = w.n_rows, w.cols
     x2, lead = as_rows(x, w, "w4a8")
     M = x2.shape[0]
     qa, da = quantize_acts(x2)

@@ -5,12 +5,13 @@ Matrices stay quantised as `QTensor`s (device copies of the packed GGUF blocks);
 along a leading layer axis for `lax.scan`; when a role's layers differ in GGML
 type they become a `MixedQTensor` (per-type stacks plus a per-layer choice).
 
-On XLA's CPU backend, in exact numerics, quantised matrices are repacked at load into
-`AffineQTensor`s (int8 quants + f32 scales: what XLA CPU dequantises fastest, see
-`llamay.quant.cpu_dot`), whatever the device count: `llamay.model.sharding` places
-both forms on a mesh. Where the Pallas kernels run (GPU/TPU, or LLAMAY_BACKEND=
+Which form quantised matrices take is decided in one place, `llamay.kernels.weight_form`
+(per backend and numerics): on XLA's CPU backend, in exact numerics, they are repacked at
+load into `AffineQTensor`s (int8 quants + f32 scales: what XLA CPU dequantises fastest,
+see `llamay.quant.cpu_dot`), whatever the device count (`llamay.model.sharding` places
+every form on a mesh). Where the Pallas kernels run (GPU/TPU, or LLAMAY_BACKEND=
 pallas-interpret), the matrices they take are repacked once here into their layout
-(`llamay.kernels_pallas.repack_weights`), so no step repacks them per trace.
+(`llamay.kernels.repack_weights`), so no step repacks them per trace.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from llamay import kernels_pallas
+from llamay import kernels
 from llamay.arch.base import Architecture
 from llamay.errors import ModelFormatError
 from llamay.gguf import GGUFFile
@@ -35,13 +36,8 @@ def _small(gf: GGUFFile, name: str) -> np.ndarray:
 
 
 def default_repack(numerics: str) -> bool:
-    """Whether `bind` repacks by default: exact numerics on XLA CPU, unless the Pallas
-    kernels are forced there (they take GGUF blocks)."""
-    return (
-        numerics == "exact"
-        and jax.default_backend() == "cpu"
-        and not kernels_pallas.backend().pallas
-    )
+    """Whether `bind` repacks into `AffineQTensor`s by default (`kernels.weight_form`)."""
+    return kernels.weight_form(numerics) == "affine"
 
 
 def _matrix(raw: np.ndarray, ggml_type, numerics: str, repack: bool):
@@ -93,15 +89,16 @@ def bind(
     """The weight pytree: {role: tensor, ..., "layers": {role: stacked tensor}}.
 
     `numerics` ("exact" or "llamacpp") is stored in every QTensor: it decides how
-    `qmatmul` computes with that weight (see `llamay.quant.qtensor`). `repack`:
-    quantised matrices as `AffineQTensor`s (exact numerics only); None means
-    `default_repack(numerics)`, and then, where the Pallas kernels run, the matrices
-    they take come back in their layout (`kernels_pallas.repack_weights`); False: the
-    GGUF blocks as they are.
+    the matmul computes with that weight (see `llamay.quant.qtensor`). `repack`:
+    quantised matrices as `AffineQTensor`s (exact numerics only); None means the form of
+    `kernels.weight_form(numerics)`: "affine" repacks so, "packed" gives the matrices the
+    Pallas kernels take in their layout (`kernels.repack_weights`); False: the GGUF
+    blocks as they are.
     """
-    kernel_layout = repack is None and numerics == "exact" and kernels_pallas.backend().pallas
+    form = kernels.weight_form(numerics) if repack is None else None
+    kernel_layout = form == "packed"
     if repack is None:
-        repack = default_repack(numerics)
+        repack = form == "affine"
     if repack and numerics != "exact":
         raise ValueError(f"repacked weights compute in exact numerics only, not {numerics!r}")
     weights: dict[str, Any] = {}
@@ -122,5 +119,5 @@ def bind(
             weights[spec.role] = _single(gf, names[0], numerics, repack)
     weights["layers"] = layers
     if kernel_layout:
-        weights = kernels_pallas.repack_weights(weights)
+        weights = kernels.repack_weights(weights)
     return weights

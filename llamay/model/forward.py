@@ -16,19 +16,14 @@ import numpy as np
 from llamay.arch import architecture_of
 from llamay.arch.decoder import local_layers
 from llamay.arch.paged import PagedLayer, SplitPagedLayer
-from llamay.quant import MixedQTensor
+from llamay.quant.matrix import scan_split
 
 
 def _split_layers(layers: dict[str, Any]):
-    """Scanned per-layer data, and what the scan body closes over (mixed-type stacks)."""
-    scanned, fixed = {}, {}
-    for role, v in layers.items():
-        if isinstance(v, MixedQTensor):
-            scanned[role] = (v.which, v.index)
-            fixed[role] = v.stacks
-        else:
-            scanned[role] = v
-    return scanned, fixed
+    """What the layer scan slices per role, and per role how one layer's weight is rebuilt
+    from its slice (`Matrix.scan_parts`: mixed-type stacks are closed over, not sliced)."""
+    split = {role: scan_split(v) for role, v in layers.items()}
+    return {r: s[0] for r, s in split.items()}, {r: s[1] for r, s in split.items()}
 
 
 def forward(
@@ -54,13 +49,10 @@ def forward(
     """
     arch = architecture_of(cfg)
     x = arch.embed(cfg, weights, tokens, positions)
-    scanned, fixed = _split_layers(weights["layers"])
+    scanned, rebuild = _split_layers(weights["layers"])
 
     def layer_weights(lw_scanned):
-        return {
-            role: MixedQTensor(fixed[role], *val) if role in fixed else val
-            for role, val in lw_scanned.items()
-        }
+        return {role: rebuild[role](val) for role, val in lw_scanned.items()}
 
     layer_ids = jnp.arange(kv.k.shape[0], dtype=jnp.int32)
     if page_table is not None and kv.local_k is not None:

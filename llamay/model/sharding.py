@@ -41,7 +41,6 @@ and `fetch` gathers results. Launch, e.g.:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -51,10 +50,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from llamay.errors import RequestError
-from llamay.gguf.constants import BLOCK_SIZES
-from llamay.kernels_pallas import PackedWeight
 from llamay.kv import DenseKV
-from llamay.quant import AffineQTensor, MixedQTensor, QTensor
+from llamay.quant.matrix import is_matrix
 
 AXES = ("data", "model")
 MESH_KEYS = {"dp": "data", "data": "data", "tp": "model", "model": "model"}
@@ -189,30 +186,18 @@ def _vector_spec(cfg, mesh: Mesh, role: str, shape, lead: int) -> P:
 
 
 def _leaf_specs(cfg, mesh: Mesh, role: str, leaf, lead: int):
-    if isinstance(leaf, MixedQTensor):
-        stacks = tuple(_leaf_specs(cfg, mesh, role, s, lead) for s in leaf.stacks)
-        return dataclasses.replace(leaf, stacks=stacks, which=P(), index=P())
-    if isinstance(leaf, QTensor):
-        shape = leaf.data.shape
-        blocks = shape[-1] // BLOCK_SIZES[leaf.ggml_type][1]
-        spec = _matrix_spec(cfg, mesh, role, shape[-2], blocks, len(shape))
-        return dataclasses.replace(leaf, data=spec)
-    if isinstance(leaf, AffineQTensor):
-        # quants, scales and offsets share their row and scale-group splits
-        spec = _matrix_spec(cfg, mesh, role, leaf.q.shape[-2], leaf.scale.shape[-1], leaf.q.ndim)
-        offset = None if leaf.offset is None else spec
-        return dataclasses.replace(leaf, q=spec, scale=spec, offset=offset)
-    if isinstance(leaf, PackedWeight):
-        n_rows, cols = leaf.shape[-2:]
-        spec = _matrix_spec(cfg, mesh, role, n_rows, cols // 32, leaf.q.ndim, transposed=True)
-        planes = {f: None if getattr(leaf, f) is None else spec for f in ("high", "offset")}
-        return dataclasses.replace(leaf, q=spec, scale=spec, **planes)
+    if is_matrix(leaf):  # each form says where its arrays keep rows and column units
+
+        def spec(n_rows, col_units, ndim, transposed):
+            return _matrix_spec(cfg, mesh, role, n_rows, col_units, ndim, transposed)
+
+        return leaf.partition_specs(spec)
     return _vector_spec(cfg, mesh, role, np.shape(leaf), lead)
 
 
 def weight_specs(cfg, weights: dict[str, Any], mesh: Mesh) -> dict[str, Any]:
-    """A pytree like `weights` whose leaves are PartitionSpecs (QTensor.data's and
-    AffineQTensor's arrays included)."""
+    """A pytree like `weights` whose leaves are PartitionSpecs (every array of every
+    matrix form included: `Matrix.partition_specs`)."""
     out = {r: _leaf_specs(cfg, mesh, r, w, 0) for r, w in weights.items() if r != "layers"}
     out["layers"] = {r: _leaf_specs(cfg, mesh, r, w, 1) for r, w in weights["layers"].items()}
     return out

@@ -33,6 +33,7 @@ import numpy as np
 from llamay.gguf.constants import GGMLType
 from llamay.quant.formulas import AFFINE, affine_parts, affine_values
 from llamay.quant.layouts import NUMPY, blocks_of, jax_backend, layout_of
+from llamay.quant.matrix import Matrix, SpecFn
 
 # A dequantised weight chunk of at most this many elements (4 MiB of f32) stays in
 # the CPU's caches between its dequantisation and its dot.
@@ -46,13 +47,12 @@ def repackable(ggml_type: GGMLType | int) -> bool:
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
-class AffineQTensor:
+class AffineQTensor(Matrix):
     """A quantised weight repacked at load for CPU matmuls: value = q · scale + offset.
 
     q int8 [..., rows, cols]; scale and offset f32 [..., rows, cols // group] (offset
     None for types without one). `ggml_type` is the file's type (static): what the
-    values are, not how they are stored. Same interface as `QTensor` (shape,
-    dequantize, rows, layer, round_activations) in exact numerics.
+    values are, not how they are stored. The matrix protocol (`matrix`), exact numerics.
     """
 
     q: jax.Array
@@ -106,6 +106,11 @@ class AffineQTensor:
         return AffineQTensor(
             one(self.q), one(self.scale), one(self.offset), self.ggml_type, self.numerics
         )
+
+    def partition_specs(self, spec: SpecFn) -> AffineQTensor:
+        """Quants, scales and offsets share their row and scale-group splits."""
+        s = spec(self.q.shape[-2], self.scale.shape[-1], self.q.ndim, False)
+        return AffineQTensor(s, s, None if self.offset is None else s, self.ggml_type)
 
     def round_activations(self, x: jax.Array) -> jax.Array:
         return x.astype(jnp.float32)

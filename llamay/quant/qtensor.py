@@ -3,6 +3,7 @@
 A QTensor is a pytree leaf-holder: `data` is the packed bytes (uint8, shaped
 [..., rows, row_bytes]); the GGML type, logical shape and numerics are static aux
 data, so jit specialises on them and `lax.scan` can slice stacked layers along axis 0.
+It and `MixedQTensor` (per-layer types) implement the matrix protocol (`matrix`).
 
 Numerics (design principle 8), chosen per weight at bind time:
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from llamay.gguf.constants import BLOCK_SIZES, GGMLType
 from llamay.quant import formulas, ggml_float
@@ -39,16 +41,10 @@ from llamay.quant.act_quant import (
     quantize_q8_k,
     round_activations,
 )
-from llamay.quant.cpu_dot import (
-    CHUNK_ELEMS,
-    AffineQTensor,
-    affine_matmul,
-    blocks_matmul,
-    chunked_rows,
-    keep_on_thunks,
-)
+from llamay.quant.cpu_dot import CHUNK_ELEMS, chunked_rows, keep_on_thunks
 from llamay.quant.formulas import unpack_bits
 from llamay.quant.layouts import blocks_of, jax_backend, layout_of
+from llamay.quant.matrix import Matrix, SpecFn
 
 NUMERICS = ("exact", "llamacpp")
 # Which of ggml's Q8_0/Q8_1 activation quantisers "llamacpp" reproduces (see
@@ -61,7 +57,7 @@ LANES_AT_ONCE_BELOW = 8
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
-class QTensor:
+class QTensor(Matrix):
     data: jax.Array  # uint8 [..., rows, row_bytes]
     ggml_type: GGMLType = field(metadata=dict(static=True))
     cols: int = field(metadata=dict(static=True))  # logical row length
@@ -98,6 +94,12 @@ class QTensor:
         data = jax.lax.dynamic_index_in_dim(self.data, index, keepdims=False)
         return dataclasses.replace(self, data=data)
 
+    def partition_specs(self, spec: SpecFn) -> QTensor:
+        """Rows on axis -2 of the blocks; columns split only in whole blocks."""
+        shape = self.data.shape
+        blocks = shape[-1] // BLOCK_SIZES[self.ggml_type][1]
+        return dataclasses.replace(self, data=spec(shape[-2], blocks, len(shape), False))
+
     def round_activations(self, x: jax.Array) -> jax.Array:
         """x [..., cols] as this weight's matmul sees it: itself (f32) in exact
         numerics, rounded to the weight's vec_dot type in llamacpp numerics."""
@@ -108,37 +110,78 @@ class QTensor:
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
-class MixedQTensor:
-    """One layer's weight when a role's layers have different GGML types (e.g. Q4_K_M
-    files mix Q4_K and Q6_K): the per-type stacks, and which stack/entry is this layer's.
+class MixedQTensor(Matrix):
+    """A role whose layers have different GGML types (e.g. Q4_K_M files mix Q4_K and Q6_K):
+    the per-type stacks, and which stack/entry holds each layer.
 
-    Built inside the layer scan: `stacks` are closed over, `which`/`index` are scanned.
+    As bound, `which`/`index` are [L] (one entry per layer); `layer(i)` and the layer
+    scan (`scan_parts`: `which`/`index` are scanned, the stacks closed over) give one
+    layer's, with scalar `which`/`index`, whose `on_layer(fn)` is the one `lax.switch`
+    over the stacks.
     """
 
-    stacks: tuple[QTensor | AffineQTensor, ...]
-    which: jax.Array  # int32 scalar: position in `stacks`
-    index: jax.Array  # int32 scalar: entry within that stack
+    stacks: tuple[Matrix, ...]
+    which: jax.Array  # int32: position in `stacks` ([L] as bound, a scalar per layer)
+    index: jax.Array  # int32: entry within that stack
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """[L, rows, cols] as bound, [rows, cols] (plus any expert dims) for one layer."""
+        return (*self.which.shape, *self.stacks[0].shape[1:])
+
+    @property
+    def cols(self) -> int:
+        return self.stacks[0].cols
+
+    @property
+    def numerics(self) -> str:
+        return self.stacks[0].numerics
+
+    @property
+    def ggml_type(self) -> None:
+        """None: the type differs per layer (see the stacks)."""
+        return None
+
+    def layer(self, index: jax.Array) -> MixedQTensor:
+        pick = jax.lax.dynamic_index_in_dim
+        return MixedQTensor(
+            self.stacks, pick(self.which, index, keepdims=False),
+            pick(self.index, index, keepdims=False),
+        )  # fmt: skip
+
+    def on_layer(self, fn):
+        branches = [lambda s=s: fn(s.layer(self.index)) for s in self.stacks]
+        return jax.lax.switch(self.which, branches)
+
+    def rows(self, ids: jax.Array, dtype=jnp.float32) -> jax.Array:
+        return self.on_layer(lambda m: m.rows(ids, dtype))
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        return self.on_layer(lambda m: m.dequantize(dtype))
+
+    def scan_parts(self):
+        return (self.which, self.index), lambda part: MixedQTensor(self.stacks, *part)
+
+    def partition_specs(self, spec: SpecFn) -> MixedQTensor:
+        stacks = tuple(s.partition_specs(spec) for s in self.stacks)
+        return MixedQTensor(stacks, PartitionSpec(), PartitionSpec())
 
 
-def qmatmul(x: jax.Array, w: QTensor | AffineQTensor | MixedQTensor) -> jax.Array:
-    """x @ W.T for x [..., cols] and W [rows, cols]: the one matmul every architecture calls.
-
-    In the weight's numerics (module docstring): exact is f32 accumulation over the
-    dequantised weight; llamacpp rounds x to the weight's dot type first. On XLA's CPU
-    backend exact numerics take `cpu_dot`'s formulations (same values, another
-    summation order): weights repacked at load (`AffineQTensor`), big ones in chunks.
-    """
-    if isinstance(w, MixedQTensor):
-        branches = [lambda x, s=s: qmatmul(x, s.layer(w.index)) for s in w.stacks]
-        return jax.lax.switch(w.which, branches, x)
-    if isinstance(w, AffineQTensor):
-        return affine_matmul(x, w)
+def qmatmul(x: jax.Array, w: QTensor) -> jax.Array:
+    """x @ W.T for x [..., cols] and a GGUF-block W [rows, cols] in the weight's numerics
+    (module docstring): the jnp reference, on any backend. Exact: f32 accumulation over
+    the dequantised weight; llamacpp: ggml's kernels (`ggml_matmul`). The dispatcher
+    `llamay.kernels.matmul` picks faster forms per backend (the CPU chunked dots of
+    `cpu_dot`, the Pallas kernels, native kernels) with the same values."""
     if w.numerics == "llamacpp":
         # Each emulated kernel is its own fusion island: letting XLA fuse across them
         # makes compile time explode (minutes per model) for no speed gain.
         return ggml_matmul(x, w)
-    if w.data.ndim == 2 and jax.default_backend() == "cpu":
-        return blocks_matmul(x, w.data, w.ggml_type, w.cols)
+    return dequant_matmul(x, w)
+
+
+def dequant_matmul(x: jax.Array, w: QTensor) -> jax.Array:
+    """x @ W.T in exact numerics: the weight dequantised whole, one f32 dot."""
     wf = w.dequantize(jnp.float32)
     return jnp.einsum("...k,nk->...n", w.round_activations(x), wf, precision="highest")
 
@@ -218,11 +261,7 @@ def _ggml_kernel(x: jax.Array, w: QTensor, batched: bool | None = None):
         repacked = t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0
         return on(_kquant_dot, "repack" if repacked else "tiled" if n >= 8 else t.name)
 
-    def plain(x, w):
-        wf = w.dequantize(jnp.float32)
-        return jnp.einsum("...k,nk->...n", w.round_activations(x), wf, precision="highest")
-
-    return on(plain)
+    return on(dequant_matmul)
 
 
 def _q4_0_repack_dot(x: jax.Array, w: QTensor) -> jax.Array:

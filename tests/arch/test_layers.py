@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from llamay.arch import REGISTRY, Rope, get_architecture
-from llamay.arch.layers import attention, layer_norm, moe, rope_angles
+from llamay.arch.layers import layer_norm, moe, rope_angles
 from llamay.errors import UnknownArchitectureError
 from llamay.gguf.constants import GGMLType
+from llamay.kernels import attention
 from llamay.quant import QTensor
 
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "olmo2")

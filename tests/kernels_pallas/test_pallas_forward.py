@@ -12,9 +12,10 @@ from fixture_data import tiny_model_file
 from test_pallas_qmatmul import random_weight, random_x
 
 import llamay
+from llamay import kernels
 from llamay.arch import architecture_of
 from llamay.gguf.constants import GGMLType
-from llamay.kernels_pallas import dispatch, repack_weights
+from llamay.kernels import repack_weights
 from llamay.kv.pages import new_paged_kv
 from llamay.model.bind import bind
 from llamay.model.forward import forward
@@ -27,7 +28,7 @@ def paged_logits(model, tokens: np.ndarray, monkeypatch, choice: str, prepack: b
     """Prefill `tokens` [B, T] (row b's page table: pages 1+b·M ..), then decode one more
     token per row: logits of both steps, [B, T + 1, V], and the prefill step's jaxpr.
     Traced afresh under `choice`; `prepack`: weights repacked beforehand (`repack_weights`)."""
-    monkeypatch.setenv(dispatch.ENV, choice)
+    monkeypatch.setenv(kernels.ENV, choice)
     cfg = model.config
     # GGUF-block QTensors (the layout GPU/TPU binds; on one CPU device `bind` repacks)
     w = bind(model.gguf, model.arch, cfg.n_layers, cfg.numerics, repack=False)
@@ -91,22 +92,22 @@ def test_mosaic_gpu_dispatch_forward_equals_reference(monkeypatch):
 
 
 def test_backend_choice(monkeypatch):
-    monkeypatch.setenv(dispatch.ENV, "reference")
-    assert not dispatch.backend().pallas
-    monkeypatch.setenv(dispatch.ENV, "pallas-interpret-gpu")
-    assert dispatch.backend() == dispatch.Backend(True, "gpu", interpret=True)
-    monkeypatch.delenv(dispatch.ENV)
-    assert dispatch.backend().pallas == (jax.default_backend() in ("gpu", "tpu"))
-    monkeypatch.setenv(dispatch.ENV, "triton")
+    monkeypatch.setenv(kernels.ENV, "reference")
+    assert not kernels.backend().pallas
+    monkeypatch.setenv(kernels.ENV, "pallas-interpret-gpu")
+    assert kernels.backend() == kernels.Backend(True, "gpu", interpret=True)
+    monkeypatch.delenv(kernels.ENV)
+    assert kernels.backend().pallas == (jax.default_backend() in ("gpu", "tpu"))
+    monkeypatch.setenv(kernels.ENV, "triton")
     with pytest.raises(ValueError, match="LLAMAY_BACKEND='triton'"):
-        dispatch.backend()
+        kernels.backend()
 
 
 def test_weights_without_a_kernel_take_qmatmul(monkeypatch):
     """Under a forced Pallas dispatch: the CPU layout (AffineQTensor), llama.cpp numerics
     and types without a kernel still go to `qmatmul` (the same numbers, no pallas_call);
     a GGUF-block QTensor of a kernel type does take the kernel."""
-    monkeypatch.setenv(dispatch.ENV, "pallas-interpret")
+    monkeypatch.setenv(kernels.ENV, "pallas-interpret")
     raw = np.asarray(random_weight(GGMLType.Q4_0, 16, 256).data)
     x = random_x(2, 256)
     others = [
@@ -115,8 +116,8 @@ def test_weights_without_a_kernel_take_qmatmul(monkeypatch):
         random_weight(GGMLType.Q3_K, 16, 256),
     ]
     for w in others:
-        assert "pallas_call" not in str(jax.make_jaxpr(dispatch.matmul)(x, w))
-        np.testing.assert_array_equal(dispatch.matmul(x, w), qmatmul(x, w))
+        assert "pallas_call" not in str(jax.make_jaxpr(kernels.matmul)(x, w))
+        np.testing.assert_array_equal(kernels.matmul(x, w), qmatmul(x, w))
     assert "pallas_call" in str(
-        jax.make_jaxpr(dispatch.matmul)(x, QTensor.from_raw(raw, GGMLType.Q4_0))
+        jax.make_jaxpr(kernels.matmul)(x, QTensor.from_raw(raw, GGMLType.Q4_0))
     )

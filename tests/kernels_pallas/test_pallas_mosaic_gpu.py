@@ -10,8 +10,9 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from test_pallas_qmatmul import TYPES, assert_f32_close, random_weight, random_x
 
+from llamay import kernels
 from llamay.gguf.constants import GGMLType
-from llamay.kernels_pallas import dispatch, repack
+from llamay.kernels_pallas import repack
 from llamay.kernels_pallas.layout import FORMATS
 from llamay.kernels_pallas.qmatmul import qmatmul_reference
 from llamay.kernels_pallas.qmatmul_mosaic import (
@@ -115,24 +116,24 @@ class FakeGPU:
     ],
 )
 def test_gpu_kernels_rule(monkeypatch, env, capability, want):
-    monkeypatch.setenv(dispatch.GPU_KERNELS_ENV, env)
-    assert dispatch.gpu_kernels(FakeGPU(capability)) == want
+    monkeypatch.setenv(kernels.GPU_KERNELS_ENV, env)
+    assert kernels.gpu_kernels(FakeGPU(capability)) == want
 
 
 def test_gpu_kernels_refuses_unknown(monkeypatch):
-    monkeypatch.setenv(dispatch.GPU_KERNELS_ENV, "cutlass")
+    monkeypatch.setenv(kernels.GPU_KERNELS_ENV, "cutlass")
     with pytest.raises(ValueError, match="LLAMAY_GPU_KERNELS"):
-        dispatch.gpu_kernels(FakeGPU("9.0"))
+        kernels.gpu_kernels(FakeGPU("9.0"))
 
 
 @pytest.mark.parametrize(("rows", "kernel"), [(1, "mosaic_gpu"), (9, "pallas_call")])
 def test_dispatch_sends_decode_to_mosaic(monkeypatch, rows, kernel):
     """`pallas-interpret-mosaic-gpu`: decode rows take the Mosaic GPU kernel, prefill rows
     the Triton one; both equal the reference."""
-    monkeypatch.setenv(dispatch.ENV, "pallas-interpret-mosaic-gpu")
+    monkeypatch.setenv(kernels.ENV, "pallas-interpret-mosaic-gpu")
     w, x = random_weight(T.Q4_1, 128, 256, seed=9), random_x(rows, 256, seed=10)
-    be = dispatch.backend()
+    be = kernels.backend()
     assert be.mosaic and be.platform == "gpu" and be.interpret
-    jaxpr = str(jax.make_jaxpr(dispatch.matmul)(x, w))
+    jaxpr = str(jax.make_jaxpr(kernels.matmul)(x, w))
     assert ("qmatmul_mosaic_q4_1" in jaxpr) == (kernel == "mosaic_gpu")
-    assert_f32_close(dispatch.matmul(x, w), qmatmul_reference(x, w), x, w)
+    assert_f32_close(kernels.matmul(x, w), qmatmul_reference(x, w), x, w)

@@ -1,5 +1,5 @@
 """Paged decode attention kernels (TPU: scalar-prefetched page tables; GPU: page loop) in
-interpret mode against the jnp reference `llamay.arch.paged.paged_attention`."""
+interpret mode against their jnp reference `paged_attention_reference`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from llamay.arch.paged import paged_attention
-from llamay.kernels_pallas.paged_attention import page_bounds, paged_attention_pallas
+from llamay.kernels_pallas.paged_attention import (
+    page_bounds,
+    paged_attention_pallas,
+    paged_attention_reference,
+)
 
 PAD_POSITION = 1 << 30  # the engine's padding position (llamay.engine.paged_steps)
 
@@ -53,7 +56,7 @@ def test_paged_attention_kernel_equals_reference(case, platform):
     w = None if window is None else jnp.int32(window)
     kw = dict(scale=D**-0.5, window=w, softcap=cap)
     y = paged_attention_pallas(q, k, v, table, pos, layer, platform=platform, interpret=True, **kw)
-    ref = paged_attention(q, k, v, table, pos, layer, **kw)
+    ref = paged_attention_reference(q, k, v, table, pos, layer, **kw)
     assert y.shape == (B, T, H, D)
     np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=1e-5, atol=2e-6)
 
@@ -65,7 +68,7 @@ def test_tpu_kernel_under_the_tpu_interpreter():
     y = paged_attention_pallas(
         q, k, v, table, pos, jnp.int32(1), platform="tpu", interpret=pltpu.InterpretParams(), **kw
     )
-    ref = paged_attention(q, k, v, table, pos, jnp.int32(1), **kw)
+    ref = paged_attention_reference(q, k, v, table, pos, jnp.int32(1), **kw)
     np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=1e-5, atol=2e-6)
 
 
@@ -81,7 +84,7 @@ def test_pages_outside_the_visible_range_are_never_read(platform):
     unused = np.array([p for p in range(k.shape[0]) if p not in used])
     assert len(unused) > B  # the case really skips pages
     kw = dict(scale=0.25, window=jnp.int32(window), softcap=None)
-    ref = paged_attention(q, k.at[unused].set(0), v.at[unused].set(0), table, pos, **kw)
+    ref = paged_attention_reference(q, k.at[unused].set(0), v.at[unused].set(0), table, pos, **kw)
     k_nan, v_nan = k.at[unused].set(jnp.nan), v.at[unused].set(jnp.nan)
     y = paged_attention_pallas(q, k_nan, v_nan, table, pos, platform=platform, interpret=True, **kw)
     np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=1e-5, atol=2e-6)
@@ -93,6 +96,6 @@ def test_padding_queries_leave_real_rows_alone():
     pos = jnp.asarray([[5, 6, PAD_POSITION, PAD_POSITION], [PAD_POSITION] * 4], jnp.int32)
     kw = dict(scale=0.25)
     y = paged_attention_pallas(q, k, v, table, pos, platform="gpu", interpret=True, **kw)
-    ref = paged_attention(q, k, v, table, pos, **kw)
+    ref = paged_attention_reference(q, k, v, table, pos, **kw)
     np.testing.assert_allclose(np.asarray(y[0, :2]), np.asarray(ref[0, :2]), rtol=1e-5, atol=2e-6)
     assert np.all(np.isfinite(np.asarray(y)))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from llamay.arch import layers
-from llamay.arch.paged import PagedLayer, attention, gather_pages, paged_write, write_kv
+from llamay import kernels
+from llamay.arch.paged import PagedLayer, attention, paged_write, write_kv
+from llamay.kernels_pallas.paged_attention import gather_pages
 
 
 def test_paged_equals_dense_over_scattered_pages():
@@ -30,7 +31,7 @@ def test_paged_equals_dense_over_scattered_pages():
     q = jnp.asarray(rng.normal(size=(B, T, H, D)).astype(np.float32))
     q_pos = jnp.asarray([[4, 5, 6], [7, 8, 9]], jnp.int32)
     kw = dict(scale=0.3, window=jnp.asarray(5), softcap=None)
-    dense = layers.attention(q, jnp.asarray(k_dense), jnp.asarray(v_dense), q_pos, **kw)
+    dense = kernels.attention(q, jnp.asarray(k_dense), jnp.asarray(v_dense), q_pos, **kw)
     t = jnp.asarray(table)
     paged = attention(
         q, PagedLayer(jnp.asarray(k_pages), t), PagedLayer(jnp.asarray(v_pages), t), q_pos, **kw

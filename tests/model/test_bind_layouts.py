@@ -2,7 +2,7 @@
 
 CPU, exact numerics: `AffineQTensor` (llamay.quant.cpu_dot) whatever the device count.
 Pallas kernels forced (LLAMAY_BACKEND=pallas-interpret, as on GPU/TPU): the kernel
-layout (`kernels_pallas.repack_weights`) once at load, equal to repacking the
+layout (`kernels.repack_weights`) once at load, equal to repacking the
 GGUF-block QTensors by hand.
 """
 
@@ -14,7 +14,9 @@ import pytest
 from fixture_data import tiny_model_file
 
 import llamay
-from llamay.kernels_pallas import PackedWeight, dispatch, repack_weights
+from llamay import kernels
+from llamay.kernels import repack_weights
+from llamay.kernels_pallas import PackedWeight
 from llamay.model.bind import bind, default_repack
 from llamay.model.sharding import make_mesh, shard_weights
 from llamay.quant import AffineQTensor, QTensor
@@ -27,14 +29,14 @@ def gemma3():
 
 
 def test_cpu_exact_repacks_whatever_the_device_count(gemma3, monkeypatch):
-    monkeypatch.setenv(dispatch.ENV, "reference")
+    monkeypatch.setenv(kernels.ENV, "reference")
     assert default_repack("exact") and not default_repack("llamacpp")
     layers = bind(gemma3.gguf, gemma3.arch, gemma3.config.n_layers).get("layers")
     assert isinstance(layers["wq"], AffineQTensor)
 
 
 def test_pallas_backend_binds_the_kernel_layout_once(gemma3, monkeypatch):
-    monkeypatch.setenv(dispatch.ENV, "pallas-interpret")
+    monkeypatch.setenv(kernels.ENV, "pallas-interpret")
     assert not default_repack("exact")
     cfg = gemma3.config
     got = bind(gemma3.gguf, gemma3.arch, cfg.n_layers)
@@ -57,7 +59,7 @@ def test_pallas_backend_binds_the_kernel_layout_once(gemma3, monkeypatch):
 @pytest.mark.parametrize("choice", ["reference", "pallas-interpret"])
 def test_mesh_places_every_layout(gemma3, monkeypatch, choice):
     """Every array of every layout lands on the mesh with the unsharded values."""
-    monkeypatch.setenv(dispatch.ENV, choice)
+    monkeypatch.setenv(kernels.ENV, choice)
     w = bind(gemma3.gguf, gemma3.arch, gemma3.config.n_layers)
     placed = shard_weights(gemma3.config, w, make_mesh("dp=2,tp=2"))
     for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(w), strict=True):

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import llamay
+from llamay import kernels
 from llamay.gguf.constants import GGMLType
 from llamay.model import bind
-from llamay.quant import LAYOUTS, AffineQTensor, MixedQTensor, QTensor, cpu_dot, dequantize, qmatmul
+from llamay.quant import LAYOUTS, AffineQTensor, MixedQTensor, QTensor, cpu_dot, dequantize
 from llamay.sample import GREEDY
 
 T = GGMLType
@@ -77,6 +78,7 @@ def test_cpu_matmuls_equal_float64(t, rows, monkeypatch):
     """Chunked (a tail chunk included: 64 rows of 256 per chunk here) or not, repacked or
     GGUF blocks: x @ W.T within f32 accumulation error of float64 numpy."""
     monkeypatch.setattr(cpu_dot, "CHUNK_ELEMS", 64 * 256)
+    monkeypatch.setenv(kernels.ENV, "reference")  # XLA's CPU forms, not native kernels
     raw = random_blocks(t, rows, 256 // LAYOUTS[t].block_elems, seed=rows)
     if t == T.F16:  # random f16 bits include inf/NaN: use real values
         raw = np.random.default_rng(0).standard_normal((rows, 256)).astype(np.float16)
@@ -89,7 +91,7 @@ def test_cpu_matmuls_equal_float64(t, rows, monkeypatch):
     if cpu_dot.repackable(t):
         candidates.append(AffineQTensor.from_raw(raw, t))
     for w in candidates:
-        got = np.asarray(qmatmul(jnp.asarray(x), w))
+        got = np.asarray(kernels.matmul(jnp.asarray(x), w))
         np.testing.assert_allclose(got, want, rtol=0, atol=tol, err_msg=type(w).__name__)
 
 
@@ -103,7 +105,7 @@ def test_mixed_stacks_of_repacked_weights():
     )
     x = np.random.default_rng(2).standard_normal((1, 256)).astype(np.float32)
     want = oracle(x, dequantize(b[0], T.Q6_K))
-    got = np.asarray(qmatmul(jnp.asarray(x), w))
+    got = np.asarray(kernels.matmul(jnp.asarray(x), w))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 

@@ -1,0 +1,54 @@
+"""The dispatcher: one matmul and one attention entry point, each choosing its
+implementation at trace time from `jax.default_backend()`, `LLAMAY_BACKEND` and the
+numerics (design principle 4).
+
+- `matmul(x, w)`: x @ W.T for every weight form of the matrix protocol
+  (`llamay.quant.matrix`): Pallas kernels on GPU/TPU, native kernels then XLA's forms on
+  CPU, the jnp references elsewhere (`matmul` module's table).
+- `attention(q, k, v, q_pos, page_table=..., ...)`: dense or paged, reference / Pallas /
+  native (`attention` module's table).
+- `backend()`: what the environment and platform choose (`backend` module).
+- `weight_form(numerics)`: which form `llamay.model.bind` gives quantised matrices;
+  `repack_weights`: a bound tree in the Pallas kernels' layout (`forms`).
+"""
+
+from llamay.kernels.attention import (
+    MAX_PAGED_QUERY_TOKENS,
+    attention,
+    attention_choice,
+    dense_reference,
+    paged_reference,
+)
+from llamay.kernels.backend import (
+    CHOICES,
+    ENV,
+    GPU_KERNELS_ENV,
+    Backend,
+    backend,
+    device_kind,
+    gpu_kernels,
+)
+from llamay.kernels.forms import FORMS, repack_weights, weight_form
+from llamay.kernels.matmul import MOSAIC_MAX_ROWS, kernel_takes, matmul, matmul_choice
+
+__all__ = [
+    "CHOICES",
+    "ENV",
+    "FORMS",
+    "GPU_KERNELS_ENV",
+    "MAX_PAGED_QUERY_TOKENS",
+    "MOSAIC_MAX_ROWS",
+    "Backend",
+    "attention",
+    "attention_choice",
+    "backend",
+    "dense_reference",
+    "device_kind",
+    "gpu_kernels",
+    "kernel_takes",
+    "matmul",
+    "matmul_choice",
+    "paged_reference",
+    "repack_weights",
+    "weight_form",
+]

@@ -1,0 +1,114 @@
+"""The one attention entry point: grouped-query attention over a dense cache or through
+page tables, the implementation chosen at trace time from the backend
+(`backend.backend()`), the numerics and the query block.
+
+    cache   numerics   backend                          implementation
+    paged   any        CPU, auto                        `kernels_cpu.paged_attention` first;
+                                                        on None the rows below
+    paged   exact      Pallas (GPU/TPU, interpret),     "pallas" (`kernels_pallas.
+                       causal, T <= 16 query tokens     paged_attention_pallas`)
+    paged   exact      anything else                    "paged-reference" (`kernels_pallas.
+                                                        paged_attention.paged_attention_reference`)
+    paged   llamacpp   any                              "paged-ggml" (the pages gathered, then
+                                                        `ggml_attention.attention`)
+    dense   exact      any                              "reference" (`kernels_pallas.
+                                                        paged_attention.attention_reference`)
+    dense   llamacpp   any                              "ggml" (`ggml_attention.attention`)
+
+The references live beside the Pallas kernel they are the oracle of; the CPU path runs
+exactly them. Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the
+reference: the kernel holds T·(H/K) query rows per kv head on chip.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from llamay import kernels_cpu
+from llamay.kernels import ggml_attention
+from llamay.kernels.backend import Backend, backend
+from llamay.kernels_pallas.paged_attention import (
+    attention_reference,
+    gather_pages,
+    paged_attention_pallas,
+    paged_attention_reference,
+)
+
+MAX_PAGED_QUERY_TOKENS = 16
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_pos: jax.Array,
+    *,
+    page_table: jax.Array | None = None,
+    layer: jax.Array | None = None,
+    scale: float,
+    window: jax.Array | int | None = None,
+    softcap: float | None = None,
+    causal: bool = True,
+    numerics: str = "exact",
+    q_prescaled: bool = False,
+) -> jax.Array:
+    """Attention of q [B, T, H, D] at positions q_pos [B, T] -> [B, T, H, D] f32.
+
+    Dense (page_table None): k, v are caches [B, S, K, D] whose slot j holds position j.
+    Paged: k, v are one layer's pages [P, ps, K, D], or the pool [L, P, ps, K, D] and
+    `layer`, read through page_table [B, M] (entry m of row b: the page holding positions
+    m·ps .. m·ps+ps-1). Masks and scaling as `attention_reference`; numerics "llamacpp"
+    (an f16 cache) as ggml computes it, `q_prescaled` saying whether llama.cpp's graph
+    scales q before q·K (equal in exact math)."""
+    kw = dict(scale=scale, window=window, softcap=softcap, causal=causal, numerics=numerics,
+              q_prescaled=q_prescaled)  # fmt: skip
+    be = backend()
+    if page_table is not None and be.native:
+        y = kernels_cpu.paged_attention(q, k, v, page_table, q_pos, layer, **kw)
+        if y is not None:
+            return y
+    choice = attention_choice(q, paged=page_table is not None, causal=causal,
+                              numerics=numerics, be=be)  # fmt: skip
+    if choice == "pallas":
+        return paged_attention_pallas(
+            q, k, v, page_table, q_pos, layer, scale=scale, window=window,
+            softcap=softcap or None, platform=be.platform, interpret=be.interpret,
+        )  # fmt: skip
+    if page_table is not None:
+        return paged_reference(q, k, v, page_table, q_pos, layer, **kw)
+    return dense_reference(q, k, v, q_pos, **kw)
+
+
+def attention_choice(q: jax.Array, *, paged: bool, causal: bool = True, numerics: str = "exact",
+                     be: Backend | None = None) -> str:  # fmt: skip
+    """The name of the implementation (module docstring) `attention` runs when no native
+    kernel takes the call."""
+    be = backend() if be is None else be
+    if not paged:
+        return "ggml" if numerics == "llamacpp" else "reference"
+    if numerics == "llamacpp":
+        return "paged-ggml"
+    if be.pallas and causal and q.shape[1] <= MAX_PAGED_QUERY_TOKENS:
+        return "pallas"
+    return "paged-reference"
+
+
+def dense_reference(
+    q, k_cache, v_cache, q_pos, *, numerics: str = "exact", q_prescaled: bool = False, **kw
+) -> jax.Array:
+    """Attention over a dense cache in either numerics (the keywords of `attention`)."""
+    if numerics == "llamacpp":
+        return ggml_attention.attention(q, k_cache, v_cache, q_pos, q_prescaled=q_prescaled, **kw)
+    return attention_reference(q, k_cache, v_cache, q_pos, **kw)
+
+
+def paged_reference(
+    q, k_pages, v_pages, page_table, q_pos, layer=None, *, numerics="exact", q_prescaled=False, **kw
+) -> jax.Array:
+    """Attention through page tables in either numerics (the arguments `attention` hands
+    `kernels_cpu.paged_attention` too): exact is the Pallas kernel's reference itself."""
+    if numerics == "exact":
+        return paged_attention_reference(q, k_pages, v_pages, page_table, q_pos, layer, **kw)
+    k = gather_pages(k_pages, page_table, layer)
+    v = gather_pages(v_pages, page_table, layer)
+    return dense_reference(q, k, v, q_pos, numerics=numerics, q_prescaled=q_prescaled, **kw)
