@@ -99,10 +99,9 @@ def register_serve(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Serve models over HTTP: OpenAI, Anthropic, Ollama and llama.cpp-compatible APIs."""
-        import uvicorn
-
         from llamay.errors import LlamayError
         from llamay.serve import create_app
+        from llamay.serve.app import run_server
         from llamay.serve.models import Models
 
         try:
@@ -126,7 +125,7 @@ def register_serve(app: typer.Typer) -> None:
             f"[llamay] serving {', '.join(configured) or 'the store'} on http://{host}:{port}",
             file=sys.stderr,
         )
-        uvicorn.run(app_, host=host, port=port, log_level="warning")
+        run_server(app_, host, port)
 
 
 # --- llamay chat ------------------------------------------------------------------------

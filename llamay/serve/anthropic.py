@@ -84,14 +84,16 @@ def _messages(body: CountTokensRequest) -> list[dict]:
             if kind == "text":
                 text.append(str(b.get("text", "")))
             elif kind == "tool_use" and m.role == "assistant":
-                calls.append(
-                    {
-                        "id": b.get("id"),
-                        "type": "function",
-                        "function": {"name": b.get("name"), "arguments": b.get("input") or {}},
-                    }
-                )
+                if not isinstance(b.get("input", {}), dict):
+                    raise ApiError(400, f"messages.{i}: a tool_use block's input must be an object")
+                call = {
+                    "id": b.get("id"),
+                    "function": {"name": b.get("name"), "arguments": b.get("input") or {}},
+                }
+                calls.append(T.history_call(call, f"messages.{i}.tool_use"))
             elif kind == "tool_result" and m.role == "user":
+                if not isinstance(b.get("tool_use_id"), str):
+                    raise ApiError(400, f"messages.{i}: tool_result needs a string tool_use_id")
                 content = b.get("content")
                 content = content if isinstance(content, str) else _text(content, "tool_result")
                 out.append(

@@ -45,6 +45,28 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+class ApiKeyCheck:
+    """401 for requests without the server's API key (`Authorization: Bearer KEY` or
+    `x-api-key: KEY`), except on OPEN_PATHS. Plain ASGI, not `@app.middleware("http")`:
+    that wrapper hides the client's disconnect from the routes, and a non-streaming
+    request must see it to stop generating."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            request = Request(scope)
+            given = request.headers.get("x-api-key")
+            bearer = request.headers.get("authorization", "")
+            if bearer.lower().startswith("bearer "):
+                given = bearer[7:].strip()
+            if not given or not hmac.compare_digest(given, self.api_key):
+                await _error(request, 401, "invalid or missing API key")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(
     models: Models | dict[str, str | os.PathLike] | None = None,
     *,
@@ -90,16 +112,8 @@ def create_app(
     )
     app.state.llamay = st
 
-    @app.middleware("http")
-    async def auth(request: Request, call_next):
-        if st.api_key and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("x-api-key")
-            bearer = request.headers.get("authorization", "")
-            if bearer.lower().startswith("bearer "):
-                given = bearer[7:].strip()
-            if not given or not hmac.compare_digest(given, st.api_key):
-                return _error(request, 401, "invalid or missing API key")
-        return await call_next(request)
+    if st.api_key:
+        app.add_middleware(ApiKeyCheck, api_key=st.api_key)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
@@ -130,6 +144,20 @@ def create_app(
     return app
 
 
+#: Seconds a stopping server (SIGTERM, Ctrl-C) waits for requests in flight before it
+#: cancels them; a cancelled generation frees its slot and pages at once.
+SHUTDOWN_GRACE_S = 3
+
+
+def run_server(app: FastAPI, host: str, port: int) -> None:
+    """Serve `app` until SIGTERM/SIGINT, then drain within SHUTDOWN_GRACE_S."""
+    import uvicorn
+
+    uvicorn.run(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S
+    )
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -146,7 +174,14 @@ def serve_in_thread(
 
     port = free_port(host) if port is None else port
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        )
     )
     thread = threading.Thread(target=server.run, name="llamay-serve", daemon=True)
     thread.start()

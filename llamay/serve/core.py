@@ -255,17 +255,40 @@ class TextGen:
         return pending[: len(pending) - keep], False
 
     async def collect(self, request=None) -> str:
-        """All the text; stops early (cancelling) if `request`'s client goes away."""
-        parts = []
-        agen = self.stream()
+        """All the text. When `request`'s client goes away first (a non-streaming client
+        that gives up), the generation is cancelled at once, between tokens or before the
+        first, and what was generated so far is returned."""
+        parts: list[str] = []
+
+        async def run() -> None:
+            agen = self.stream()
+            try:
+                async for delta in agen:
+                    parts.append(delta)
+            finally:
+                await agen.aclose()
+
+        if request is None:
+            await run()
+            return "".join(parts)
+        work = asyncio.ensure_future(run())
+        watcher = asyncio.ensure_future(wait_disconnected(request))
         try:
-            async for delta in agen:
-                parts.append(delta)
-                if request is not None and await request.is_disconnected():
-                    break
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await agen.aclose()
+            watcher.cancel()
+            if not work.done():  # the client left (or this handler was cancelled)
+                work.cancel()
+            await asyncio.gather(work, watcher, return_exceptions=True)
+        if not work.cancelled():
+            work.result()  # an error of the generation itself
         return "".join(parts)
+
+
+async def wait_disconnected(request) -> None:
+    """Return when the client of `request` (whose body has been read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class EventStream(StreamingResponse):

@@ -344,12 +344,15 @@ async def generate(body: GenerateRequest, request: Request):
 
 def _chat_messages(body: ChatRequest) -> list[dict]:
     out = []
-    for m in body.messages:
+    for i, m in enumerate(body.messages):
         if m.images:
             raise ApiError(400, "images are not supported (text models only)")
         msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
         if m.tool_calls:
-            msg["tool_calls"] = m.tool_calls
+            msg["tool_calls"] = [
+                T.history_call(c, f"messages.{i}.tool_calls.{j}")
+                for j, c in enumerate(m.tool_calls)
+            ]
         if m.tool_name:
             msg["name"] = m.tool_name
         out.append(msg)

@@ -160,7 +160,7 @@ def _text_of(content: str | list[dict[str, Any]] | None) -> str:
 
 def _messages(body: ChatCompletionRequest) -> list[dict]:
     out = []
-    for m in body.messages:
+    for i, m in enumerate(body.messages):
         msg: dict[str, Any] = {
             "role": "system" if m.role == "developer" else m.role,
             "content": _text_of(m.content),
@@ -170,16 +170,10 @@ def _messages(body: ChatCompletionRequest) -> list[dict]:
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
         if m.tool_calls:
-            calls = []
-            for c in m.tool_calls:
-                fn = dict(c.get("function") or {})
-                if isinstance(fn.get("arguments"), str):
-                    try:
-                        fn["arguments"] = json.loads(fn["arguments"])
-                    except ValueError:
-                        pass
-                calls.append({**c, "function": fn})
-            msg["tool_calls"] = calls
+            msg["tool_calls"] = [
+                T.history_call(c, f"messages.{i}.tool_calls.{j}")
+                for j, c in enumerate(m.tool_calls)
+            ]
         out.append(msg)
     return out
 

@@ -40,6 +40,30 @@ class ResponsesRequest(OpenModel):
     metadata: dict[str, Any] | None = None
 
 
+_ROLES = ("user", "assistant", "system", "developer")
+
+
+def _item_text(content: Any, where: str) -> str:
+    """The text of an input item's content: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where} must be a string or a list of text parts", param="input")
+    parts = []
+    for j, p in enumerate(content):
+        if not isinstance(p, dict) or p.get("type") not in ("input_text", "output_text", "text"):
+            kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+            raise ApiError(
+                400,
+                f"{where}.{j}: content of type {kind!r} is not supported (text only)",
+                param="input",
+            )
+        if not isinstance(p.get("text", ""), str):
+            raise ApiError(400, f"{where}.{j}.text must be a string", param="input")
+        parts.append(p.get("text", ""))
+    return "".join(parts)
+
+
 def _responses_messages(body: ResponsesRequest) -> list[dict]:
     out: list[dict] = []
     if body.instructions:
@@ -50,47 +74,24 @@ def _responses_messages(body: ResponsesRequest) -> list[dict]:
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role", "user")
-            content = item.get("content", "")
-            if isinstance(content, list):
-                parts = []
-                for p in content:
-                    if p.get("type") not in ("input_text", "output_text", "text"):
-                        raise ApiError(
-                            400,
-                            f"input.{i}: content of type {p.get('type')!r} is "
-                            "not supported (text only)",
-                            param="input",
-                        )
-                    parts.append(str(p.get("text", "")))
-                content = "".join(parts)
-            out.append({"role": "system" if role == "developer" else role, "content": str(content)})
+            if role not in _ROLES:
+                raise ApiError(400, f"input.{i}.role must be one of {_ROLES}", param="input")
+            content = _item_text(item.get("content", ""), f"input.{i}.content")
+            out.append({"role": "system" if role == "developer" else role, "content": content})
         elif kind == "function_call":
-            args = item.get("arguments", "{}")
-            try:
-                args = json.loads(args) if isinstance(args, str) else args
-            except ValueError:
-                pass
-            out.append(
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {
-                            "id": item.get("call_id"),
-                            "type": "function",
-                            "function": {"name": item.get("name"), "arguments": args},
-                        }
-                    ],
-                }
-            )
+            if not isinstance(item.get("arguments", "{}"), str):
+                raise ApiError(400, f"input.{i}.arguments must be a JSON string", param="input")
+            call = {
+                "id": item.get("call_id"),
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+            }
+            call = T.history_call(call, f"input.{i}")
+            out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": item.get("call_id"),
-                    "content": str(item.get("output", "")),
-                }
-            )
+            if not isinstance(item.get("call_id"), str):
+                raise ApiError(400, f"input.{i}.call_id must be a string", param="input")
+            content = _item_text(item.get("output", ""), f"input.{i}.output")
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
         else:
             raise ApiError(
                 400, f"input.{i}: items of type {kind!r} are not supported", param="input"

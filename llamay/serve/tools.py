@@ -16,6 +16,7 @@ from typing import Any
 
 from llamay.errors import RequestError
 from llamay.serve.core import encode_prompt
+from llamay.serve.errors import ApiError
 from llamay.serve.models import Loaded
 
 
@@ -27,6 +28,33 @@ def render_prompt(
     if tools:
         kw["tools"] = tools
     return lm.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
+
+
+def history_call(call: Any, where: str) -> dict:
+    """One tool call from a conversation's history in the form templates take,
+    `{"id", "type": "function", "function": {"name", "arguments"}}` with JSON-string
+    arguments parsed (kept as text when they are not JSON); a malformed call is a 400
+    naming `where` (a template would otherwise fail on it, or render garbage)."""
+    if not isinstance(call, dict):
+        raise ApiError(400, f"{where} must be an object", param="messages")
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        raise ApiError(400, f"{where}.function must be an object with a name", param="messages")
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ApiError(400, f"{where}.function.name must be a non-empty string", param="messages")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            pass
+    elif not isinstance(args, dict):
+        raise ApiError(
+            400, f"{where}.function.arguments must be a JSON string or object", param="messages"
+        )
+    if not isinstance(call.get("id", ""), str | None):
+        raise ApiError(400, f"{where}.id must be a string", param="messages")
+    return {**call, "type": "function", "function": {**fn, "arguments": args}}
 
 
 def chat_ids(lm: Loaded, messages: list[dict], tools: list[dict] | None = None) -> list[int]:

@@ -189,3 +189,138 @@ def test_ten_megabyte_prompt_tokenises_off_the_loop(hostile_server, tiny):
     assert t.status_code == 200
     assert t.json()["tokens"] == tiny.tokenize(text, add_special=False)
     assert len(lat_tok) >= 3 and max(lat_tok) < 1.0, lat_tok
+
+
+# --- abandoned requests (issue 22 item 5) ------------------------------------------------
+
+LONG = 1500  # tokens each abandoned request asks for (most of the tiny llama's 2048)
+
+
+def abandoned_requests() -> dict[str, tuple[str, dict]]:
+    """The non-streaming generation endpoints, each asked for LONG tokens."""
+    return {
+        api: (path, body)
+        for api, (path, body) in generation_requests({"temperature": 0}).items()
+        for body in [_with_budget(path, body, LONG)]
+    }
+
+
+def _with_budget(path: str, body: dict, n: int) -> dict:
+    body = {**body, "messages": [{"role": "user", "content": "Count to a thousand."}]}
+    if path.startswith("/api/"):
+        body["options"] = {**body["options"], "num_predict": n}
+    elif path == "/completion":
+        body["n_predict"] = n
+    elif path == "/v1/responses":
+        body["max_output_tokens"] = n
+    else:
+        body["max_tokens"] = n
+    if "prompt" in body or "input" in body:
+        del body["messages"]
+    return body
+
+
+@pytest.fixture(scope="module")
+def long_server(tiny_paths, serve_home):
+    """A server without a token cap, so an abandoned request would run for long."""
+    from llamay.serve import create_app
+    from llamay.serve.models import Models
+    from tests.serve.conftest import running
+
+    app = create_app(Models({"tiny": tiny_paths["tiny"]}, use_store=False, default_keep_alive=-1))
+    with running(app) as s:
+        yield s
+
+
+def test_abandoned_requests_are_cancelled_and_free_their_pages(long_server):
+    from tests.serve.conftest import wait_idle
+
+    st = long_server.state
+    with httpx.Client(base_url=long_server.url, timeout=60) as c:  # load the model
+        assert c.post("/completion", json={"prompt": "Hi", "n_predict": 1}).status_code == 200
+    baseline = wait_idle(st)["tiny"]
+
+    async def give_up(client: httpx.AsyncClient, path: str, body: dict) -> None:
+        with pytest.raises(httpx.ReadTimeout):  # the client stops waiting and hangs up
+            await client.post(path, json=body, timeout=httpx.Timeout(60, read=1.5))
+
+    async def main():
+        async with httpx.AsyncClient(base_url=long_server.url) as client:
+            reqs = abandoned_requests()
+            await asyncio.gather(*(give_up(client, p, b) for p, b in reqs.values()))
+            return len(reqs)
+
+    before = st.metrics.completion_tokens
+    n = asyncio.run(main())
+    t0 = time.monotonic()
+    stats = wait_idle(st, timeout=30)["tiny"]
+    idle_after = time.monotonic() - t0
+    generated = st.metrics.completion_tokens - before
+    # each stopped within moments of its client leaving, far short of LONG tokens
+    assert idle_after < 5.0, idle_after
+    assert generated < n * LONG / 4, generated
+    assert stats["pages_held"] == baseline["pages_held"] == 0
+    assert stats["pages_used"] - stats.get("pages_cached", 0) == 0
+
+
+# --- malformed history (issue 22 item 8) ------------------------------------------------
+
+BAD_CALLS = [
+    [{"function": "notadict"}],
+    [{"function": {"name": 7, "arguments": "{}"}}],
+    [{"function": {"name": "f", "arguments": [1, 2]}}],
+    [{"type": "function"}],
+    ["notadict"],
+]
+
+
+def malformed_histories() -> list[tuple[str, str, dict]]:
+    """(API, path, body) of chats whose history holds a malformed tool call."""
+    out = []
+    for calls in BAD_CALLS:
+        history = [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "user", "content": "Well?"},
+        ]
+        out.append(("openai chat", "/v1/chat/completions", {"messages": history, "max_tokens": 2}))
+        ollama = [{**m, "content": m["content"] or ""} for m in history]
+        body = {"messages": ollama, "stream": False, "options": {"num_predict": 2}}
+        out.append(("ollama chat", "/api/chat", body))
+    for block in [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": "notadict"},
+        {"type": "tool_use", "id": "t1", "name": 7, "input": {}},
+        {"type": "tool_result", "tool_use_id": 5, "content": "x"},
+        {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image"}]},
+        "notadict",
+    ]:
+        msgs = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": [block]}]
+        msgs.append({"role": "user", "content": "Well?"})
+        out.append(("anthropic", "/v1/messages", {"messages": msgs, "max_tokens": 2}))
+    for item in [
+        {"type": "function_call", "call_id": "c1", "name": 7, "arguments": "{}"},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": [1]},
+        {"type": "function_call_output", "call_id": 3, "output": "x"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]},
+        {"type": "message", "role": "wizard", "content": "hi"},
+    ]:
+        out.append(("responses", "/v1/responses", {"input": [item], "max_output_tokens": 2}))
+    return [(api, path, {"model": "tiny", **body}) for api, path, body in out]
+
+
+def test_malformed_tool_history_is_a_400(server, expected):
+    async def main():
+        async with (
+            Victims(server.url, expected),
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+        ):
+            cases = malformed_histories()
+            answers = await asyncio.gather(*(client.post(p, json=b) for _, p, b in cases))
+            return list(zip(cases, answers, strict=True))
+
+    wrong = [
+        (api, body["messages"] if "messages" in body else body["input"], r.status_code, r.text)
+        for (api, _, body), r in asyncio.run(main())
+        if r.status_code != 400
+    ]
+    assert not wrong, "\n".join(map(str, wrong))
