@@ -296,7 +296,18 @@ def close_objects(schema: Any) -> Any:
             return n
         if path in places or _negative(path) or (len(path) == 2 and path in defs):
             return n
-        return dict(n, additionalProperties=False)
+        props = n["properties"]
+        if not isinstance(props, dict):
+            return n
+        # Required keys the schema does not declare stay allowed (as any value), and an
+        # object that needs more keys than it declares stays open: closing must never make
+        # a satisfiable object unsatisfiable.
+        required = [k for k in n.get("required", []) if isinstance(k, str) and k not in props]
+        props = {**props, **dict.fromkeys(required, {})} if required else props
+        least = n.get("minProperties")
+        if isinstance(least, (int, float)) and least > len(props) and "patternProperties" not in n:
+            return n
+        return dict(n, properties=props, additionalProperties=False)
 
     return _map_schema(schema, close, ())
 

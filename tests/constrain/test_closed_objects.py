@@ -95,6 +95,16 @@ def test_merged_property_sets_stay_satisfiable(byte_tok, schema):
     assert feed(json_schema(byte_tok, schema), ['{"a": 1, "b": 2}'])
 
 
+def test_closing_keeps_objects_satisfiable(byte_tok):
+    """A required key the schema does not declare stays allowed; an object that needs
+    more keys than it declares stays open."""
+    sloppy = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}
+    assert feed(json_schema(byte_tok, sloppy), ['{"a": 1, "b": "x"}'])
+    assert not feed(json_schema(byte_tok, sloppy), ['{"a": 1, "b": "x", "c": 2}'])
+    needs_more = {"properties": {"a": {}}, "required": ["a"], "minProperties": 2}
+    assert feed(json_schema(byte_tok, needs_more), ['{"a": 1, "z": 2}'])
+
+
 def test_negative_places_stay_open():
     inner = {"properties": {"a": {"type": "string"}}}
     schema = {"not": inner, "if": inner, "then": {"required": ["a"]}, "properties": {}}
