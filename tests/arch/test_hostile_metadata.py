@@ -211,3 +211,43 @@ def test_seeded_header_corpus(tiny_llama, tmp_path):
             tracemalloc.stop()
     print(f"\nhostile header corpus: {refused} of {N_MUTANTS} mutants refused, the rest loaded")
     assert refused >= N_MUTANTS // 2
+
+
+def tensor_mutants(src: GGUFFile, seed: int = 22, n: int = 12) -> list[tuple[str, dict]]:
+    """Tensor-table mutations that keep each tensor's bytes: float matrices given another
+    shape of the same size, or another float type of the same width."""
+    rng = random.Random(seed)
+    floats = [
+        name
+        for name, t in src.tensors.items()
+        if t.ggml_type in (GGMLType.F32, GGMLType.F16) and len(t.ne) == 2
+    ]
+    out = []
+    for i in range(n):
+        name = rng.choice(floats)
+        info = src.tensors[name]
+        a, b = info.ne
+        k = rng.choice([2, 4, 8])
+        ne = rng.choice([(b, a), (a * k, b // k), (a // k, b * k), (a * b,)])
+        ggml_type = info.ggml_type
+        if rng.random() < 0.3 and ggml_type == GGMLType.F16:
+            ggml_type = GGMLType.BF16  # same width, other numbers: loads, harmless
+        out.append((f"tmutant{i}", {name: TensorSpec(name, ne, ggml_type, src.raw(name))}))
+    return out
+
+
+def test_seeded_tensor_table_corpus(tiny_llama, tmp_path):
+    """Reshaped tensors are refused naming the tensor (or load when the shape is the
+    same after all); nothing else escapes."""
+    refused = 0
+    for name, tensors in tensor_mutants(tiny_llama):
+        path = hostile(tmp_path, tiny_llama, name, tensors=tensors)
+        (tensor,) = tensors
+        try:
+            llamay.load(path)
+        except ModelFormatError as e:
+            refused += 1
+            assert tensor in str(e), str(e)
+        except Exception as e:  # noqa: BLE001 - the point: nothing else may escape
+            pytest.fail(f"{name} {tensor}: {type(e).__name__}: {e}")
+    assert refused >= 6
