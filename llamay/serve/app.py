@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamay.errors import LlamayError
+from llamay.serve.context import expire_contexts
 from llamay.serve.errors import ApiError, error_body, family_of, to_http_status
 from llamay.serve.models import Models
 from llamay.serve.state import ServerState
@@ -96,6 +97,7 @@ def create_app(
                 await st.models.reap()
 
         task = asyncio.create_task(reaper())
+                expire_contexts(st)
         try:
             yield
         finally:

@@ -18,7 +18,8 @@ makes N contexts that share the parent's KV pages (each child's continuation for
 in the engine, so the common prefix is never recomputed), snapshot writes the KV to the
 store's KV snapshots (`llamay.kv.store_snapshot`) under a name that also keeps the token
 list, and creating from a snapshot loads that KV back. A context
-holds its KV pages until it is deleted. Over the serial comparison engine a context is
+holds its KV pages until it is deleted or unused for the server's `context_ttl_s`; at
+most `max_contexts` live at once (more: 429). Over the serial comparison engine a context is
 its tokens only, re-sent with each generate.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import uuid
 from typing import Any
 
@@ -105,6 +107,7 @@ class Ctx:
         self.kv = kv  # the engine's KV of a prefix of `tokens` (None: none kept)
         self.restore_from: KVSnapshot | None = None  # a loaded snapshot not yet in the engine
         self.busy = False  # a generation is running from it
+        self.last_used = time.monotonic()
 
     def drop_kv(self) -> None:
         if self.kv is not None:
@@ -140,6 +143,37 @@ def _busy(ctx: Ctx) -> None:
 
 def _contexts(st: ServerState) -> dict[str, Ctx]:
     return st.extra.setdefault("contexts", {})
+
+
+def live_contexts(st: ServerState) -> dict[str, Ctx]:
+    """The contexts held now (expired ones deleted first)."""
+    expire_contexts(st)
+    return _contexts(st)
+
+
+def expire_contexts(st: ServerState) -> int:
+    """Delete the contexts unused for `st.context_ttl_s` (not those generating), freeing
+    their KV; how many went."""
+    ctxs, now = _contexts(st), time.monotonic()
+    stale = [c for c in ctxs.values() if not c.busy and now - c.last_used > st.context_ttl_s]
+    for c in stale:
+        del ctxs[c.id]
+        c.drop_kv()
+    st.metrics.contexts_expired += len(stale)
+    return len(stale)
+
+
+def _room_for(st: ServerState, n: int) -> None:
+    """Refuse (429) `n` more contexts beyond the server's cap."""
+    expire_contexts(st)
+    live = len(_contexts(st))
+    if live + n > st.max_contexts:
+        raise ApiError(
+            429,
+            f"the server holds {live} contexts, at most {st.max_contexts}: delete some "
+            f"(unused ones are deleted after {st.context_ttl_s:g} s)",
+            kind="rate_limit_error",
+        )
 
 
 def _snapshot_dir():
@@ -182,15 +216,18 @@ def _view(lm_or_none, ctx: Ctx) -> dict[str, Any]:
 
 
 def _get_ctx(st: ServerState, cid: str) -> Ctx:
+    expire_contexts(st)
     ctx = _contexts(st).get(cid)
     if ctx is None:
-        raise not_found(f"context {cid!r} does not exist")
+        raise not_found(f"context {cid!r} does not exist (or expired)")
+    ctx.last_used = time.monotonic()
     return ctx
 
 
 @router.post("/v1/contexts", summary="Create a context")
 async def create(body: CreateContext, request: Request):
     st = state(request)
+    _room_for(st, 1)
     if body.snapshot is not None:
         path = _snapshot_path(body.snapshot)
         if not path.is_file():
@@ -221,6 +258,7 @@ async def create(body: CreateContext, request: Request):
 @router.get("/v1/contexts", summary="List contexts")
 async def list_contexts(request: Request):
     st = state(request)
+    expire_contexts(st)
     return {
         "object": "list",
         "data": [
@@ -294,7 +332,7 @@ async def generate(cid: str, body: Generate, request: Request):
         nonlocal settled
         if settled:
             return
-        settled, ctx.busy = True, False
+        settled, ctx.busy, ctx.last_used = True, False, time.monotonic()
         h = g.handle
         tokens = ctx.tokens + g.token_ids
         if keeps and h is not None:
@@ -352,6 +390,7 @@ async def fork(cid: str, body: Fork, request: Request):
     st = state(request)
     ctx = _get_ctx(st, cid)
     _busy(ctx)
+    _room_for(st, body.n)
     await _ensure_kv(await st.models.get(ctx.model), ctx)
     out = []
     for _ in range(body.n):

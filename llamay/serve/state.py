@@ -26,6 +26,7 @@ class Metrics:
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     in_flight: int = 0
+    contexts_expired: int = 0
 
     def record(self, gen: TextGen) -> None:
         self.requests += 1
@@ -57,6 +58,10 @@ class ServerState:
     api_key: str | None = None
     #: The most tokens one request may generate (None: up to the context).
     max_tokens_limit: int | None = None
+    #: Contexts (`/v1/contexts`) unused this long are deleted, their KV pages freed; at
+    #: most `max_contexts` live at once (unauthenticated clients must not pin the pool).
+    context_ttl_s: float = 1800.0
+    max_contexts: int = 256
     metrics: Metrics = field(default_factory=Metrics)
     started: float = field(default_factory=time.time)
     extra: dict[str, Any] = field(default_factory=dict)

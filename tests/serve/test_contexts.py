@@ -6,6 +6,7 @@ but share the prefix, snapshots carry the KV to disk and back."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -158,3 +159,47 @@ def test_errors(http):
     assert r.status_code == 400 and "context" in r.text
     assert http.get(f"/v1/contexts/{c['id']}").json()["tokens"] == c["tokens"]
     http.delete(f"/v1/contexts/{c['id']}")
+
+
+def metric(http, name: str) -> float:
+    """One value of the server's /metrics (Prometheus text)."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_contexts_expire_and_are_capped(tiny_paths, serve_home):
+    """Issue 22 item 8: contexts unused for the TTL are deleted (their KV pages freed), at
+    most max_contexts live at once, both reported in /metrics."""
+    from llamay.serve import create_app
+    from llamay.serve.models import Models
+    from tests.serve.conftest import running
+
+    app = create_app(Models({"tiny": tiny_paths["tiny"]}, use_store=False, default_keep_alive=-1))
+    st = app.state.llamay
+    st.context_ttl_s, st.max_contexts = 2.0, 3
+    with running(app) as s, httpx.Client(base_url=s.url, timeout=120) as c:
+        ids = []
+        for i in range(3):
+            r = c.post("/v1/contexts", json={"model": "tiny", "text": f"{WORDS} {i}"})
+            assert r.status_code == 200, r.text
+            ids.append(r.json()["id"])
+        held = wait_idle(st)["tiny"]["pages_held"]
+        assert held > 0  # the contexts' KV
+        r = c.post("/v1/contexts", json={"model": "tiny", "text": "one more"})
+        assert r.status_code == 429 and "at most 3" in r.json()["error"]["message"]
+        r = c.post(f"/v1/contexts/{ids[0]}/fork", json={"n": 1})
+        assert r.status_code == 429
+        assert metric(c, "llamay_contexts") == 3 and metric(c, "llamay_contexts_max") == 3
+        # one kept in use, two left alone past the TTL
+        for _ in range(4):
+            time.sleep(0.75)
+            assert c.get(f"/v1/contexts/{ids[0]}").status_code == 200
+        assert c.get(f"/v1/contexts/{ids[1]}").status_code == 404
+        assert [x["id"] for x in c.get("/v1/contexts").json()["data"]] == [ids[0]]
+        assert metric(c, "llamay_contexts") == 1
+        assert metric(c, "llamay_contexts_expired_total") == 2
+        assert metric(c, "llamay_context_ttl_seconds") == 2
+        assert 0 < wait_idle(st)["tiny"]["pages_held"] < held  # the expired ones' KV freed
+        assert c.post("/v1/contexts", json={"model": "tiny", "text": "now"}).status_code == 200
