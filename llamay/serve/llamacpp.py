@@ -12,8 +12,8 @@ from pydantic import Field
 
 from llamay.errors import RequestError
 from llamay.serve import tools as T
-from llamay.serve.core import (
 from llamay.serve.context import live_contexts
+from llamay.serve.core import (
     OpenModel,
     TextGen,
     embed_all,
@@ -267,9 +267,6 @@ async def metrics(request: Request):
             m.cached_tokens,
         ),
         ("llamay_models_loaded", "gauge", "Models loaded", len(st.models.loaded)),
-    ]
-    stats = _engine_stats(st)
-    queued = sum(int(s.get("queued", 0)) for _, s in stats)
         ("llamay_contexts", "gauge", "Contexts held (/v1/contexts)", len(live_contexts(st))),
         ("llamay_contexts_max", "gauge", "Most contexts held at once", st.max_contexts),
         (
@@ -279,6 +276,9 @@ async def metrics(request: Request):
             st.context_ttl_s,
         ),
         ("llamay_contexts_expired_total", "counter", "Contexts expired unused", m.contexts_expired),
+    ]
+    stats = _engine_stats(st)
+    queued = sum(int(s.get("queued", 0)) for _, s in stats)
     pages = sum(int(s.get("pages_used", s.get("kv_pages_used", 0))) for _, s in stats)
     held = sum(int(s.get("pages_held", 0)) for _, s in stats)
     rows += [
