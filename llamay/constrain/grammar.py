@@ -263,12 +263,13 @@ def _node_refs(node):
 # -- left recursion, as llama.cpp's detect_left_recursion over its flattened rules ----------
 
 
-def _check_left_recursion(g: Grammar) -> None:
+def _check_left_recursion(g: Grammar, all_copies: bool = False) -> None:
     """llama.cpp flattens groups and repetitions into generated rules, then follows
     leftmost rule references; a rule 'may be empty' only if it has an empty alternative.
     Reproduced so the same grammars are refused, with one copy standing for a
     repetition's copies: they are the same items, so the leftmost walk over them finds
-    what it finds in the first (llama.cpp writes them out: `{1000000000}` must not)."""
+    what it finds in the first (llama.cpp writes them out: `{1000000000}` must not;
+    `all_copies=True` does too, for tests that compare the two)."""
     rules: list[list[list]] = []  # rule -> alternatives -> items ("T" or rule index)
     index: dict[str, int] = {}
     for name in g.order:
@@ -291,13 +292,16 @@ def _check_left_recursion(g: Grammar) -> None:
             return [new_rule([flat(seq) for seq in node[1]])]
         _, inner, lo, hi = node
         one = items(inner)
-        out = one * min(lo, 1)
+        out = one * (lo if all_copies else min(lo, 1))
         if hi is None:
             rec = new_rule([])
             rules[rec] = [one + [rec], []]
             out = out + [rec]
         elif hi > lo:
-            out = out + [new_rule([one, []])]
+            last = None
+            for _ in range(hi - lo if all_copies else 1):
+                last = new_rule([one + ([last] if last is not None else []), []])
+            out = out + [last]
         return out
 
     def flat(seq) -> list:
