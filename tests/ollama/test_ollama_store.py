@@ -30,8 +30,9 @@ CHATML = (
 PARAMS = {"stop": ["<|im_start|>", "<|im_end|>"], "temperature": 0.0, "num_predict": 24}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tiny() -> Path:
+    """Built before a test points LLAMAY_HOME elsewhere (it reads the real store)."""
     return tiny_model_file("llama")
 
 

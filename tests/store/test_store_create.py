@@ -75,13 +75,19 @@ def _ollama_layout():
     return module.OllamaLayout
 
 
+@pytest.fixture(scope="module")
+def tiny_src() -> Path:
+    """Built (once) before `env` points LLAMAY_HOME/LLAMAY_CACHE at empty directories, so
+    SmolLM2's tokenizer comes from the real store, not a download into the test's."""
+    return tiny_model_file("llama")
+
+
 @pytest.fixture
-def tiny(tmp_path: Path) -> Path:
+def tiny(tiny_src: Path, tmp_path: Path) -> Path:
     """The tiny llama GGUF next to a Modelfile directory."""
-    src = tiny_model_file("llama")
     work = tmp_path / "work"
     work.mkdir()
-    (work / "tiny.gguf").symlink_to(src)
+    (work / "tiny.gguf").symlink_to(tiny_src)
     return work / "tiny.gguf"
 
 

@@ -93,8 +93,9 @@ def front(registry):
     server.server_close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tiny_gguf() -> Path:
+    """Built before `env` empties LLAMAY_HOME/LLAMAY_CACHE (it reads the real store)."""
     return tiny_model_file("llama")
 
 
