@@ -36,8 +36,10 @@ from llamay.runtime import cache_root
 ENV = "LLAMAY_CPU_KERNELS"
 CHOICES = ("auto", "native", "xla")
 SRC = Path(__file__).parent / "src"
-SOURCES = ("qmatmul.cc",)
-HEADERS = ("blocks.h", "parallel.h")
+# Each source with its own floating-point contraction: ggml's numerics need every f32
+# operation as written (explicit fmaf only); the exact kernels want FMAs wherever they fit.
+SOURCES = {"qmatmul_ggml.cc": ("-ffp-contract=off",), "qmatmul_exact.cc": ("-ffp-contract=fast",)}
+HEADERS = ("blocks.h", "operands.h", "parallel.h")
 HANDLERS = ("LlamayQmmExact", "LlamayQmmQ8", "LlamayQmmQ8K")
 
 log = logging.getLogger("llamay.kernels_cpu")
@@ -57,7 +59,7 @@ class Variant:
         return "llamay_" if self.name == "native" else f"llamay_{self.name}_"
 
 
-_COMMON = ("-std=c++17", "-O3", "-shared", "-fPIC", "-ffp-contract=off", "-w")
+_COMMON = ("-std=c++17", "-O3", "-fPIC", "-w")
 VARIANTS = {
     "native": Variant("native", (*_COMMON, "-march=native")),
     "scalar": Variant("scalar", (*_COMMON, "-march=native", "-DLLAMAY_SCALAR")),
@@ -92,7 +94,8 @@ def _key(cxx: str, variant: Variant) -> str:
     h = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         h.update(name.encode() + b"\0" + (SRC / name).read_bytes())
-    for part in (_compiler_version(cxx), " ".join(variant.flags), _cpu_features(), jax.__version__):
+    flags = " ".join((*variant.flags, *(f for fs in SOURCES.values() for f in fs)))
+    for part in (_compiler_version(cxx), flags, _cpu_features(), jax.__version__):
         h.update(b"\0" + part.encode())
     return h.hexdigest()[:20]
 
@@ -113,23 +116,27 @@ def build(variant: Variant = VARIANTS["native"]) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
         if path.exists():
             return path
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".so.tmp")
-        os.close(fd)
-        cmd = [compiler(), *variant.flags, f"-I{jax.ffi.include_dir()}", f"-I{SRC}"]
-        cmd += [str(SRC / s) for s in SOURCES] + ["-o", tmp]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            os.unlink(tmp)
-            raise NativeKernelError(f"building the native CPU kernels failed: {e}") from None
-        if out.returncode:
-            os.unlink(tmp)
-            raise NativeKernelError(
-                f"building the native CPU kernels failed ({' '.join(cmd[:2])} ...): "
-                f"{out.stderr.strip()[-600:]}"
-            )
-        os.replace(tmp, path)
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as tmp:
+            base = [compiler(), *variant.flags, f"-I{jax.ffi.include_dir()}", f"-I{SRC}"]
+            objects = []
+            for src, flags in SOURCES.items():
+                objects.append(str(Path(tmp) / (src + ".o")))
+                _run([*base, *flags, "-c", str(SRC / src), "-o", objects[-1]])
+            _run([compiler(), "-shared", *objects, "-o", str(Path(tmp) / "lib.so")])
+            os.replace(Path(tmp) / "lib.so", path)
     return path
+
+
+def _run(cmd: list[str]) -> None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NativeKernelError(f"building the native CPU kernels failed: {e}") from None
+    if out.returncode:
+        raise NativeKernelError(
+            f"building the native CPU kernels failed ({' '.join(cmd[:2])} ...): "
+            f"{out.stderr.strip()[-600:]}"
+        )
 
 
 @functools.cache

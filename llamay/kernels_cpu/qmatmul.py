@@ -43,9 +43,12 @@ K_TYPES = frozenset((_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
 K_VEC, K_TILED, K_REPACK = 0, 1, 2  # src/qmatmul.cc's KKernel
 
 
-def applies(x: jax.Array, w, numerics: str) -> bool:
-    """Whether a native kernel computes x @ W.T (trace time; the build aside)."""
-    if not isinstance(w, QTensor) or w.data.ndim != 2 or x.shape[-1] != w.cols:
+def applies(x: jax.Array, w, numerics: str, layer: jax.Array | None = None) -> bool:
+    """Whether a native kernel computes x @ W.T (trace time; the build aside): a QTensor
+    [rows, cols], or a stack [L, rows, cols] with the `layer` to use."""
+    if not isinstance(w, QTensor) or w.data.ndim != (2 if layer is None else 3):
+        return False
+    if x.shape[-1] != w.cols:
         return False
     types = EXACT_TYPES if numerics == "exact" else Q8_TYPES | K_TYPES
     return w.ggml_type in types and math.prod(x.shape[:-1]) > 0
@@ -58,22 +61,27 @@ def _call(prefix: str, name: str, x_lead, n: int, *args, **attrs) -> jax.Array:
 
 
 def qmatmul_native(
-    x: jax.Array, w: QTensor, numerics: str, *, variant: str = "native",
-    batched: bool | None = None,
+    x: jax.Array, w: QTensor, numerics: str, *, layer: jax.Array | None = None,
+    variant: str = "native", batched: bool | None = None,
 ) -> jax.Array | None:  # fmt: skip
     """x [..., cols] @ W.T by the native kernel, or None when none applies or the
-    kernels are unavailable (`build.targets`). `batched` as `qtensor.ggml_matmul`'s."""
-    if not applies(x, w, numerics):
+    kernels are unavailable (`build.targets`). W is [rows, cols], or with `layer` (an
+    int32 scalar, traced) a stack [L, rows, cols] read in place: a layer scan then passes
+    the stack, where a sliced operand would be copied out per layer. `batched` as
+    `qtensor.ggml_matmul`'s."""
+    if not applies(x, w, numerics, layer):
         return None
     prefix = targets(variant)
     if prefix is None:
         return None
     lead, k = x.shape[:-1], x.shape[-1]
-    n_rows = w.data.shape[0]
+    n_rows = w.data.shape[-2]
+    layer = jnp.zeros((), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32)
+    data = (w.data, layer)
     t = w.ggml_type
     if numerics == "exact":
         x2 = x.astype(jnp.float32).reshape(-1, k)
-        return _call(prefix, "LlamayQmmExact", lead, n_rows, x2, w.data, ggml_type=t)
+        return _call(prefix, "LlamayQmmExact", lead, n_rows, x2, *data, ggml_type=t)
     x = ggml_float.opaque(x.astype(jnp.float32).reshape(-1, k))  # as ggml_matmul hides it
     n = math.prod(lead) if batched is None else (8 if batched else 1)
     if t in Q8_TYPES:
@@ -84,12 +92,12 @@ def qmatmul_native(
             acts = quantize_q8_0(x, LLAMACPP_Q8_VARIANT)
             sums = acts.d
         whole = t == _T.Q4_0 and n_rows % 8 == 0  # the Q4_0x8 repack GEMV/GEMM
-        return _call(prefix, "LlamayQmmQ8", lead, n_rows, acts.qs, acts.d, sums, w.data,
+        return _call(prefix, "LlamayQmmQ8", lead, n_rows, acts.qs, acts.d, sums, *data,
                      ggml_type=t, whole_block=whole)  # fmt: skip
     acts = quantize_q8_k(x)
     if t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0:
         kernel = K_REPACK
     else:
         kernel = K_TILED if n >= 8 else K_VEC
-    return _call(prefix, "LlamayQmmQ8K", lead, n_rows, acts.qs, acts.d, acts.sums, w.data,
+    return _call(prefix, "LlamayQmmQ8K", lead, n_rows, acts.qs, acts.d, acts.sums, *data,
                  ggml_type=t, kernel=kernel)  # fmt: skip

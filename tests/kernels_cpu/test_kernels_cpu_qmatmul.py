@@ -60,6 +60,12 @@ def acts(m: int, k: int, seed: int) -> jax.Array:
     return jnp.asarray(np.random.default_rng(seed).standard_normal((m, k)), jnp.float32)
 
 
+def assert_close_sums(got, want, x, w, what):
+    """f32 sums in another order: within 1e-5 of the sum of |products| of each output."""
+    scale = np.abs(np.asarray(x)) @ np.abs(np.asarray(w.dequantize())).T
+    assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), what
+
+
 def exact_reference(x, w):
     return jnp.einsum("mk,nk->mn", x, w.dequantize(jnp.float32), precision="highest")
 
@@ -71,9 +77,7 @@ def test_exact_matches_the_f32_dot_of_the_dequantised_weight(t, m):
         w, x = weight(t, n, k, "exact"), acts(m, k, m)
         got = np.asarray(jax.jit(lambda x, w: qmatmul_native(x, w, "exact"))(x, w))
         want = np.asarray(jax.jit(exact_reference)(x, w), np.float64)
-        # f32 sums in another order: relative to the sum of |products| of each output
-        scale = np.abs(np.asarray(x)) @ np.abs(np.asarray(w.dequantize())).T
-        assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), (t.name, n, k)
+        assert_close_sums(got, want, x, w, (t.name, n, k))
 
 
 @pytest.mark.parametrize("m", MS)
@@ -117,7 +121,7 @@ def test_scalar_build_equals_the_simd_build(t, numerics):
             if numerics == "llamacpp":  # integer sums, then the same f32 operations per lane
                 np.testing.assert_array_equal(scalar, simd)
             else:
-                np.testing.assert_allclose(scalar, simd, rtol=1e-5, atol=1e-6)
+                assert_close_sums(scalar, simd, x, w, (t.name, n, k, m))
 
 
 def test_what_is_not_handled_returns_none():
@@ -125,3 +129,37 @@ def test_what_is_not_handled_returns_none():
     assert qmatmul_native(acts(1, 64, 0), w, "llamacpp") is None
     stacked = QTensor(jnp.zeros((2, 8, 36), jnp.uint8), T.Q8_0, 64)
     assert qmatmul_native(acts(1, 64, 0), stacked, "exact") is None
+
+
+@pytest.mark.parametrize("numerics", ["exact", "llamacpp"])
+def test_a_stack_read_in_place_under_a_layer_scan_equals_each_layer_alone(numerics):
+    """`layer` reads one entry of a stacked [L, rows, cols] weight where it lies (a scan
+    over the layers passes the whole stack: no per-layer copy), and a MixedQTensor
+    of such stacks goes through `kernels_cpu.matmul` the same way."""
+    import llamay.kernels_cpu as kcpu
+    from llamay.quant import MixedQTensor
+
+    n, k, layers = 24, 256, 3
+    stacks = [
+        QTensor.from_raw(
+            np.stack([random_blocks(t, n, k, 10 * i + s) for s in range(layers)]), t, numerics
+        )  # fmt: skip
+        for i, t in enumerate((T.Q4_1, T.Q6_K))
+    ]
+    x = acts(2, k, 5)
+    which = jnp.asarray([0, 1, 1, 0], jnp.int32)
+    index = jnp.asarray([2, 0, 1, 0], jnp.int32)
+
+    def scanned(x):
+        def body(_, wi):
+            return None, kcpu.matmul(x, MixedQTensor(tuple(stacks), *wi), numerics)
+
+        return jax.lax.scan(body, None, (which, index))[1]
+
+    got = np.asarray(jax.jit(scanned)(x))
+    for j, (s, i) in enumerate(zip([0, 1, 1, 0], [2, 0, 1, 0], strict=True)):
+        w = stacks[s]
+        one = QTensor.from_raw(np.asarray(w.data[i]), w.ggml_type, numerics)
+        np.testing.assert_array_equal(got[j], np.asarray(qmatmul_native(x, one, numerics)))
+    with pytest.raises(Exception, match="layer index out of range"):
+        np.asarray(qmatmul_native(x, stacks[0], numerics, layer=jnp.int32(layers)))

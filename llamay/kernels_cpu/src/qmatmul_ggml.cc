@@ -1,16 +1,13 @@
-// Quantised matmul y[M, N] = x[M, K] · W[N, K]ᵀ over GGUF block rows, as XLA FFI handlers.
+// Quantised matmul y[M, N] = x[M, K] · W[N, K]ᵀ over GGUF block rows in llama.cpp's
+// numerics, as XLA FFI handlers (exact numerics: qmatmul_exact.cc).
 //
-// exact (LlamayQmmExact): f32 activations; a few weight rows at a time are dequantised
-// into a small f32 buffer (bit-exact values, see blocks.h) and dotted with every row of
-// x in register tiles (each weight row is read and dequantised once for all M rows).
-//
-// llamacpp (LlamayQmmQ8, LlamayQmmQ8K): the activations come already quantised (by the
+// LlamayQmmQ8, LlamayQmmQ8K: the activations come already quantised (by the
 // same jnp code the XLA path uses: llamay.quant.act_quant), and every f32 operation
 // after the exact integer dots is ggml's, in ggml's order, with explicit fmaf and no
 // other contraction (built with -ffp-contract=off): bit-identical to the XLA emulation
 // in llamay.quant.qtensor (_q8_block_dot, _q4_0_repack_dot, kquant_dot_q8k).
 //
-// LLAMAY_SCALAR (a test build) leaves out every intrinsic and vector type: the integer
+// LLAMAY_SCALAR (a test build) leaves out every intrinsic: the integer
 // sums are exact and the float operations are the same per lane either way.
 
 #include <algorithm>
@@ -19,6 +16,7 @@
 #include <vector>
 
 #include "blocks.h"
+#include "operands.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -31,60 +29,6 @@ namespace ffi = xla::ffi;
 
 namespace llamay {
 namespace {
-
-// -- exact: f32 register tiles --------------------------------------------------------
-
-#if defined(LLAMAY_SCALAR)
-constexpr int VW = 1;
-#elif defined(__AVX512F__)
-constexpr int VW = 16;
-#elif defined(__AVX__)
-constexpr int VW = 8;
-#else
-constexpr int VW = 4;
-#endif
-typedef float vf __attribute__((vector_size(VW * 4)));
-
-inline vf loadv(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
-
-inline float hsum(vf v) {
-  float s = 0.0f;
-  for (int i = 0; i < VW; ++i) s += v[i];
-  return s;
-}
-
-constexpr int MR = 4;  // rows of x per tile
-constexpr int NR = 4;  // weight rows per tile (dequantised together)
-
-template <int R, int C>
-void tile(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
-  vf acc[R][C] = {};
-  int64_t k = 0;
-  for (; k + VW <= K; k += VW) {
-    vf wv[C];
-    for (int j = 0; j < C; ++j) wv[j] = loadv(w + j * K + k);
-    for (int i = 0; i < R; ++i) {
-      const vf xv = loadv(x + i * K + k);
-      for (int j = 0; j < C; ++j) acc[i][j] += xv * wv[j];
-    }
-  }
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < C; ++j) {
-      float s = hsum(acc[i][j]);
-      for (int64_t kk = k; kk < K; ++kk) s += x[i * K + kk] * w[j * K + kk];
-      y[i * ldy + j] = s;
-    }
-}
-
-using TileFn = void (*)(const float*, int64_t, const float*, float*, int64_t);
-template <int R, int C>
-constexpr TileFn tile_fn() { return &tile<R, C>; }
-constexpr TileFn TILES[MR][NR] = {
-    {tile_fn<1, 1>(), tile_fn<1, 2>(), tile_fn<1, 3>(), tile_fn<1, 4>()},
-    {tile_fn<2, 1>(), tile_fn<2, 2>(), tile_fn<2, 3>(), tile_fn<2, 4>()},
-    {tile_fn<3, 1>(), tile_fn<3, 2>(), tile_fn<3, 3>(), tile_fn<3, 4>()},
-    {tile_fn<4, 1>(), tile_fn<4, 2>(), tile_fn<4, 3>(), tile_fn<4, 4>()},
-};
 
 // Output rows per task: whole tiles, a few tasks per thread (uneven progress evens out).
 int64_t rows_per_task(int64_t n, int64_t threads, int64_t multiple) {
@@ -105,54 +49,36 @@ ffi::Error check(int32_t type, const Dims& d) {
 }
 
 template <class XBuf>
-Dims dims_of(const XBuf& x, const ffi::Buffer<ffi::U8>& w) {
+Dims dims_of(const XBuf& x, const Weight& w) {
   auto xd = x.dimensions();
-  auto wd = w.dimensions();
   const int64_t k = xd.size() == 0 ? 1 : xd.back();
-  return {k ? (int64_t)x.element_count() / k : 0, k, wd[wd.size() - 2], wd.back()};
-}
-
-ffi::Error QmmExact(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                    ffi::ResultBuffer<ffi::F32> y, int32_t type) {
-  const Dims d = dims_of(x, w);
-  if (auto err = check(type, d); err.failure()) return err;
-  const float* xp = x.typed_data();
-  const uint8_t* wp = w.typed_data();
-  float* yp = y->typed_data();
-  const int64_t per = rows_per_task(d.n, pool.num_threads(), NR);
-  parallel_for(pool, (d.n + per - 1) / per, [&](int64_t task) {
-    thread_local std::vector<float> buf;
-    buf.resize(NR * d.k);
-    const int64_t n_end = std::min(d.n, (task + 1) * per);
-    for (int64_t n = task * per; n < n_end; n += NR) {
-      const int nr = (int)std::min<int64_t>(NR, n_end - n);
-      for (int j = 0; j < nr; ++j) dequant_row(type, wp + (n + j) * d.row_bytes, buf.data() + j * d.k, d.k);
-      for (int64_t m = 0; m < d.m; m += MR) {
-        const int mr = (int)std::min<int64_t>(MR, d.m - m);
-        TILES[mr - 1][nr - 1](xp + m * d.k, d.k, buf.data(), yp + m * d.n + n, d.n);
-      }
-    }
-  });
-  return ffi::Error::Success();
+  return {k ? (int64_t)x.element_count() / k : 0, k, w.n, w.row_bytes};
 }
 
 // -- llamacpp: integer lane sums -------------------------------------------------------
 
 // ggml's AVX2 int32 lanes of one 32-byte chunk: lane l = Σ_{i<4} w[4l+i]·a[4l+i] (exact).
+#if defined(LLAMAY_AVX2)
+// w unsigned (0..255) times a signed.
+inline __m256i lanes_u8(__m256i w, __m256i a) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, a);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a);
+#else  // the pair sums fit int16: |w| <= 128 and |a| <= 127 here
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+#endif
+}
+// Both signed: |w| times a with w's sign (exact while a > -128: ggml's Q8 quants are).
+inline __m256i lanes_s8(__m256i w, __m256i a) {
+  return lanes_u8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
+#endif
+
 inline void lanes_i8(const int8_t* w, const int8_t* a, int32_t* out) {
 #if defined(LLAMAY_AVX2)
-  const __m256i vw = _mm256_loadu_si256((const __m256i*)w);
-  const __m256i va = _mm256_loadu_si256((const __m256i*)a);
-  // |w| (unsigned) times a with w's sign: exact while a > -128 (ggml's Q8 quants are).
-  const __m256i ax = _mm256_sign_epi8(vw, vw), sy = _mm256_sign_epi8(va, vw);
-#if defined(__AVXVNNI__)
-  const __m256i s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
-#else
-  const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-#endif
-  _mm256_storeu_si256((__m256i*)out, s);
+  _mm256_storeu_si256((__m256i*)out, lanes_s8(load256(w), load256(a)));
 #else
   for (int l = 0; l < 8; ++l) {
     int32_t s = 0;
@@ -167,21 +93,58 @@ inline float hsum8(const float* v) {
   return (t0 + t2) + (t1 + t3);
 }
 
+#if defined(LLAMAY_AVX2)
+// bit i of the 32-bit word at p -> byte i = 0xFF or 0
+inline __m256i bytes_from_bits(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32((int)bits),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);  // all bits but the one
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
+}
+
+// A 32-element block's quants in element order (as q32_parts gives them).
+inline __m256i decode_q32(int32_t t, const uint8_t* b) {
+  if (t == Q8_0) return load256(b + 2);
+  const int qs = t == Q4_0 ? 2 : t == Q4_1 ? 4 : t == Q5_0 ? 6 : 8;
+  const __m128i v = _mm_loadu_si128((const __m128i*)(b + qs));
+  const __m128i m4 = _mm_set1_epi8(0xF);
+  __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+  if (t == Q5_0 || t == Q5_1)
+    q = _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits(b + qs - 4), _mm256_set1_epi8(0x10)));
+  if (t == Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+  if (t == Q5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+  return q;
+}
+#endif
+
 // One weight row of a 32-element type, unpacked for the dots: quants, d, m per block.
 struct Q32Row {
   std::vector<int8_t> q;
   std::vector<float> d, m;
-  void load(int32_t type, const uint8_t* row, int64_t nb) {
+  __attribute__((always_inline)) void load(int32_t type, const uint8_t* row, int64_t nb) {
     q.resize(nb * 32);
     d.resize(nb);
     m.resize(nb);
-    for (int64_t b = 0; b < nb; ++b) q32_parts(type, row + b * block_bytes(type), &q[b * 32], &d[b], &m[b]);
+    const int bb = block_bytes(type);
+    for (int64_t b = 0; b < nb; ++b) {
+#if defined(LLAMAY_AVX2)
+      const uint8_t* p = row + b * bb;
+      d[b] = rdf16(p);
+      m[b] = (type == Q4_1 || type == Q5_1) ? rdf16(p + 2) : 0.0f;
+      _mm256_storeu_si256((__m256i*)&q[b * 32], decode_q32(type, p));
+#else
+      q32_parts(type, row + b * bb, &q[b * 32], &d[b], &m[b]);
+#endif
+    }
   }
 };
 
 // vec_dot_{q4_0,q5_0,q8_0}_q8_0 / {q4_1,q5_1}_q8_1 (lanes) or the Q4_0x8 repack
 // GEMV/GEMM (whole_block): see qtensor._q8_block_dot / _q4_0_repack_dot.
-float q8_dot(const Q32Row& w, int64_t nb, const int8_t* qa, const float* da, const float* sa,
+__attribute__((always_inline)) inline float q8_dot(const Q32Row& w, int64_t nb, const int8_t* qa, const float* da, const float* sa,
              bool has_m, bool whole_block) {
   if (whole_block) {
     float acc = 0.0f;
@@ -196,9 +159,7 @@ float q8_dot(const Q32Row& w, int64_t nb, const int8_t* qa, const float* da, con
 #if defined(LLAMAY_AVX2)
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    int32_t l[8];
-    lanes_i8(&w.q[b * 32], qa + b * 32, l);
-    const __m256 xy = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)l));
+    const __m256 xy = _mm256_cvtepi32_ps(lanes_s8(load256(&w.q[b * 32]), load256(qa + b * 32)));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(da[b] * w.d[b]), xy, acc);
   }
   float a8[8];
@@ -221,27 +182,54 @@ float q8_dot(const Q32Row& w, int64_t nb, const int8_t* qa, const float* da, con
   return y;
 }
 
+struct Q8Job {
+  const int8_t* qa;
+  const float *da, *sa;
+  const uint8_t* w;
+  float* y;
+  Dims d;
+  int64_t nb;
+  bool whole_block;
+};
+
+// Output rows [n0, n1) for weight type T (a template: the per-block decode specialised).
+template <int32_t T>
+void q8_rows(const Q8Job& j, int64_t n0, int64_t n1) {
+  constexpr bool has_m = T == Q4_1 || T == Q5_1;
+  Q32Row row;  // per task (a thread_local costs a TLS lookup per use in a shared library)
+  for (int64_t n = n0; n < n1; ++n) {
+    row.load(T, j.w + n * j.d.row_bytes, j.nb);
+    for (int64_t m = 0; m < j.d.m; ++m)
+      j.y[m * j.d.n + n] = q8_dot(row, j.nb, j.qa + m * j.d.k, j.da + m * j.nb, j.sa + m * j.nb,
+                                  has_m, j.whole_block);
+  }
+}
+
 ffi::Error QmmQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> qa, ffi::Buffer<ffi::F32> da,
-                 ffi::Buffer<ffi::F32> sa, ffi::Buffer<ffi::U8> w, ffi::ResultBuffer<ffi::F32> y,
+                 ffi::Buffer<ffi::F32> sa, ffi::Buffer<ffi::U8> w, ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y,
                  int32_t type, int32_t whole_block) {
-  const Dims d = dims_of(qa, w);
+  Weight wt;
+  if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
+  const Dims d = dims_of(qa, wt);
   if (auto err = check(type, d); err.failure()) return err;
   if (block_elems(type) != 32) return ffi::Error::InvalidArgument("LlamayQmmQ8: needs a 32-element block type");
   const int64_t nb = d.k / 32;
-  const bool has_m = type == Q4_1 || type == Q5_1;
   const int8_t* qp = qa.typed_data();
   const float *dp = da.typed_data(), *sp = sa.typed_data();
-  const uint8_t* wp = w.typed_data();
+  const uint8_t* wp = wt.data;
   float* yp = y->typed_data();
+  const Q8Job job{qp, dp, sp, wp, yp, d, nb, whole_block != 0};
+  void (*rows)(const Q8Job&, int64_t, int64_t) = nullptr;
+  switch (type) {
+    case Q4_0: rows = &q8_rows<Q4_0>; break;
+    case Q4_1: rows = &q8_rows<Q4_1>; break;
+    case Q5_0: rows = &q8_rows<Q5_0>; break;
+    case Q5_1: rows = &q8_rows<Q5_1>; break;
+    default: rows = &q8_rows<Q8_0>; break;
+  }
   const int64_t per = rows_per_task(d.n, pool.num_threads(), 1);
   parallel_for(pool, (d.n + per - 1) / per, [&](int64_t task) {
-    thread_local Q32Row row;
-    const int64_t n_end = std::min(d.n, (task + 1) * per);
-    for (int64_t n = task * per; n < n_end; ++n) {
-      row.load(type, wp + n * d.row_bytes, nb);
-      for (int64_t m = 0; m < d.m; ++m)
-        yp[m * d.n + n] = q8_dot(row, nb, qp + m * d.k, dp + m * nb, sp + m * nb, has_m, whole_block);
-    }
+    rows(job, task * per, std::min(d.n, (task + 1) * per));
   });
   return ffi::Error::Success();
 }
@@ -250,60 +238,156 @@ ffi::Error QmmQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> qa, ffi::Buffer<ffi:
 
 enum KKernel : int32_t { K_VEC = 0, K_TILED = 1, K_REPACK = 2 };
 
-// One weight row of a K-quant, unpacked: per super-block the products q·sc (int16, as
-// ggml's dots multiply them), the first scale of each 16-element sub-block (Q6_K's
-// correction), the mins and d, dmin.
+// The scales of one K-quant super-block: per sub-block scale (16 or 8 sub-blocks) and
+// mins (16 for Q2_K, 8 for Q4_K/Q5_K, else none), d and dmin; returns the sub-blocks.
+inline int kquant_scales(int32_t t, const uint8_t* b, int16_t* sc, int16_t* mins, int* n_mins,
+                         float* d, float* dmin) {
+  *dmin = 0.0f;
+  *n_mins = 0;
+  switch (t) {
+    case Q2_K:
+      *d = rdf16(b + 80);
+      *dmin = rdf16(b + 82);
+      for (int s = 0; s < 16; ++s) sc[s] = b[s] & 0xF, mins[s] = b[s] >> 4;
+      *n_mins = 16;
+      return 16;
+    case Q3_K: {
+      int8_t s16[16];
+      q3k_scales(b + 96, s16);
+      for (int s = 0; s < 16; ++s) sc[s] = s16[s];
+      *d = rdf16(b + 108);
+      return 16;
+    }
+    case Q4_K:
+    case Q5_K:
+      *d = rdf16(b);
+      *dmin = rdf16(b + 2);
+      for (int s = 0; s < 8; ++s) {
+        uint8_t a, m;
+        scale_min_k4(s, b + 4, &a, &m);
+        sc[s] = a, mins[s] = m;
+      }
+      *n_mins = 8;
+      return 8;
+    default:  // Q6_K
+      for (int s = 0; s < 16; ++s) sc[s] = ((const int8_t*)(b + 192))[s];
+      *d = rdf16(b + 208);
+      return 16;
+  }
+}
+
+#if defined(LLAMAY_AVX2)
+// A K-quant super-block's 256 quants in element order (as kquant_parts gives them).
+inline void decode_kquant(int32_t t, const uint8_t* b, int8_t* q) {
+  const __m256i m2 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+  auto st = [q](int at, __m256i v) { _mm256_storeu_si256((__m256i*)(q + at), v); };
+  auto shr = [](__m256i v, int s) { return _mm256_srli_epi16(v, s); };  // then masked per byte
+  switch (t) {
+    case Q2_K:
+      for (int n = 0; n < 2; ++n) {
+        const __m256i v = load256(b + 16 + 32 * n);
+        for (int j = 0; j < 4; ++j) st(128 * n + 32 * j, _mm256_and_si256(shr(v, 2 * j), m2));
+      }
+      return;
+    case Q3_K: {
+      const __m256i hm = load256(b);
+      for (int n = 0; n < 2; ++n) {
+        const __m256i v = load256(b + 32 + 32 * n);
+        for (int j = 0; j < 4; ++j) {
+          const __m256i low = _mm256_and_si256(shr(v, 2 * j), m2);
+          const __m256i high = _mm256_and_si256(shr(hm, 4 * n + j), one);
+          st(128 * n + 32 * j, _mm256_add_epi8(_mm256_sub_epi8(low, _mm256_set1_epi8(4)),
+                                               _mm256_slli_epi16(high, 2)));
+        }
+      }
+      return;
+    }
+    case Q4_K:
+    case Q5_K: {
+      const uint8_t* qs = b + (t == Q5_K ? 48 : 16);
+      const __m256i qh = t == Q5_K ? load256(b + 16) : _mm256_setzero_si256();
+      for (int n = 0; n < 4; ++n) {
+        const __m256i v = load256(qs + 32 * n);
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(shr(v, 4), m4);
+        if (t == Q5_K) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(shr(qh, 2 * n), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(shr(qh, 2 * n + 1), one), 4));
+        }
+        st(64 * n, lo);
+        st(64 * n + 32, hi);
+      }
+      return;
+    }
+    default:  // Q6_K
+      for (int n = 0; n < 2; ++n) {
+        const __m256i l0 = load256(b + 64 * n), l1 = load256(b + 64 * n + 32);
+        const __m256i h = load256(b + 128 + 32 * n);
+        auto hb = [&](int s) { return _mm256_slli_epi16(_mm256_and_si256(shr(h, s), m2), 4); };
+        st(128 * n + 0, _mm256_or_si256(_mm256_and_si256(l0, m4), hb(0)));
+        st(128 * n + 32, _mm256_or_si256(_mm256_and_si256(l1, m4), hb(2)));
+        st(128 * n + 64, _mm256_or_si256(_mm256_and_si256(shr(l0, 4), m4), hb(4)));
+        st(128 * n + 96, _mm256_or_si256(_mm256_and_si256(shr(l1, 4), m4), hb(6)));
+      }
+  }
+}
+#endif
+
+// One weight row of a K-quant, unpacked: per super-block the quants q (Q6_K unsigned),
+// the sub-block scales sc16 (16 or 8 of them: `subs`), the mins and d, dmin.
 struct KRow {
-  std::vector<int16_t> prod, sc16, mins;
+  std::vector<int8_t> q;
+  std::vector<int16_t> sc16, mins;
   std::vector<float> d, dmin;
-  int n_mins = 0;
-  void load(int32_t type, const uint8_t* row, int64_t nsb) {
-    prod.resize(nsb * 256);
+  int n_mins = 0, subs = 0;
+  __attribute__((always_inline)) void load(int32_t type, const uint8_t* row, int64_t nsb) {
+    q.resize(nsb * 256);
     sc16.resize(nsb * 16);
     mins.resize(nsb * 16);
     d.resize(nsb);
     dmin.resize(nsb);
+    const int bb = block_bytes(type);
     for (int64_t s = 0; s < nsb; ++s) {
-      int8_t q[256];
-      int16_t sc[256];
-      n_mins = kquant_parts(type, row + s * block_bytes(type), q, sc, &mins[s * 16], &d[s], &dmin[s]);
-      for (int e = 0; e < 256; ++e) prod[s * 256 + e] = (int16_t)(q[e] * sc[e]);
-      for (int i = 0; i < 16; ++i) sc16[s * 16 + i] = sc[16 * i];
+      const uint8_t* b = row + s * bb;
+      subs = kquant_scales(type, b, &sc16[s * 16], &mins[s * 16], &n_mins, &d[s], &dmin[s]);
+#if defined(LLAMAY_AVX2)
+      decode_kquant(type, b, &q[s * 256]);
+#else
+      int16_t sc[256], mn[16];
+      float dd, dm;
+      kquant_parts(type, b, &q[s * 256], sc, mn, &dd, &dm);
+#endif
     }
   }
 };
 
-// The 8 int32 lanes of one super-block: lane j = Σ_c Σ_{i<4} a[32c+4j+i]·p[32c+4j+i].
-inline void lanes_i16(const int16_t* p, const int8_t* a, int32_t* out) {
+// S[8c + j] = lane j of chunk c, scaled: sc · Σ_{i<4} a[32c+4j+i]·q[32c+4j+i] (exact), the
+// scale of chunk c's lanes 0-3 and 4-7 being those of 16-element sub-blocks 2c and 2c+1,
+// or of 32-element sub-block c.
+inline void chunk_sums(const KRow& w, int64_t sb, bool signed_q, const int8_t* a, int32_t* S) {
+  const int8_t* q = &w.q[sb * 256];
+  const int16_t* sc = &w.sc16[sb * 16];
 #if defined(LLAMAY_AVX2)
-  __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
   for (int c = 0; c < 8; ++c) {
-    const __m256i a0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(a + 32 * c)));
-    const __m256i a1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(a + 32 * c + 16)));
-    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(a0, _mm256_loadu_si256((const __m256i*)(p + 32 * c))));
-    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(a1, _mm256_loadu_si256((const __m256i*)(p + 32 * c + 16))));
+    const __m256i qv = load256(q + 32 * c), av = load256(a + 32 * c);
+    const __m256i p = signed_q ? lanes_s8(qv, av) : lanes_u8(qv, av);
+    const __m256i scv = w.subs == 16 ? _mm256_set_m128i(_mm_set1_epi32(sc[2 * c + 1]), _mm_set1_epi32(sc[2 * c]))
+                                     : _mm256_set1_epi32(sc[c]);
+    _mm256_storeu_si256((__m256i*)(S + 8 * c), _mm256_mullo_epi32(p, scv));
   }
-  // lo holds the pair sums of elements 0..15 of each chunk, hi of 16..31; hadd pairs them
-  // per 128-bit half: [lanes 0 1 4 5 | 2 3 6 7].
-  const __m256i s = _mm256_hadd_epi32(lo, hi);
-  alignas(32) int32_t t[8];
-  _mm256_store_si256((__m256i*)t, s);
-  out[0] = t[0]; out[1] = t[1]; out[4] = t[2]; out[5] = t[3];
-  out[2] = t[4]; out[3] = t[5]; out[6] = t[6]; out[7] = t[7];
 #else
-  for (int j = 0; j < 8; ++j) {
-    int32_t s = 0;
-    for (int c = 0; c < 8; ++c)
-      for (int i = 0; i < 4; ++i) s += (int32_t)a[32 * c + 4 * j + i] * p[32 * c + 4 * j + i];
-    out[j] = s;
-  }
+  (void)signed_q;
+  for (int c = 0; c < 8; ++c)
+    for (int j = 0; j < 8; ++j) {
+      int32_t p = 0;
+      for (int i = 0; i < 4; ++i) p += (int32_t)a[32 * c + 4 * j + i] * q[32 * c + 4 * j + i];
+      S[8 * c + j] = sc[w.subs == 16 ? 2 * c + j / 4 : c] * p;
+    }
 #endif
 }
 
-// Σ of a[e]·p[e] over a contiguous run (exact).
-inline int32_t dot_i16(const int16_t* p, const int8_t* a, int n) {
+inline int32_t sum_i32(const int32_t* v, int n) {
   int32_t s = 0;
-  for (int e = 0; e < n; ++e) s += (int32_t)a[e] * p[e];
+  for (int i = 0; i < n; ++i) s += v[i];
   return s;
 }
 
@@ -317,13 +401,15 @@ inline void min_sums(const KRow& w, int64_t sb, const int16_t* bsums, int32_t* m
   }
 }
 
-float kquant_dot(const KRow& w, int32_t type, int32_t kernel, int parts, int64_t nsb,
+__attribute__((always_inline)) inline float kquant_dot(const KRow& w, int32_t type, int32_t kernel, int parts, int64_t nsb,
                  const int8_t* qa, const float* da, const int16_t* bsums) {
   int32_t m_sub[16];
   if (kernel == K_TILED) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nsb; ++b) {
-      int32_t s1 = dot_i16(&w.prod[b * 256], qa + b * 256, 256);
+      int32_t S[64];
+      chunk_sums(w, b, type == Q3_K, qa + b * 256, S);
+      int32_t s1 = sum_i32(S, 64);
       if (type == Q6_K) {
         int32_t c = 0;
         for (int s = 0; s < 16; ++s) c += (int32_t)bsums[b * 16 + s] * w.sc16[b * 16 + s];
@@ -346,8 +432,10 @@ float kquant_dot(const KRow& w, int32_t type, int32_t kernel, int parts, int64_t
     for (int64_t b = 0; b < nsb; ++b) {
       min_sums(w, b, bsums + b * 16, m_sub);
       const float d = da[b] * w.d[b], dmin = da[b] * w.dmin[b];
+      int32_t S[64];
+      chunk_sums(w, b, type == Q3_K, qa + b * 256, S);
       for (int p = 0; p < parts; ++p) {
-        const int32_t total = dot_i16(&w.prod[b * 256 + p * elems], qa + b * 256 + p * elems, elems);
+        const int32_t total = sum_i32(S + p * elems / 4, elems / 4);
         int32_t m_total = 0;
         for (int s = 0; s < subs; ++s) m_total += m_sub[p * subs + s];
         acc = std::fmaf((float)total, d, acc);
@@ -358,8 +446,13 @@ float kquant_dot(const KRow& w, int32_t type, int32_t kernel, int parts, int64_t
   }
   float acc[8] = {}, acc_m[4] = {}, summs = 0.0f;
   for (int64_t b = 0; b < nsb; ++b) {
-    int32_t lanes[8];
-    lanes_i16(&w.prod[b * 256], qa + b * 256, lanes);
+    int32_t S[64], lanes[8];
+    chunk_sums(w, b, type == Q3_K, qa + b * 256, S);
+    for (int j = 0; j < 8; ++j) {
+      int32_t l = 0;
+      for (int c = 0; c < 8; ++c) l += S[8 * c + j];
+      lanes[j] = l;
+    }
     const float d = da[b] * w.d[b], dmin = da[b] * w.dmin[b];
     if (w.n_mins) min_sums(w, b, bsums + b * 16, m_sub);
     if (type == Q6_K) {  // quants stored unsigned: less 32·Σ sc·bsums, lane k over sub-blocks 2k, 2k+1
@@ -385,10 +478,35 @@ float kquant_dot(const KRow& w, int32_t type, int32_t kernel, int parts, int64_t
   return y;
 }
 
+struct KJob {
+  const int8_t* qa;
+  const float* da;
+  const int16_t* bsums;
+  const uint8_t* w;
+  float* y;
+  Dims d;
+  int64_t nsb;
+  int32_t kernel;
+  int parts;
+};
+
+template <int32_t T>
+void k_rows(const KJob& j, int64_t n0, int64_t n1) {
+  KRow row;
+  for (int64_t n = n0; n < n1; ++n) {
+    row.load(T, j.w + n * j.d.row_bytes, j.nsb);
+    for (int64_t m = 0; m < j.d.m; ++m)
+      j.y[m * j.d.n + n] = kquant_dot(row, T, j.kernel, j.parts, j.nsb, j.qa + m * j.d.k,
+                                      j.da + m * j.nsb, j.bsums + m * j.nsb * 16);
+  }
+}
+
 ffi::Error QmmQ8K(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> qa, ffi::Buffer<ffi::F32> da,
-                  ffi::Buffer<ffi::S16> bsums, ffi::Buffer<ffi::U8> w, ffi::ResultBuffer<ffi::F32> y,
+                  ffi::Buffer<ffi::S16> bsums, ffi::Buffer<ffi::U8> w, ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y,
                   int32_t type, int32_t kernel) {
-  const Dims d = dims_of(qa, w);
+  Weight wt;
+  if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
+  const Dims d = dims_of(qa, wt);
   if (auto err = check(type, d); err.failure()) return err;
   if (block_elems(type) != 256) return ffi::Error::InvalidArgument("LlamayQmmQ8K: needs a K-quant weight");
   if (kernel == K_REPACK && type != Q4_K && type != Q2_K)
@@ -398,32 +516,26 @@ ffi::Error QmmQ8K(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> qa, ffi::Buffer<ffi
   const int8_t* qp = qa.typed_data();
   const float* dp = da.typed_data();
   const int16_t* bp = bsums.typed_data();
-  const uint8_t* wp = w.typed_data();
+  const uint8_t* wp = wt.data;
   float* yp = y->typed_data();
+  const KJob job{qp, dp, bp, wp, yp, d, nsb, kernel, parts};
+  void (*rows)(const KJob&, int64_t, int64_t) = nullptr;
+  switch (type) {
+    case Q2_K: rows = &k_rows<Q2_K>; break;
+    case Q3_K: rows = &k_rows<Q3_K>; break;
+    case Q4_K: rows = &k_rows<Q4_K>; break;
+    case Q5_K: rows = &k_rows<Q5_K>; break;
+    default: rows = &k_rows<Q6_K>; break;
+  }
   const int64_t per = rows_per_task(d.n, pool.num_threads(), 1);
   parallel_for(pool, (d.n + per - 1) / per, [&](int64_t task) {
-    thread_local KRow row;
-    const int64_t n_end = std::min(d.n, (task + 1) * per);
-    for (int64_t n = task * per; n < n_end; ++n) {
-      row.load(type, wp + n * d.row_bytes, nsb);
-      for (int64_t m = 0; m < d.m; ++m)
-        yp[m * d.n + n] = kquant_dot(row, type, kernel, parts, nsb, qp + m * d.k, dp + m * nsb,
-                                     bp + m * nsb * 16);
-    }
+    rows(job, task * per, std::min(d.n, (task + 1) * per));
   });
   return ffi::Error::Success();
 }
 
 }  // namespace
 }  // namespace llamay
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmExact, llamay::QmmExact,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int32_t>("ggml_type"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmQ8, llamay::QmmQ8,
                               ffi::Ffi::Bind()
@@ -432,6 +544,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmQ8, llamay::QmmQ8,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("ggml_type")
                                   .Attr<int32_t>("whole_block"));
@@ -443,6 +556,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmQ8K, llamay::QmmQ8K,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S16>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("ggml_type")
                                   .Attr<int32_t>("kernel"));

@@ -1,0 +1,457 @@
+// Exact quantised matmul y[M, N] = x[M, K] · W[N, K]ᵀ in f32 (XLA FFI handler
+// LlamayQmmExact). Built with FP contraction on: only "within 1e-5 of the f32 dot over
+// the dequantised weight" is asked of it, and FMAs are both faster and closer.
+//
+// Each block decodes to its quants as f32 vectors of 16 plus, per sub-block, a scale
+// and an offset (value = scale·q + offset: bit-exact with the dequantisation, the
+// product being exact). Two loops use that:
+// - decode rows (M <= 8): per weight row, per sub-block, t = Σ q·x in vectors, then
+//   acc += scale·t and, where there are offsets, acc_o += offset·Σx (Σx per sub-block of
+//   each x row computed once per call): one pass over the weight, nothing stored.
+// - more rows (prefill): NR weight rows at a time dequantised into a buffer (L1/L2),
+//   then MR x NR register tiles over all rows of x: each weight row decoded once.
+// LLAMAY_SCALAR (a test build) takes the buffer loop with scalar dequantisation.
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "blocks.h"
+#include "operands.h"
+#include "parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace llamay {
+namespace {
+
+typedef float f16v __attribute__((vector_size(64)));    // 16 floats
+typedef int32_t i16v __attribute__((vector_size(64)));   // 16 int32
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef int8_t s8x16 __attribute__((vector_size(16)));
+
+inline f16v loadf(const float* p) { f16v v; std::memcpy(&v, p, 64); return v; }
+inline void storef(float* p, f16v v) { std::memcpy(p, &v, 64); }
+// 16 bytes widened to 16 int32 (GCC lowers the generic conversion byte by byte).
+#if defined(__AVX512F__)
+inline i16v wide(const uint8_t* p) {
+  return (i16v)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+}
+inline i16v wide_s(const uint8_t* p) {
+  return (i16v)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
+}
+#elif defined(__AVX2__)
+inline i16v wide(const uint8_t* p) {
+  i16v v;
+  const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+  std::memcpy(&v, &lo, 32);
+  std::memcpy((char*)&v + 32, &hi, 32);
+  return v;
+}
+inline i16v wide_s(const uint8_t* p) {
+  i16v v;
+  const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+  std::memcpy(&v, &lo, 32);
+  std::memcpy((char*)&v + 32, &hi, 32);
+  return v;
+}
+#else
+inline i16v wide(const uint8_t* p) { u8x16 b; std::memcpy(&b, p, 16); return __builtin_convertvector(b, i16v); }
+inline i16v wide_s(const uint8_t* p) { s8x16 b; std::memcpy(&b, p, 16); return __builtin_convertvector(b, i16v); }
+#endif
+inline f16v tof(i16v v) { return __builtin_convertvector(v, f16v); }
+inline float hsum(f16v v) {
+  float s = 0.0f;
+  for (int i = 0; i < 16; ++i) s += v[i];
+  return s;
+}
+const i16v LANE = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// Per type: VECS vectors of 16 quants per block, SUBS sub-blocks (VECS / SUBS vectors
+// each), OFFS whether there are offsets; decode(block, q[VECS], scale[SUBS], offs[SUBS]).
+struct DQ4_0 {
+  static constexpr int BYTES = 18;
+  static constexpr int VECS = 2, SUBS = 1, OFFS = 0;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    const i16v v = wide(b + 2);
+    q[0] = tof((v & 0xF) - 8);
+    q[1] = tof((v >> 4) - 8);
+    sc[0] = rdf16(b);
+    of[0] = 0.0f;
+  }
+};
+struct DQ4_1 {
+  static constexpr int BYTES = 20;
+  static constexpr int VECS = 2, SUBS = 1, OFFS = 1;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    const i16v v = wide(b + 4);
+    q[0] = tof(v & 0xF);
+    q[1] = tof(v >> 4);
+    sc[0] = rdf16(b);
+    of[0] = rdf16(b + 2);
+  }
+};
+template <bool ONE>
+struct DQ5 {
+  static constexpr int BYTES = ONE ? 24 : 22;
+  static constexpr int VECS = 2, SUBS = 1, OFFS = ONE;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    const int off = ONE ? 4 : 2;
+    uint32_t qh;
+    std::memcpy(&qh, b + off, 4);
+    const i16v v = wide(b + off + 4), h = (i16v){} + (int32_t)qh;
+    const i16v hl = ((h >> LANE) & 1) << 4, hh = ((h >> (LANE + 16)) & 1) << 4;
+    const int bias = ONE ? 0 : 16;
+    q[0] = tof(((v & 0xF) | hl) - bias);
+    q[1] = tof(((v >> 4) | hh) - bias);
+    sc[0] = rdf16(b);
+    of[0] = ONE ? rdf16(b + 2) : 0.0f;
+  }
+};
+struct DQ8_0 {
+  static constexpr int BYTES = 34;
+  static constexpr int VECS = 2, SUBS = 1, OFFS = 0;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    q[0] = tof(wide_s(b + 2));
+    q[1] = tof(wide_s(b + 18));
+    sc[0] = rdf16(b);
+    of[0] = 0.0f;
+  }
+};
+struct DQ2_K {
+  static constexpr int BYTES = 84;
+  static constexpr int VECS = 16, SUBS = 16, OFFS = 1;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    const float d = rdf16(b + 80), dmin = rdf16(b + 82);
+    for (int n = 0; n < 2; ++n)
+      for (int h = 0; h < 2; ++h) {
+        const i16v v = wide(b + 16 + 32 * n + 16 * h);
+        for (int j = 0; j < 4; ++j) q[8 * n + 2 * j + h] = tof((v >> (2 * j)) & 3);
+      }
+    for (int s = 0; s < 16; ++s) {
+      sc[s] = d * (float)(b[s] & 0xF);
+      of[s] = -(dmin * (float)(b[s] >> 4));
+    }
+  }
+};
+struct DQ3_K {
+  static constexpr int BYTES = 110;
+  static constexpr int VECS = 16, SUBS = 16, OFFS = 0;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    const float d = rdf16(b + 108);
+    int8_t s16[16];
+    q3k_scales(b + 96, s16);
+    for (int h = 0; h < 2; ++h) {
+      const i16v hm = wide(b + 16 * h);
+      for (int n = 0; n < 2; ++n) {
+        const i16v v = wide(b + 32 + 32 * n + 16 * h);
+        for (int j = 0; j < 4; ++j) {
+          const i16v high = (hm >> (4 * n + j)) & 1;
+          q[8 * n + 2 * j + h] = tof(((v >> (2 * j)) & 3) - ((high ^ 1) << 2));
+        }
+      }
+    }
+    for (int s = 0; s < 16; ++s) {
+      sc[s] = d * (float)s16[s];
+      of[s] = 0.0f;
+    }
+  }
+};
+template <bool FIVE>
+struct DQ45_K {
+  static constexpr int BYTES = FIVE ? 176 : 144;
+  static constexpr int VECS = 16, SUBS = 8, OFFS = 1;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    const float d = rdf16(b), dmin = rdf16(b + 2);
+    const uint8_t* qs = b + (FIVE ? 48 : 16);
+    i16v qh[2];
+    if (FIVE) qh[0] = wide(b + 16), qh[1] = wide(b + 32);
+    for (int n = 0; n < 4; ++n)
+      for (int h = 0; h < 2; ++h) {
+        const i16v v = wide(qs + 32 * n + 16 * h);
+        i16v lo = v & 0xF, hi = v >> 4;
+        if (FIVE) {
+          lo |= ((qh[h] >> (2 * n)) & 1) << 4;
+          hi |= ((qh[h] >> (2 * n + 1)) & 1) << 4;
+        }
+        q[4 * n + h] = tof(lo);
+        q[4 * n + 2 + h] = tof(hi);
+      }
+    for (int s = 0; s < 8; ++s) {
+      uint8_t a, m;
+      scale_min_k4(s, b + 4, &a, &m);
+      sc[s] = d * (float)a;
+      of[s] = -(dmin * (float)m);
+    }
+  }
+};
+struct DQ6_K {
+  static constexpr int BYTES = 210;
+  static constexpr int VECS = 16, SUBS = 16, OFFS = 0;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    const float d = rdf16(b + 208);
+    for (int n = 0; n < 2; ++n)
+      for (int h = 0; h < 2; ++h) {
+        const i16v qh = wide(b + 128 + 32 * n + 16 * h);
+        const i16v l0 = wide(b + 64 * n + 16 * h), l1 = wide(b + 64 * n + 32 + 16 * h);
+        q[8 * n + 0 + h] = tof(((l0 & 0xF) | ((qh & 3) << 4)) - 32);
+        q[8 * n + 2 + h] = tof(((l1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32);
+        q[8 * n + 4 + h] = tof(((l0 >> 4) | (((qh >> 4) & 3) << 4)) - 32);
+        q[8 * n + 6 + h] = tof(((l1 >> 4) | (((qh >> 6) & 3) << 4)) - 32);
+      }
+    const int8_t* s = (const int8_t*)(b + 192);
+    for (int i = 0; i < 16; ++i) {
+      sc[i] = d * (float)s[i];
+      of[i] = 0.0f;
+    }
+  }
+};
+
+constexpr int MAX_DECODE_ROWS = 8;
+
+// Σx per sub-block of each x row: sx[m][k / sub] (for the offsets).
+void sub_sums(const float* x, int64_t m, int64_t k, int sub, float* sx) {
+  for (int64_t i = 0; i < m * (k / sub); ++i) {
+    float s = 0.0f;
+    for (int e = 0; e < sub; ++e) s += x[i * sub + e];
+    sx[i] = s;
+  }
+}
+
+template <class D, int M>
+void decode_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, int64_t rb,
+                 int64_t n0, int64_t n1, float* y, int64_t n) {
+  constexpr int BE = 16 * D::VECS, PER = D::VECS / D::SUBS;
+  constexpr int bb = D::BYTES;
+  const int64_t nb = k / BE;
+  for (int64_t r = n0; r < n1; ++r) {
+    const uint8_t* row = w + r * rb;
+    f16v acc[M] = {};
+    float acc_o[M] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+      f16v q[D::VECS];
+      float sc[D::SUBS], of[D::SUBS];
+      D::decode(row + b * bb, q, sc, of);
+      for (int s = 0; s < D::SUBS; ++s)
+        for (int m = 0; m < M; ++m) {
+          const float* xs = x + m * k + b * BE + s * PER * 16;
+          f16v t = q[s * PER] * loadf(xs);
+          for (int v = 1; v < PER; ++v) t += q[s * PER + v] * loadf(xs + 16 * v);
+          acc[m] += sc[s] * t;
+          if (D::OFFS) acc_o[m] += of[s] * sx[(m * nb + b) * D::SUBS + s];
+        }
+    }
+    for (int m = 0; m < M; ++m) y[m * n + r] = hsum(acc[m]) + acc_o[m];
+  }
+}
+
+// -- the buffer loop (prefill; the scalar build) --------------------------------------
+
+#if defined(LLAMAY_SCALAR)
+constexpr int VW = 1;
+typedef float vf __attribute__((vector_size(4)));
+#else
+constexpr int VW = 16;
+typedef f16v vf;
+#endif
+inline vf loadv(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
+
+constexpr int MR = 4, NR = 4;
+
+template <int R, int C>
+void tile(const float* x, int64_t k, const float* w, float* y, int64_t ldy) {
+  vf acc[R][C] = {};
+  int64_t i = 0;
+  for (; i + VW <= k; i += VW) {
+    vf wv[C];
+    for (int j = 0; j < C; ++j) wv[j] = loadv(w + j * k + i);
+    for (int r = 0; r < R; ++r) {
+      const vf xv = loadv(x + r * k + i);
+      for (int j = 0; j < C; ++j) acc[r][j] += xv * wv[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) {
+      float s = 0.0f;
+      for (int l = 0; l < VW; ++l) s += acc[r][j][l];
+      for (int64_t ii = i; ii < k; ++ii) s += x[r * k + ii] * w[j * k + ii];
+      y[r * ldy + j] = s;
+    }
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, float*, int64_t);
+constexpr TileFn TILES[MR][NR] = {
+    {&tile<1, 1>, &tile<1, 2>, &tile<1, 3>, &tile<1, 4>},
+    {&tile<2, 1>, &tile<2, 2>, &tile<2, 3>, &tile<2, 4>},
+    {&tile<3, 1>, &tile<3, 2>, &tile<3, 3>, &tile<3, 4>},
+    {&tile<4, 1>, &tile<4, 2>, &tile<4, 3>, &tile<4, 4>},
+};
+
+// One weight row as f32 values: the vector decoders where there is one.
+template <class D>
+void dequant_row_v(const uint8_t* row, float* out, int64_t k) {
+  constexpr int PER = D::VECS / D::SUBS;
+  constexpr int bb = D::BYTES;
+  for (int64_t b = 0; b < k / (16 * D::VECS); ++b) {
+    f16v q[D::VECS];
+    float sc[D::SUBS], of[D::SUBS];
+    D::decode(row + b * bb, q, sc, of);
+    for (int v = 0; v < D::VECS; ++v) storef(out + (b * D::VECS + v) * 16, sc[v / PER] * q[v] + of[v / PER]);
+  }
+}
+
+using RowFn = void (*)(const uint8_t*, float*, int64_t);
+
+void buffer_rows(RowFn dq, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
+                 int64_t rb, int64_t n0, int64_t n1, float* y, int64_t n) {
+  std::vector<float> buf(NR * k);
+  for (int64_t r = n0; r < n1; r += NR) {
+    const int nr = (int)std::min<int64_t>(NR, n1 - r);
+    for (int j = 0; j < nr; ++j) dq(w + (r + j) * rb, buf.data() + j * k, k);
+    for (int64_t m = 0; m < m_rows; m += MR) {
+      const int mr = (int)std::min<int64_t>(MR, m_rows - m);
+      TILES[mr - 1][nr - 1](x + m * k, k, buf.data(), y + m * n + r, n);
+    }
+  }
+}
+
+template <int32_t T>
+void scalar_row(const uint8_t* row, float* out, int64_t k) { dequant_row(T, row, out, k); }
+
+
+// -- the handler -----------------------------------------------------------------------
+
+struct Job {
+  const float* x;
+  const float* sx;
+  int64_t m, k, n, rb;
+  const uint8_t* w;
+  float* y;
+};
+
+using RangeFn = void (*)(const Job&, int64_t, int64_t);
+
+template <class D, int M>
+void decode_range(const Job& j, int64_t n0, int64_t n1) {
+  decode_rows<D, M>(j.x, j.sx, j.k, j.w, j.rb, n0, n1, j.y, j.n);
+}
+
+template <class D>
+RangeFn decode_fn(int64_t m) {
+  switch (m) {
+    case 1: return &decode_range<D, 1>;
+    case 2: return &decode_range<D, 2>;
+    case 3: return &decode_range<D, 3>;
+    case 4: return &decode_range<D, 4>;
+    case 5: return &decode_range<D, 5>;
+    case 6: return &decode_range<D, 6>;
+    case 7: return &decode_range<D, 7>;
+    default: return &decode_range<D, 8>;
+  }
+}
+
+struct Plan {
+  RangeFn decode = nullptr;  // null: the buffer loop with `row`
+  RowFn row = nullptr;
+  int sub = 0;  // elements per sub-block with offsets (0: none)
+};
+
+template <class D>
+Plan plan_of(int64_t m) {
+  Plan p;
+  p.row = &dequant_row_v<D>;
+  if (m <= MAX_DECODE_ROWS) {
+    p.decode = decode_fn<D>(m);
+    if (D::OFFS) p.sub = 16 * D::VECS / D::SUBS;
+  }
+  return p;
+}
+
+Plan plan(int32_t t, int64_t m) {
+  Plan p;
+#if !defined(LLAMAY_SCALAR)
+  switch (t) {
+    case Q4_0: return plan_of<DQ4_0>(m);
+    case Q4_1: return plan_of<DQ4_1>(m);
+    case Q5_0: return plan_of<DQ5<false>>(m);
+    case Q5_1: return plan_of<DQ5<true>>(m);
+    case Q8_0: return plan_of<DQ8_0>(m);
+    case Q2_K: return plan_of<DQ2_K>(m);
+    case Q3_K: return plan_of<DQ3_K>(m);
+    case Q4_K: return plan_of<DQ45_K<false>>(m);
+    case Q5_K: return plan_of<DQ45_K<true>>(m);
+    case Q6_K: return plan_of<DQ6_K>(m);
+  }
+#endif
+  switch (t) {
+    case F32: p.row = &scalar_row<F32>; break;
+    case F16: p.row = &scalar_row<F16>; break;
+    case BF16: p.row = &scalar_row<BF16>; break;
+    case Q4_0: p.row = &scalar_row<Q4_0>; break;
+    case Q4_1: p.row = &scalar_row<Q4_1>; break;
+    case Q5_0: p.row = &scalar_row<Q5_0>; break;
+    case Q5_1: p.row = &scalar_row<Q5_1>; break;
+    case Q8_0: p.row = &scalar_row<Q8_0>; break;
+    case Q2_K: p.row = &scalar_row<Q2_K>; break;
+    case Q3_K: p.row = &scalar_row<Q3_K>; break;
+    case Q4_K: p.row = &scalar_row<Q4_K>; break;
+    case Q5_K: p.row = &scalar_row<Q5_K>; break;
+    case Q6_K: p.row = &scalar_row<Q6_K>; break;
+  }
+  return p;
+}
+
+int64_t rows_per_task(int64_t n, int64_t threads) {
+  int64_t per = (n + 4 * threads - 1) / (4 * threads);
+  per = std::max<int64_t>(per, 16);
+  return (per + NR - 1) / NR * NR;
+}
+
+ffi::Error QmmExact(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                    ffi::BufferR0<ffi::S32> layer,
+                    ffi::ResultBuffer<ffi::F32> y, int32_t type) {
+  auto xd = x.dimensions();
+  Weight wt;
+  if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
+  const int64_t k = xd.size() == 0 ? 1 : xd.back();
+  const int64_t m = k ? (int64_t)x.element_count() / k : 0, n = wt.n, rb = wt.row_bytes;
+  if (block_elems(type) == 0) return ffi::Error::InvalidArgument("LlamayQmmExact: unsupported weight type");
+  if (k % block_elems(type) || k / block_elems(type) * block_bytes(type) != rb)
+    return ffi::Error::InvalidArgument("LlamayQmmExact: x's last dim does not match the weight rows");
+  const Plan p = plan(type, m);
+  std::vector<float> sx;
+  if (p.sub) {
+    sx.resize(m * (k / p.sub));
+    sub_sums(x.typed_data(), m, k, p.sub, sx.data());
+  }
+  const Job job{x.typed_data(), sx.data(), m, k, n, rb, wt.data, y->typed_data()};
+  const int64_t per = rows_per_task(n, pool.num_threads());
+  parallel_for(pool, (n + per - 1) / per, [&](int64_t task) {
+    const int64_t n0 = task * per, n1 = std::min(n, n0 + per);
+    if (p.decode) {
+      p.decode(job, n0, n1);
+    } else {
+      buffer_rows(p.row, job.x, m, k, job.w, rb, n0, n1, job.y, n);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace llamay
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmExact, llamay::QmmExact,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("ggml_type"));
