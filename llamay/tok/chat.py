@@ -117,19 +117,22 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
-    time_budget_s: float = sandbox.RENDER_SECONDS,
+    time_budget_s: float | None = None,
     **kw: Any,
 ) -> str:
     """Render `messages` with a (possibly untrusted) Jinja chat template.
 
     Extra keyword arguments (`tools`, `documents`, `enable_thinking`, ...) are passed to the
     template. Any failure, including a sandbox violation or an exceeded budget (time:
-    `time_budget_s`; allocations and output: see `llamay.tok.sandbox`), raises
+    `time_budget_s`, by default `sandbox.time_budget(len(messages))`; allocations and
+    output: see `llamay.tok.sandbox`), raises
     `ChatTemplateError` (the original exception is its `__cause__`). Safe to call from
     any thread; the budgets are per call."""
     from jinja2.exceptions import SecurityError, TemplateError
 
     size = sandbox.input_chars(messages, bos_token, eos_token, kw)
+    if time_budget_s is None:
+        time_budget_s = sandbox.time_budget(len(messages))
     try:
         with sandbox.budgeted(size, messages, kw) as budget, sandbox.time_limit(time_budget_s):
             tmpl = _compile(template)

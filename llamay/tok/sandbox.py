@@ -4,9 +4,11 @@
 not work: nested `range(100000)` loops run for hours, `s ~ s` doubles a string to
 gigabytes, `'x'|center(2**31)` builds 2 GB in one C call. A render here has
 
-- a time budget (`RENDER_SECONDS`): a watchdog raises an exception inside the rendering
-  thread when it is exceeded (checked between Python bytecodes, so it stops any loop;
-  the single C calls that could run long are refused by the size checks below);
+- a time budget (`RENDER_SECONDS` plus `RENDER_SECONDS_PER_MESSAGE` per message: some
+  real templates take 2 ms a message on a loaded CPU): a watchdog raises an exception
+  inside the rendering thread when it is exceeded (checked between Python bytecodes, so
+  it stops any loop; the single C calls that could run long are refused by the size
+  checks below);
 - an allocation budget (`RENDER_CHARS` plus `RENDER_CHARS_PER_INPUT` per character of
   input): the strings and sequences the template builds (`~`, `+`, `*`, `%`, filters,
   method and macro calls, captured blocks) are counted, and an operation that would
@@ -35,6 +37,7 @@ from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 RENDER_SECONDS = 2.0
+RENDER_SECONDS_PER_MESSAGE = 0.01
 RENDER_CHARS = 1 << 24
 RENDER_CHARS_PER_INPUT = 64
 OUTPUT_CHARS = 1 << 20
@@ -112,6 +115,10 @@ def budgeted(input_size: int, *inputs: Any):
         yield _BUDGET.get()
     finally:
         _BUDGET.reset(token)
+
+
+def time_budget(n_messages: int) -> float:
+    return RENDER_SECONDS + RENDER_SECONDS_PER_MESSAGE * n_messages
 
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
