@@ -97,8 +97,18 @@ def register_serve(app: typer.Typer) -> None:
                 "store models and uploaded blobs).",
             ),
         ] = False,
+        no_warmup: Annotated[
+            bool,
+            typer.Option(
+                "--no-warmup",
+                help="Do not load the --model models and compile their programs at start "
+                "(/health is ok at once; first requests compile what they need).",
+            ),
+        ] = False,
     ) -> None:
-        """Serve models over HTTP: OpenAI, Anthropic, Ollama and llama.cpp-compatible APIs."""
+        """Serve models over HTTP: OpenAI, Anthropic, Ollama and llama.cpp-compatible APIs.
+        The --model models load and compile every program they can run in the background
+        at start; /health answers 503 "Loading model" until they are ready."""
         from llamay.errors import LlamayError
         from llamay.serve import create_app
         from llamay.serve.app import run_server
@@ -119,7 +129,9 @@ def register_serve(app: typer.Typer) -> None:
             raise typer.Exit(code=1) from None
         if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
             print(f"warning: serving on {host} without --api-key", file=sys.stderr)
-        app_ = create_app(models, api_key=api_key, max_tokens_limit=max_tokens)
+        app_ = create_app(
+            models, api_key=api_key, max_tokens_limit=max_tokens, warm_up=not no_warmup
+        )
         app_.state.llamay.extra["allow_local_files"] = allow_local_files
         print(
             f"[llamay] serving {', '.join(configured) or 'the store'} on http://{host}:{port}",

@@ -1,8 +1,9 @@
 """The jit-compiled step of the continuous-batching scheduler: every slot feeds its
-pending tokens (a prefill chunk, or one token when decoding) through the paged pool,
-and the slots that reach their end sample their next token, on device.
+pending tokens (a prefill chunk, or one token when decoding) through the paged pool
+(`paged_step`), and the slots that reach their end sample their next token, on device
+(`paged_sample`, a program of its own).
 
-Shapes are static per (slots, T bucket, page-table bucket): T is 1 for pure decode
+Shapes are static per (rows, T bucket, page-table bucket): T is 1 for pure decode
 steps and a power of two up to the prefill chunk otherwise; padding rows and
 positions write nothing (their page is out of range and dropped).
 """
@@ -31,21 +32,16 @@ def paged_step(
     positions,
     page_table,
     last,
-    sampling,
-    slots,
-    params,
-    state,
-    mask=None,
     local_table=None,
     local_base=None,
 ):
-    """One step over R packed rows: tokens/positions [R, T], page_table [R, M], last [R]
-    (index in T of each row's last fed token), sampling [R] bool (rows that sample now),
-    slots [R] (each row's engine slot; padding rows: out of range), params and state per
-    engine slot (rows not sampling keep theirs), mask: packed allowed-token bits [R, W]
-    (constraints) or None, local_table [R, W] and local_base [R] (the local pool's
-    tables, and the position each one's slot 0 holds: sliding-window models) or None.
-    Returns (next tokens [R], sampler state, kv)."""
+    """The forward half of a step over R packed rows: tokens/positions [R, T],
+    page_table [R, M], last [R] (index in T of each row's last fed token), local_table
+    [R, W] and local_base [R] (the local pool's tables, and the position each one's slot
+    0 holds: sliding-window models) or None. Returns (logits [R, V] at each row's last
+    token, kv). Sampling is its own program (`paged_sample`), so what only sampling
+    varies (constraint masks, top-N log-probabilities) compiles a program per row count,
+    not one per step shape."""
     arch = architecture_of(cfg)
     x, kv, _ = forward(
         cfg,
@@ -58,7 +54,15 @@ def paged_step(
         local_base=local_base,
     )
     x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
-    logits = arch.head(cfg, weights, x_last)[:, 0]
+    return arch.head(cfg, weights, x_last)[:, 0], kv
+
+
+@jax.jit  # state not donated: a pipelined step's log-probabilities are read after the next
+def paged_sample(logits, sampling, slots, params, state, mask=None):
+    """The sampling half of a step: logits [R, V], sampling [R] bool (rows that sample
+    now), slots [R] (each row's engine slot; padding rows: out of range), params and
+    state per engine slot (rows not sampling keep theirs), mask: packed allowed-token
+    bits [R, W] (constraints) or None. Returns (next tokens [R], sampler state)."""
 
     def take(a):
         return jnp.take(a, slots, axis=0, mode="clip")
@@ -71,7 +75,7 @@ def paged_step(
         m = sampling.reshape(sampling.shape + (1,) * (n.ndim - 1))
         return full.at[slots].set(jnp.where(m, n, o), mode="drop")
 
-    return nxt, jax.tree_util.tree_map(put, state, new, st), kv
+    return nxt, jax.tree_util.tree_map(put, state, new, st)
 
 
 def set_rows(params: SamplingParams | object, rows, new):

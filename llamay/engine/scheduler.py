@@ -33,7 +33,7 @@ import threading
 from collections import deque
 from typing import Any
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from llamay.arch.decoder import local_layers
@@ -180,6 +180,14 @@ class BatchEngine(StepWorker, Planner, Persistence):
     def release(self, handle: Handle) -> None:
         """Drop the KV a `keep=True` request kept after it finished."""
         self._call("release", handle)
+
+    def on_worker(self, fn):
+        """`fn(engine)` run on the worker thread between steps (it may use the device
+        state); its result, or its exception, comes back here."""
+        return self._call("on_worker", fn)
+
+    def _on_worker(self, fn):
+        return fn(self)
 
     def _call(self, op: str, *args):
         if self._closed:
@@ -345,10 +353,10 @@ class BatchEngine(StepWorker, Planner, Persistence):
             if self._state is None:
                 self._state = SamplerState.init(samplers, history=self.n_ctx)
             elif self._state.top_ids.shape[1] != width:  # only the per-step outputs change
-                self._state = dataclasses.replace(
+                self._state = dataclasses.replace(  # device_put: no program compiled
                     self._state,
-                    top_logprobs=jnp.zeros((self.n_slots, width), jnp.float32),
-                    top_ids=jnp.zeros((self.n_slots, width), jnp.int32),
+                    top_logprobs=jax.device_put(np.zeros((self.n_slots, width), np.float32)),
+                    top_ids=jax.device_put(np.zeros((self.n_slots, width), np.int32)),
                 )
         fresh = [i for i, a in enumerate(self.slots) if a is not None and a.fresh]
         if fresh:

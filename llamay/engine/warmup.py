@@ -20,8 +20,13 @@ prefill chunk 256) and a server's engine (`llamay serve --parallel 8`: 8 slots, 
 128) share none, so each is warmed up with its own engine, on the same context size
 (`n_ctx`) and numerics. The engine must be idle (warm it up before submitting work).
 Sequences longer than the engine's starting pool grow the pool, a new shape: `length`
-is capped there. Constrained generation (token masks) and top-N log-probabilities
-compile variants of their own, not covered here.
+is capped there. `warmup` compiles the default sampler's program; constrained
+generation (token masks) and top-N log-probabilities vary only the sampling program.
+
+`prime` is a server's warm-up: on the engine's own worker it runs every step program
+once over padding rows (which write nothing), and the sampling program for each row
+count with and without token masks and at each log-probability width, so jit's
+in-memory caches hold them all and a request's first step neither compiles nor traces.
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from llamay.engine.paged_steps import paged_step, set_rows
-from llamay.engine.scheduler import MIN_VIEW, BatchEngine
+from llamay.engine.paged_steps import paged_sample, paged_step, set_rows
+from llamay.engine.scheduler import LOGPROB_WIDTH, LOGPROB_WIDTH_MAX, MIN_VIEW, BatchEngine
 from llamay.errors import RequestError
 from llamay.kv import bucket
 from llamay.sample import Sampler, SamplerState, SamplingParams
+from llamay.sample.constraint import mask_words
 
 # Sequences (prompt + generated tokens) covered by default: `llamay generate`'s default
 # 128 new tokens after a prompt of a few hundred.
@@ -151,10 +157,16 @@ def warmup(
         n = workers or min(4, os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=n, thread_name_prefix="llamay-warmup") as pool:
             futures = []
+            sampled = set()
             for shape in shapes:  # lowering holds the GIL: here; compiling releases it
                 start = time.perf_counter()
                 plan = engine._blank_plan(shape.rows, shape.tokens, shape.pages)
-                lowered = paged_step.lower(*engine._step_inputs(plan, None, params, state))
+                step, sampling = engine._step_inputs(plan, None, params, state)
+                lowered = paged_step.lower(*step)
+                if shape.rows not in sampled:  # the sampling program, per row count
+                    sampled.add(shape.rows)
+                    logits = lowered.out_info[0]
+                    pool.submit(_timed, paged_sample.lower(logits, *sampling))
                 futures.append((shape, time.perf_counter() - start, pool.submit(_timed, lowered)))
             for shape, lowering, fut in futures:
                 seconds = lowering + fut.result()
@@ -170,3 +182,50 @@ def _timed(lowered) -> float:
     start = time.perf_counter()
     lowered.compile()
     return time.perf_counter() - start
+
+
+def prime(
+    engine: BatchEngine,
+    rows: Iterable[int] | None = None,
+    length: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> float:
+    """Run each program `engine` dispatches for `rows` concurrent sequences (default:
+    every row bucket up to its slots) of up to `length` positions (default: its
+    context), prefill buckets included, once on its worker (see the module docstring),
+    one program per worker call so requests and `close` are served in between.
+    `progress(done, total)` is called after each step program. Returns the seconds."""
+    t0 = time.perf_counter()
+    rows = list(rows) if rows is not None else _powers(1, bucket(engine.n_slots, 1))
+    shapes = step_shapes(engine, rows, length or engine.n_ctx)
+    logits: dict[int, jax.Array] = {}
+    for i, shape in enumerate(shapes):
+        logits[shape.rows] = engine.on_worker(lambda e, shape=shape: _prime_step(e, shape))
+        if progress is not None:
+            progress(i + 1, len(shapes))
+    for R, out in logits.items():
+        engine.on_worker(lambda e, R=R, out=out: _prime_sampling(e, R, out))
+    return time.perf_counter() - t0
+
+
+def _prime_step(engine: BatchEngine, shape: StepShape) -> jax.Array:
+    plan = engine._blank_plan(shape.rows, shape.tokens, shape.pages)
+    step, _ = engine._step_inputs(plan, None, None, None)
+    logits, engine.kv = paged_step(*step)  # padding rows: the pool is unchanged
+    return logits
+
+
+def _prime_sampling(engine: BatchEngine, R: int, logits: jax.Array) -> None:
+    """The sampling program over R rows with and without token masks, at each top-N
+    width, with the programs seeding starting requests and feeding pipelined steps."""
+    plan = engine._blank_plan(R, 1, 1)
+    _, (sampling, slots, *_) = engine._step_inputs(plan, None, None, None)
+    words = mask_words(engine._vocab or 0)
+    for width in (0, LOGPROB_WIDTH, LOGPROB_WIDTH_MAX):
+        samplers = [dataclasses.replace(Sampler(), n_probs=width)] * engine.n_slots
+        params = SamplingParams.stack(samplers, engine._vocab)
+        state = SamplerState.init(samplers, history=engine.n_ctx)
+        for mask in (None, jax.device_put(np.full((R, words), 0xFFFFFFFF, np.uint32))):
+            nxt, _ = paged_sample(logits, sampling, slots, params, state, mask)
+        set_rows(state, list(range(R)), SamplerState.init(samplers[:R], history=engine.n_ctx))
+    nxt[:, None].block_until_ready()

@@ -13,7 +13,7 @@ import time
 import jax
 import numpy as np
 
-from llamay.engine.paged_steps import paged_step
+from llamay.engine.paged_steps import paged_sample, paged_step
 from llamay.engine.planning import Plan, RequestFailed
 from llamay.kv.pages import grow_paged_kv
 from llamay.sample import read_logprobs
@@ -130,17 +130,19 @@ class StepWorker:
 
     def _dispatch(self, plan: Plan, tokens: jax.Array | None = None) -> jax.Array:
         self._sync_pool()
-        args = self._step_inputs(plan, tokens, self._params, self._state)
-        nxt, self._state, self.kv = paged_step(*args)
+        step, sampling = self._step_inputs(plan, tokens, self._params, self._state)
+        logits, self.kv = paged_step(*step)
+        nxt, self._state = paged_sample(logits, *sampling)
         plan.state = self._state
         self.counters["steps"] += 1
         return nxt
 
-    def _step_inputs(self, plan: Plan, tokens, params, state) -> tuple:
+    def _step_inputs(self, plan: Plan, tokens, params, state) -> tuple[tuple, tuple]:
         """`paged_step`'s arguments for `plan` (`tokens`: fed from the device instead of
-        the plan's); `llamay.engine.warmup` lowers the step with them."""
+        the plan's), and `paged_sample`'s after the logits; `llamay.engine.warmup`
+        compiles the step with them."""
         # device_put: jnp.asarray(ndarray) compiles an identity program per shape (jax 0.12)
-        fed, *rows, local = jax.device_put(
+        fed, positions, table, last, sampling, slots, local = jax.device_put(
             (
                 plan.tokens,
                 plan.positions,
@@ -152,17 +154,17 @@ class StepWorker:
             )
         )
         fed = fed if tokens is None else tokens
-        return (
+        step = (
             self.cfg,
             self.weights,
             self.kv,
             fed,
-            *rows,
-            params,
-            state,
-            plan.mask,
+            positions,
+            table,
+            last,
             *(local or (None, None)),
         )
+        return step, (sampling, slots, params, state, plan.mask)
 
     def _logprobs(self, plan: Plan) -> dict[int, tuple]:
         """{row: (logprob, [(id, logprob)...])} of the plan's sampling rows that asked for

@@ -411,9 +411,10 @@ def read_logprobs(
     best), from the state `sample` returned (its width is the batch's n_probs, the most
     any row asked for; each row keeps its own first n). One device-to-host copy."""
     idx = np.asarray(rows, np.int32)
-    ids, lps, chosen = jax.device_get(
-        (state.top_ids[idx], state.top_logprobs[idx], state.token_logprob[idx])
-    )
+    # the whole (small) arrays, indexed on the host: indexing on device would compile a
+    # gather per count of rows
+    ids, lps, chosen = jax.device_get((state.top_ids, state.top_logprobs, state.token_logprob))
+    ids, lps, chosen = ids[idx], lps[idx], chosen[idx]
     width = ids.shape[1]
     out = []
     for r, n in enumerate(n_probs):

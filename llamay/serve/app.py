@@ -77,10 +77,12 @@ def create_app(
     n_ctx: int | None = None,
     parallel: int = 8,
     reap_interval: float = 1.0,
+    warm_up: bool = False,
 ) -> FastAPI:
     """The server's app. `models`: a `Models` registry or {name: path}; `api_key`: required
     as `Authorization: Bearer KEY` or `x-api-key: KEY` when set; `max_tokens_limit`: a cap on
-    what one request may generate; `keep_alive`: seconds an idle model stays loaded."""
+    what one request may generate; `keep_alive`: seconds an idle model stays loaded;
+    `warm_up`: load and prime the configured models at start (`llamay.serve.readiness`)."""
     if not isinstance(models, Models):
         models = Models(models, n_ctx=n_ctx, parallel=parallel, default_keep_alive=keep_alive)
     st = ServerState(models=models, api_key=api_key, max_tokens_limit=max_tokens_limit)
@@ -95,13 +97,19 @@ def create_app(
             while True:
                 await asyncio.sleep(reap_interval)
                 await st.models.reap()
+                expire_contexts(st)
 
         task = asyncio.create_task(reaper())
-                expire_contexts(st)
+        if warm_up:
+            from llamay.serve.readiness import warm_up as warming
+
+            st.extra["warm_up_task"] = asyncio.create_task(warming(st))
         try:
             yield
         finally:
             task.cancel()
+            if warm_up:
+                st.extra["warm_up_task"].cancel()
             await st.models.close()
 
     from llamay import __version__ as version

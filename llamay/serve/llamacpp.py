@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import Field
 
 from llamay.errors import RequestError
+from llamay.serve import readiness
 from llamay.serve import tools as T
 from llamay.serve.context import live_contexts
 from llamay.serve.core import (
@@ -236,8 +237,10 @@ async def apply_template(body: TemplateRequest, request: Request):
     return {"prompt": await off_loop(T.render_prompt, lm, body.messages, body.tools)}
 
 
-@router.get("/health", summary="Liveness (llama.cpp)")
-async def health():
+@router.get("/health", summary="Readiness (llama.cpp): 503 while the models warm up")
+async def health(request: Request):
+    if not readiness.ready(state(request)):
+        return JSONResponse(readiness.LOADING, status_code=503)
     return {"status": "ok"}
 
 

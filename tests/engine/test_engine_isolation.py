@@ -165,18 +165,21 @@ def test_a_failing_step_fails_every_request_and_the_engine_goes_on(tiny, engine,
 
 
 def test_cancel_mid_generation_frees_pages_for_the_next_request(tiny):
-    # a pool that holds one request at a time: the second waits for the first's pages
-    e = BatchEngine(tiny, slots=2, page_size=8, chunk=16, n_pages=9)
+    # a pool of 40 pages: the first request reserves 39, the second needs 4 and waits
+    e = BatchEngine(tiny, slots=2, page_size=8, chunk=16, n_pages=41)
     try:
-        first = e.submit(Request(list(range(300, 310)), 50, GREEDY))
+        first = e.submit(Request(list(range(300, 310)), 300, GREEDY))
         events = iter(first)
         next(events), next(events)
-        second = e.submit(Request([7, 8, 9], 4, GREEDY))
-        time.sleep(0.2)
-        assert e.stats()["queued"] == 1  # waiting for pages, not for a slot
+        later = list(range(700, 720))
+        second = e.submit(Request(later, 10, GREEDY))
+        deadline = time.monotonic() + 10
+        while e.stats()["queued"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert e.stats()["queued"] == 1 and not first.done  # waiting for pages, not a slot
         e.cancel(first)
-        assert [ev.token_id for ev in second] == list(tiny.generation([7, 8, 9], 4, GREEDY))
-        assert first.finish_reason == "cancelled" and first.usage.completion_tokens < 50
+        assert [ev.token_id for ev in second] == list(tiny.generation(later, 10, GREEDY))
+        assert first.finish_reason == "cancelled" and first.usage.completion_tokens < 300
         assert e.stats()["pages_held"] == 0
     finally:
         e.close()
