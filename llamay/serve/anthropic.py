@@ -39,7 +39,7 @@ class Tool(OpenModel):
 
 
 class CountTokensRequest(OpenModel):
-    model: str = ""
+    model: str | None = None
     messages: list[Message] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[Tool] | None = None
@@ -168,7 +168,7 @@ async def messages(body: MessagesRequest, request: Request):
     thinking = (body.model_extra or {}).get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):
         raise ApiError(400, "thinking: extended thinking is not supported by this server yet")
-    lm = await st.models.get(body.model)
+    lm = await st.models.get(body.model, lenient=True)
     ids, tools, forced = await off_loop(_prompt_ids, lm, body)
     names = {t["function"]["name"] for t in tools or []}
     con = None
@@ -320,6 +320,6 @@ async def messages(body: MessagesRequest, request: Request):
 @router.post("/v1/messages/count_tokens", summary="Count a request's input tokens (Anthropic)")
 async def count_tokens(body: CountTokensRequest, request: Request):
     st: ServerState = state(request)
-    lm = await st.models.get(body.model)
+    lm = await st.models.get(body.model, lenient=True)
     ids, _, _ = await off_loop(_prompt_ids, lm, body)
     return {"input_tokens": len(ids)}

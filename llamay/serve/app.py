@@ -23,12 +23,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamay.errors import LlamayError
 from llamay.serve.context import expire_contexts
-from llamay.serve.errors import ApiError, error_body, family_of, to_http_status
+from llamay.serve.errors import ApiError, error_body, error_kind, family_of, to_http_status
 from llamay.serve.models import Models
 from llamay.serve.state import ServerState
 
-#: Paths that answer without an API key (health probes).
-OPEN_PATHS = ("/health", "/api/version", "/")
+#: Paths that answer without an API key (health probes, and the model lists, which
+#: llama-server leaves open too).
+OPEN_PATHS = ("/health", "/api/version", "/", "/v1/models", "/models")
 
 
 def _error(
@@ -65,6 +66,25 @@ class ApiKeyCheck:
             if not given or not hmac.compare_digest(given, self.api_key):
                 await _error(request, 401, "invalid or missing API key")(scope, receive, send)
                 return
+        await self.app(scope, receive, send)
+
+
+class JsonBodies:
+    """Request bodies are JSON whatever their Content-Type says: `curl -d '{...}'` (every
+    example of Ollama's api.md) sends application/x-www-form-urlencoded, others send
+    none or text/plain, and Ollama and llama-server parse them as JSON all the same."""
+
+    LOOSE = (b"", b"application/x-www-form-urlencoded", b"text/plain")
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            given = dict(scope["headers"]).get(b"content-type", b"")
+            if given.split(b";")[0].strip().lower() in self.LOOSE:
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await self.app(scope, receive, send)
 
 
@@ -122,6 +142,7 @@ def create_app(
     )
     app.state.llamay = st
 
+    app.add_middleware(JsonBodies)
     if st.api_key:
         app.add_middleware(ApiKeyCheck, api_key=st.api_key)
 
@@ -132,8 +153,7 @@ def create_app(
     @app.exception_handler(LlamayError)
     async def llamay_error(request: Request, exc: LlamayError):
         status = to_http_status(exc)
-        kind = "not_found" if status == 404 else None
-        return _error(request, status, str(exc), None, kind)
+        return _error(request, status, str(exc), None, error_kind(exc))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):

@@ -55,6 +55,14 @@ def to_http_status(exc: BaseException) -> int:
     return 500
 
 
+def error_kind(exc: BaseException) -> str | None:
+    """The error's kind where a family names it apart from its status: a missing model,
+    a prompt over the context (llama-server's type, OpenAI's code)."""
+    if isinstance(exc, E.ContextOverflowError):
+        return "exceed_context_size_error"
+    return "not_found" if to_http_status(exc) == 404 else None
+
+
 def not_found(what: str) -> ApiError:
     return ApiError(404, what, kind="not_found")
 
@@ -79,11 +87,15 @@ _ANTHROPIC_TYPES = {
 }
 
 
+#: llama-server's OpenAI routes without the /v1 prefix.
+_OPENAI_UNPREFIXED = ("/chat/completions", "/models", "/responses")
+
+
 def family_of(path: str) -> str:
     """Which API family a request path belongs to (decides the error body's shape)."""
     if path.startswith("/v1/messages"):
         return "anthropic"
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/") or path in _OPENAI_UNPREFIXED:
         return "openai"
     if path.startswith("/api/"):
         return "ollama"
@@ -103,11 +115,7 @@ def error_body(
     etype = kind or _OPENAI_TYPES.get(status, "server_error")
     if family == "llamacpp":
         return {"error": {"code": status, "message": message, "type": etype}}
-    return {
-        "error": {
-            "message": message,
-            "type": etype,
-            "param": param,
-            "code": "model_not_found" if kind == "not_found" else None,
-        }
-    }
+    codes = {"not_found": "model_not_found", "exceed_context_size_error": "context_length_exceeded"}
+    if kind == "exceed_context_size_error":
+        etype = _OPENAI_TYPES[400]
+    return {"error": {"message": message, "type": etype, "param": param, "code": codes.get(kind)}}

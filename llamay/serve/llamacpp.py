@@ -33,7 +33,7 @@ router = APIRouter(tags=["llama.cpp"])
 
 
 class CompletionRequest(OpenModel):
-    model: str = ""
+    model: str | None = None
     prompt: str | list[int | str] = ""
     n_predict: int = -1
     stream: bool = False
@@ -49,7 +49,7 @@ class CompletionRequest(OpenModel):
 
 
 class TokenizeRequest(OpenModel):
-    model: str = ""
+    model: str | None = None
     content: str = ""
     add_special: bool = False
     parse_special: bool = True
@@ -57,18 +57,18 @@ class TokenizeRequest(OpenModel):
 
 
 class DetokenizeRequest(OpenModel):
-    model: str = ""
+    model: str | None = None
     tokens: list[int] = Field(default_factory=list)
 
 
 class TemplateRequest(OpenModel):
-    model: str = ""
+    model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
 
 
 class RerankRequest(OpenModel):
-    model: str = ""
+    model: str | None = None
     query: str = Field(min_length=1)
     documents: list[str] = Field(min_length=1)
     top_n: int | None = Field(None, ge=1)
@@ -131,7 +131,7 @@ def _bias(raw) -> tuple:
 @router.post("/completions", include_in_schema=False)
 async def completion(body: CompletionRequest, request: Request):
     st: ServerState = state(request)
-    lm = await st.models.get(body.model)
+    lm = await st.models.get(body.model, lenient=True)
     ids = await off_loop(_prompt_ids, lm, body.prompt)
     params = extra_params(body.model_extra)
     if body.seed is not None and body.seed >= 0:
@@ -157,7 +157,9 @@ async def completion(body: CompletionRequest, request: Request):
             "tokens_predicted": g.completion_tokens,
             "tokens_evaluated": g.prompt_tokens,
             "prompt": lm.model.detokenize(ids),
-            "truncated": False,
+            # llama-server's flag for a generation the context cut short
+            "truncated": g.finish_reason == "length"
+            and g.prompt_tokens + g.completion_tokens >= lm.model.n_ctx,
             "stop_type": _stop_type(g),
             "stopping_word": g.stop_sequence or "",
             "tokens_cached": g.cached_tokens,
@@ -200,7 +202,7 @@ def _probs(lm: Loaded, rows) -> list[dict[str, Any]]:
 
 @router.post("/tokenize", summary="Tokenize text (llama.cpp)")
 async def tokenize(body: TokenizeRequest, request: Request):
-    lm = await state(request).models.get(body.model)
+    lm = await state(request).models.get(body.model, lenient=True)
     tok = lm.model.tokenizer
     ids = await off_loop(
         tok.encode, body.content, add_special=body.add_special, parse_special=body.parse_special
@@ -220,7 +222,7 @@ async def tokenize(body: TokenizeRequest, request: Request):
 
 @router.post("/detokenize", summary="Detokenize token ids (llama.cpp)")
 async def detokenize(body: DetokenizeRequest, request: Request):
-    lm = await state(request).models.get(body.model)
+    lm = await state(request).models.get(body.model, lenient=True)
     n_vocab = lm.model.tokenizer.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < n_vocab]
     if bad:
@@ -230,7 +232,7 @@ async def detokenize(body: DetokenizeRequest, request: Request):
 
 @router.post("/apply-template", summary="Render a chat with the model's template (llama.cpp)")
 async def apply_template(body: TemplateRequest, request: Request):
-    lm = await state(request).models.get(body.model)
+    lm = await state(request).models.get(body.model, lenient=True)
     for i, m in enumerate(body.messages):
         if not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages.{i}.role must be a string")
@@ -320,7 +322,7 @@ async def rerank(body: RerankRequest, request: Request):
     `pooling_type` 4, RANK, with `cls.*` tensors) is not run: llamay does not load such
     GGUFs yet (the bert architecture refuses pooling_type 4 with a clear error, which
     becomes this endpoint's 400)."""
-    lm = await state(request).models.get(body.model)
+    lm = await state(request).models.get(body.model, lenient=True)
     if lm.model.config.causal:
         raise RequestError(
             f"model {lm.name!r} is a decoder; rerank needs an embedding (or reranking) model"

@@ -33,8 +33,10 @@ def make_engine(model, parallel: int = 8):
     from llamay.engine.scheduler import BatchEngine
 
     slots, page = max(1, parallel), 16
-    # the scheduler's default pool, but never too small for one full context
-    n_pages = max(slots * -(-min(model.n_ctx, 1024) // page), -(-model.n_ctx // page)) + 1
+    # the scheduler's default pool, but never too small for one full context (the
+    # engine reserves a position past a sequence's last token: n_ctx + 1 positions)
+    full = -(-(model.n_ctx + 1) // page)
+    n_pages = max(slots * -(-min(model.n_ctx, 1024) // page), full) + 1
     # clients' concurrent requests reach the engine one by one: gather them into one
     # first step (`BatchEngine` gather_s) rather than compile a step per arrival pattern
     return BatchEngine(model, slots=slots, page_size=page, n_pages=n_pages, gather_s=0.025)
@@ -169,8 +171,10 @@ class Models:
                 out.setdefault(e.name, Known(e.name, e.path, e.size, e.modified, e.digest, layers))
         return list(out.values())
 
-    def find(self, name: str | None) -> Known:
-        """The model `name` refers to (None or "": the default model)."""
+    def find(self, name: str | None, lenient: bool = False) -> Known:
+        """The model `name` refers to (None or "": the default model). `lenient`: when
+        the server has exactly one model, any name means it (llama-server answers
+        `"model": "gpt-3.5-turbo"` so; OpenAI and Anthropic clients must send a name)."""
         if not name:
             name = self.default_name
             if name is None:
@@ -185,6 +189,8 @@ class Models:
             for k in known:
                 if k.name == cand:
                     return k
+        if lenient and len(known) == 1:
+            return known[0]
         names = ", ".join(k.name for k in known) or "(none)"
         raise ModelNotFoundError(f"model {name!r} is not available on this server; it has: {names}")
 
@@ -194,9 +200,11 @@ class Models:
         ka = self.default_keep_alive if keep_alive is None else keep_alive
         return None if ka < 0 else time.time() + ka
 
-    async def get(self, name: str | None, keep_alive: float | None = None) -> Loaded:
-        """The loaded model `name`, loading it first if needed."""
-        known = self.find(name)
+    async def get(
+        self, name: str | None, keep_alive: float | None = None, lenient: bool = False
+    ) -> Loaded:
+        """The loaded model `name` (as `find` reads it), loading it first if needed."""
+        known = self.find(name, lenient)
         lock = self._locks.setdefault(known.name, asyncio.Lock())
         async with lock:
             lm = self.loaded.get(known.name)

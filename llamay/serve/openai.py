@@ -63,7 +63,7 @@ class ToolDef(OpenModel):
 
 
 class _Sampling(OpenModel):
-    model: str = ""
+    model: str | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     n: int = Field(1, ge=1, le=16)
@@ -101,7 +101,7 @@ class CompletionRequest(_Sampling):
 
 
 class EmbeddingRequest(OpenModel):
-    model: str = ""
+    model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
@@ -305,13 +305,14 @@ def _usage(gens: list[TextGen]) -> dict[str, Any]:
 
 
 @router.post("/v1/chat/completions", summary="Create a chat completion")
+@router.post("/chat/completions", include_in_schema=False)  # llama-server's unprefixed route
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     st: ServerState = state(request)
     if body.logprobs not in (None, True, False):
         raise ApiError(400, "logprobs must be true or false", param="logprobs")
     if body.top_logprobs and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    lm = await st.models.get(body.model)
+    lm = await st.models.get(body.model, lenient=True)
     template_tools, forced = _tool_plan(body)
     names = {t["function"]["name"] for t in template_tools or []}
     ids = await off_loop(T.chat_ids, lm, _messages(body), template_tools)
@@ -440,7 +441,7 @@ async def completions(body: CompletionRequest, request: Request):
     lp = body.logprobs
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
         raise ApiError(400, "logprobs must be an integer in [0, 20]", param="logprobs")
-    lm = await st.models.get(body.model)
+    lm = await st.models.get(body.model, lenient=True)
     prompts = await off_loop(_prompts, lm, body.prompt)
     check_ids(lm, prompts)
     gens = []
@@ -535,7 +536,7 @@ def _embedding_inputs(lm, inp) -> list[list[int]]:
 @router.post("/v1/embeddings", summary="Create embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
     st: ServerState = state(request)
-    lm = await st.models.get(body.model)
+    lm = await st.models.get(body.model, lenient=True)
     prompts = await off_loop(_embedding_inputs, lm, body.input)
     if not prompts or any(not p for p in prompts):
         raise RequestError("embedding input must not be empty")
@@ -564,6 +565,7 @@ def _model_obj(k) -> dict:
 
 
 @router.get("/v1/models", summary="List models")
+@router.get("/models", include_in_schema=False)
 async def list_models(request: Request):
     st: ServerState = state(request)
     return {"object": "list", "data": [_model_obj(k) for k in st.models.known()]}

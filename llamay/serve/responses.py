@@ -25,7 +25,7 @@ router = APIRouter(tags=["OpenAI"])
 
 
 class ResponsesRequest(OpenModel):
-    model: str = ""
+    model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
@@ -137,9 +137,10 @@ def _responses_tools(body: ResponsesRequest):
 
 
 @router.post("/v1/responses", summary="Create a model response (OpenAI Responses API)")
+@router.post("/responses", include_in_schema=False)
 async def responses(body: ResponsesRequest, request: Request):
     st: ServerState = state(request)
-    lm = await st.models.get(body.model)
+    lm = await st.models.get(body.model, lenient=True)
     tools, forced = _responses_tools(body)
     names = {t["function"]["name"] for t in tools or []}
     ids = await off_loop(T.chat_ids, lm, _responses_messages(body), tools)

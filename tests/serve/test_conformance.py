@@ -1,0 +1,111 @@
+"""Issue 19: the requests the peers' users send, exactly as their clients or curl send them,
+answered as those APIs' references say."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.serve.conftest import running
+
+CTX = 96  # a small context, so generating until it is full stays fast
+MSGS = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def small_ctx(tiny_paths, serve_home):
+    """The tiny llama with a 96-token context, one slot, no token cap."""
+    from llamay.serve import create_app
+    from llamay.serve.models import Models
+
+    models = Models(
+        {"tiny": tiny_paths["tiny"]}, n_ctx=CTX, parallel=1, use_store=False, default_keep_alive=-1
+    )
+    with running(create_app(models)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def http(small_ctx):
+    with httpx.Client(base_url=small_ctx.url, timeout=300) as c:
+        yield c
+
+
+def test_no_token_limit_generates_until_the_context_is_full(http, tiny):
+    """Defect 1: without max_tokens / n_predict / num_predict every peer generates to EOS
+    or a full context (finish "length"); llamay answered 400 (one KV page short)."""
+    r = http.post("/v1/chat/completions", json={"model": "tiny", "messages": MSGS})
+    assert r.status_code == 200, r.text
+    u, choice = r.json()["usage"], r.json()["choices"][0]
+    if choice["finish_reason"] == "length":
+        assert u["prompt_tokens"] + u["completion_tokens"] == CTX
+    else:  # the model's own end of turn came first
+        assert choice["finish_reason"] == "stop"
+
+    r = http.post("/completion", json={"prompt": "Once upon a time"})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    if out["stop_type"] == "limit":
+        assert out["tokens_evaluated"] + out["tokens_predicted"] == CTX
+        assert out["truncated"] is True  # llama-server: the context filled up
+
+    r = http.post("/api/generate", json={"model": "tiny", "prompt": "Hi", "stream": False})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    if out["done_reason"] == "length":
+        assert out["prompt_eval_count"] + out["eval_count"] == CTX
+
+    r = http.post("/v1/responses", json={"model": "tiny", "input": "Hi"})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] in ("completed", "incomplete")
+
+
+def test_a_prompt_over_the_context_is_llama_servers_error_type(http):
+    """Defect 7: llama-server's type for an overflowing prompt."""
+    r = http.post("/completion", json={"prompt": "word " * 200, "n_predict": 1})
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "exceed_context_size_error"
+    r = http.post("/v1/completions", json={"model": "tiny", "prompt": "word " * 200})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"  # OpenAI's code
+
+
+def test_bodies_without_content_type_are_json(http):
+    """Defect 5: `curl -d '{...}'` sends application/x-www-form-urlencoded (Ollama's api.md
+    examples all do); Ollama and llama-server parse the body as JSON anyway."""
+    body = json.dumps(
+        {"model": "tiny", "prompt": "Hi", "stream": False, "options": {"num_predict": 2}}
+    )
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    r = http.post("/api/generate", content=body, headers=form)
+    assert r.status_code == 200, r.text
+    assert r.json()["eval_count"] == 2
+    r = http.post("/completion", content=json.dumps({"prompt": "Hi", "n_predict": 2}))
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens_predicted"] == 2
+    r = http.post("/api/generate", content=b"{not json", headers=form)
+    assert r.status_code == 400
+
+
+def test_model_null_or_any_name_when_one_model_is_served(http):
+    """Defect 6: with one model, `"model": null` and any name (`gpt-3.5-turbo`, as
+    llama-server's own examples send) mean that model."""
+    for model in (None, "gpt-3.5-turbo"):
+        r = http.post(
+            "/v1/chat/completions", json={"model": model, "messages": MSGS, "max_tokens": 2}
+        )
+        assert r.status_code == 200, (model, r.text)
+        assert r.json()["model"] == "tiny"
+
+
+def test_llama_server_unprefixed_routes(http):
+    """llama-server serves its OpenAI routes without /v1 too."""
+    r = http.post("/chat/completions", json={"messages": MSGS, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+    assert http.get("/models").json()["data"][0]["id"] == "tiny"
+    r = http.post("/responses", json={"input": "Hi", "max_output_tokens": 2})
+    assert r.status_code == 200 and r.json()["object"] == "response"
+    r = http.post("/chat/completions", json={"messages": []})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
