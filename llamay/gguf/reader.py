@@ -3,7 +3,11 @@ zero-copy numpy views of tensor data.
 
 Every count, length and offset read from the file is checked against the bytes
 that remain before anything is allocated from it, so a corrupt file raises a
-specific `GGUFError` naming the field instead of a MemoryError or a crash:
+specific `GGUFError` naming the field instead of a MemoryError or a crash. Counts
+of Python objects a few bytes of file can each create (tensors, metadata entries,
+strings and arrays in arrays) are also capped (`MAX_TENSORS`, `MAX_METADATA`,
+`MAX_ARRAY_ITEMS`: far above real models, whose largest arrays are ~0.5M merges),
+so a large file of tiny items cannot turn into many times its size in memory:
 
 - `GGUFMagicError`, `GGUFVersionError`: not a (little-endian, v2/v3) GGUF file;
 - `GGUFTruncatedError`: the file ends inside a field;
@@ -57,6 +61,9 @@ _MIN_ARRAY_BYTES = 12
 _MAX_ARRAY_DEPTH = 8
 # String arrays at least this long take the bulk decoding path.
 _BULK_STRINGS = 64
+MAX_TENSORS = 1 << 20
+MAX_METADATA = 1 << 16
+MAX_ARRAY_ITEMS = 1 << 21  # of an array of strings or of arrays
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -140,9 +147,11 @@ class _Cursor:
         self.pos += 8
         return v
 
-    def count(self, what: str, min_item_bytes: int) -> int:
-        """A u64 element count, checked against the bytes left in the file."""
+    def count(self, what: str, min_item_bytes: int, limit: int | None = None) -> int:
+        """A u64 element count, checked against the bytes left in the file (and `limit`)."""
         n = self.u64(what)
+        if limit is not None and n > limit:
+            raise GGUFBoundsError(f"{self.path}: {what} is {n}, over the limit of {limit}")
         if n * min_item_bytes > self.remaining():
             raise GGUFBoundsError(
                 f"{self.path}: {what} is {n}, but only {self.remaining()} bytes remain "
@@ -296,9 +305,9 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int = 0) -
         arr = cur.array(dtype, n, what)
         return arr.astype(bool) if etype == GGUFValueType.BOOL else arr
     if etype == GGUFValueType.STRING:
-        n = cur.count(f"length of {what}", 8)
+        n = cur.count(f"length of {what}", 8, MAX_ARRAY_ITEMS)
         return cur.strings(n, what)
-    n = cur.count(f"length of {what}", _MIN_ARRAY_BYTES)
+    n = cur.count(f"length of {what}", _MIN_ARRAY_BYTES, MAX_ARRAY_ITEMS)
     return [_read_value(cur, etype, f"{what}[{i}]", depth + 1) for i in range(n)]
 
 
@@ -348,8 +357,8 @@ class GGUFFile:
             raise GGUFVersionError(
                 f"{path}: GGUF version {self.version} is not supported (llamay reads 2 and 3)"
             )
-        n_tensors = cur.count("tensor count", _MIN_TENSOR_INFO_BYTES)
-        n_kv = cur.count("metadata count", _MIN_KV_BYTES)
+        n_tensors = cur.count("tensor count", _MIN_TENSOR_INFO_BYTES, MAX_TENSORS)
+        n_kv = cur.count("metadata count", _MIN_KV_BYTES, MAX_METADATA)
         if n_tensors * _MIN_TENSOR_INFO_BYTES + n_kv * _MIN_KV_BYTES > cur.remaining():
             raise GGUFBoundsError(
                 f"{path}: {n_tensors} tensors and {n_kv} metadata entries cannot fit in "
