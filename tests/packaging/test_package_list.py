@@ -5,8 +5,10 @@ the wheel ships without it."""
 from __future__ import annotations
 
 import tomllib
+import zipfile
 
-from pkgtestlib import REPO
+import pytest
+from pkgtestlib import REPO, built_dist
 
 
 def _setuptools() -> dict:
@@ -34,3 +36,17 @@ def test_every_package_folder_is_listed():
 def test_cli_package_maps_to_cli_folder():
     assert _setuptools()["package-dir"] == {"llamay_cli": "cli"}
     assert (REPO / "cli" / "main.py").is_file()
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_cli_and_the_native_kernel_sources():
+    """Built on the user's machine, the native kernels need their C++ sources in the wheel."""
+    with zipfile.ZipFile(built_dist()[0]) as z:
+        names = set(z.namelist())
+    assert {"llamay_cli/main.py", "llamay_cli/store_cmds.py"} <= names
+    sources = {
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "llamay" / "kernels_cpu" / "src").iterdir()
+        if p.suffix in (".cc", ".h")
+    }
+    assert sources and sources <= names, sorted(sources - names)
