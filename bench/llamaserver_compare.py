@@ -1,7 +1,8 @@
-"""`llamay serve` against llama.cpp's `llama-server -np N` on the same GGUF (issue 5).
+"""`llamay serve` against llama.cpp's `llama-server -np N` on the same GGUF (issues 5, 18).
 
     .venv/bin/python -m bench.llamaserver_compare [--model smollm2:135m] [--streams 1,4,8,16]
-        [--tokens 64] [--prefix 2000] [--reps 2] [--engines llama-server,llamay]
+        [--tokens 64] [--prefix 2000] [--reps 2]
+        [--engines llama-server,llama-server-passive,llamay]
         [--resume bench/results/llamaserver-<time>.json] [--llama-server PATH] [--dry-run]
 
 HTTP against HTTP: both servers run as their own processes on a free loopback port and this
@@ -11,18 +12,28 @@ process drives them with one client (httpx, asyncio) over the same API, llama.cp
 as many tokens. llamay's engine alone (`bench/batch.py`) would leave out the HTTP, JSON and
 detokenisation work that llama-server's numbers include.
 
+- `fresh` N (first on every server, once `/health` is 200): `ready_s`, the seconds from the
+  server's start to its first 200 from `/health` (llamay: loading and priming its programs),
+  and `first_request_s`, one 8-token prompt + 4 tokens, end to end.
+- `ttft` (on the N = 1 servers, before anything else but `fresh`): a `--prefix`-token prompt +
+  8 tokens (uncached), then the same prefix + 8 other tokens (cached: llama-server's
+  `cache_prompt` slot reuse, llamay's prefix cache); the first such pair is the fresh
+  server's first miss and first hit (`first_miss_s`, `first_hit_s`), the medians
+  (`ttft_uncached_s`, `ttft_cached_s`) are over the `--reps` pairs after it;
+  `cached_tokens` is each server's own count of reused tokens.
 - `decode` N: N concurrent streams with distinct 8-token prompts, `--tokens` tokens each,
-  after the same workload once on other prompts (llamay compiles its step shapes then);
-  `decode_tok_s` = Σ(tokens − 1) over the streams / (last token − first first token),
-  `ttft_p50_s` the median time to a stream's first event; median over `--reps`.
-- `ttft` (on the N = 1 servers): a fresh `--prefix`-token prompt + 8 tokens (uncached), then
-  the same prefix + 8 other tokens (cached: llama-server's `cache_prompt` slot reuse,
-  llamay's prefix cache); `cached_tokens` is each server's own count of reused tokens.
+  after the same workload once on other prompts; `decode_tok_s` = Σ(tokens − 1) over the
+  streams / (last token − first first token), `ttft_p50_s` / `ttft_p99_s` the median and
+  99th percentile of the time to a stream's first event (over every stream of every rep);
+  medians over `--reps`.
 
-Each (engine, N) gets its own server: `llama-server -m GGUF -np N -c N*ctx -t 2 -tb 2` with
-`OMP_WAIT_POLICY=PASSIVE` (as bench/llamacpp_compare.py: spinning OpenMP threads collapse
-on a shared CPU), and `llamay serve -m GGUF --parallel N --ctx ctx` (exact numerics, what
-`llamay serve` runs), ctx = prefix + tokens + 64 per sequence. The engines take turns per N.
+Each (engine, N) gets its own server: `llama-server -m GGUF -np N -c N*ctx -t 2 -tb 2` at
+its defaults (`llama-server`), and again with `OMP_WAIT_POLICY=PASSIVE`
+(`llama-server-passive`: spinning OpenMP threads collapse on a shared CPU, as
+bench/llamacpp_compare.py found; a second, labelled row, never the reference), and
+`llamay serve -m GGUF --parallel N --ctx ctx` (exact numerics, what `llamay serve` runs),
+ctx = prefix + tokens + 64 per sequence. The engines take turns per N; ratios are
+llamay / llama-server at its defaults.
 Rows are saved after each measurement to bench/results/llamaserver-<time>.json; `--resume`
 that file to skip what it already holds (same model, tokens, prefix). `--dry-run` drives two
 fake llama.cpp-style servers (`--fake-server`, fixed per-token sleeps) instead: the whole
@@ -63,9 +74,13 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_BINARY = Path.home() / ".cache" / "llamay" / "llama-server" / "build" / "bin"
-ENGINES = ("llama-server", "llamay")
+ENGINES = ("llama-server", "llama-server-passive", "llamay")
 PROMPT_TOKENS = 8  # the decode prompts and the tails after the TTFT prefix
-METRICS = {"decode": ("decode_tok_s", "ttft_p50_s"), "ttft": ("ttft_uncached_s", "ttft_cached_s")}
+METRICS = {
+    "fresh": ("ready_s", "first_request_s"),
+    "ttft": ("first_miss_s", "first_hit_s", "ttft_uncached_s", "ttft_cached_s"),
+    "decode": ("decode_tok_s", "ttft_p50_s", "ttft_p99_s"),
+}
 
 
 def llama_server_binary(given: str | None = None) -> Path | None:
@@ -180,19 +195,42 @@ async def measure_decode(url: str, prompts, warm_prompts, tokens: int, reps: int
         await batch(warm_prompts)
         runs = [await batch(prompts) for _ in range(reps)]
     counts = sorted({s.tokens for run in runs for s in run})
+    ttfts = [s.ttft for r in runs for s in r]
     return {
         "decode_tok_s": round(statistics.median(decode_tok_s(r) for r in runs), 2),
         "e2e_tok_s": round(statistics.median(e2e_tok_s(r) for r in runs), 2),
-        "ttft_p50_s": round(statistics.median(s.ttft for r in runs for s in r), 4),
+        "ttft_p50_s": round(statistics.median(ttfts), 4),
+        "ttft_p99_s": round(percentile(ttfts, 99), 4),
         "decode_tok_s_runs": [round(decode_tok_s(r), 2) for r in runs],
         "ttft_p50_s_runs": [round(statistics.median(s.ttft for s in r), 4) for r in runs],
         "tokens_per_stream": counts,
     }
 
 
+def percentile(xs: list[float], q: float) -> float:
+    """The q-th percentile, linear between the closest ranks (numpy's default)."""
+    xs = sorted(xs)
+    at = (len(xs) - 1) * q / 100
+    lo = int(at)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)
+
+
+async def measure_fresh(url: str, prompt: list[int], ready_s: float) -> dict:
+    """A fresh server's first request, end to end (nothing sent to it before)."""
+    async with http_client(url) as client:
+        first = await complete(client, prompt, 4)
+    return {
+        "ready_s": round(ready_s, 3),
+        "first_request_s": round(first.t_end - first.t_start, 4),
+        "first_request_ttft_s": round(first.ttft, 4),
+    }
+
+
 async def measure_ttft(url: str, prefixes, tails, n_predict: int) -> dict:
-    """prefixes[0] warms up (compiles both paths); the rest are timed, one rep each."""
+    """prefixes[0]: the fresh server's first miss and first hit; the rest are timed, one
+    rep each."""
     out: dict[str, list] = {k: [] for k in ("uncached", "cached", "cached_tokens")}
+    first: dict[str, float] = {}
     async with http_client(url) as client:
         for i, prefix in enumerate(prefixes):
             cold = await complete(client, prefix + tails[0], n_predict)
@@ -201,7 +239,10 @@ async def measure_ttft(url: str, prefixes, tails, n_predict: int) -> dict:
                 out["uncached"].append(cold.ttft)
                 out["cached"].append(warm.ttft)
                 out["cached_tokens"].append(warm.cached_tokens)
+            else:
+                first = {"first_miss_s": round(cold.ttft, 4), "first_hit_s": round(warm.ttft, 4)}
     return {
+        **first,
         "ttft_uncached_s": round(statistics.median(out["uncached"]), 4),
         "ttft_cached_s": round(statistics.median(out["cached"]), 4),
         "ttft_uncached_runs": [round(t, 4) for t in out["uncached"]],
@@ -222,10 +263,10 @@ def free_port() -> int:
 def server_command(engine: str, args, model: Path, n: int, port: int) -> list[str]:
     ctx = args.prefix + args.tokens + 64
     if args.dry_run:  # llama-server's fake decodes faster, so the ratio differs from 1
-        ms = {"llama-server": "2", "llamay": "4"}[engine]
+        ms = {"llama-server": "2", "llama-server-passive": "3", "llamay": "4"}[engine]
         fake = ["--fake-server", str(port), "--fake-token-ms", ms]
         return [sys.executable, "-m", "bench.llamaserver_compare", *fake]
-    if engine == "llama-server":
+    if engine.startswith("llama-server"):
         binary = llama_server_binary(args.llama_server)
         if binary is None:
             sys.exit("no llama-server binary: build it as this script's docstring says")
@@ -237,12 +278,25 @@ def server_command(engine: str, args, model: Path, n: int, port: int) -> list[st
             "--parallel", str(n), "--ctx", str(ctx), "--keep-alive", "-1"]  # fmt: skip
 
 
+def server_env(engine: str) -> dict:
+    """llama-server at its defaults (no OMP_WAIT_POLICY, whatever the caller's), or with
+    PASSIVE; llamay's environment as given."""
+    env = dict(os.environ)
+    if engine.startswith("llama-server"):
+        env.pop("OMP_WAIT_POLICY", None)
+        if engine == "llama-server-passive":
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return env
+
+
 @contextlib.contextmanager
-def running(cmd: list[str], port: int, env: dict, log: Path, timeout: float = 600):
-    """Start `cmd` (its own process group), wait for GET /health = 200, yield its URL."""
+def running(cmd: list[str], port: int, env: dict, log: Path, timeout: float = 1800):
+    """Start `cmd` (its own process group), wait for GET /health = 200, yield its URL and
+    the seconds that took (a warming-up llamay answers 503 until it is ready)."""
     import httpx
 
     url = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
     cwd = Path(__file__).resolve().parents[1]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd,
@@ -260,7 +314,7 @@ def running(cmd: list[str], port: int, env: dict, log: Path, timeout: float = 60
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{cmd[0]} not healthy after {timeout} s")
             time.sleep(0.3)
-        yield url
+        yield url, time.perf_counter() - t0
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 15)
@@ -336,10 +390,11 @@ def normal_token_ids(model: Path | None) -> list[int]:
 
 
 def plan(streams: list[int], ttft: bool) -> list[tuple[int, list[str]]]:
-    """(server slots, measurements on that server): TTFT rides on the N = 1 servers."""
-    out = [(n, ["decode"] + (["ttft"] if ttft and n == 1 else [])) for n in streams]
+    """(server slots, measurements on that server, in order): every server's first
+    request, TTFT on the N = 1 servers while they are fresh, then decode."""
+    out = [(n, ["fresh"] + (["ttft"] if ttft and n == 1 else []) + ["decode"]) for n in streams]
     if ttft and 1 not in streams:
-        out.insert(0, (1, ["ttft"]))
+        out.insert(0, (1, ["fresh", "ttft"]))
     return out
 
 
@@ -349,13 +404,14 @@ def summarise(rows: list[dict]) -> list[dict]:
     for r in rows:
         by.setdefault((r["kind"], r["streams"]), {})[r["engine"]] = r
     out = []
-    for (kind, n), engines in sorted(by.items(), key=lambda kv: (kv[0][0] != "ttft", kv[0])):
+    order = list(METRICS)
+    for (kind, n), engines in sorted(by.items(), key=lambda kv: (order.index(kv[0][0]), kv[0])):
         keys = METRICS[kind]
         line: dict = {"kind": kind, "streams": n}
         for k in keys:
-            a, b = (engines.get(e, {}).get(k) for e in ("llamay", "llama-server"))
-            ratio = round(a / b, 3) if a and b else None
-            line[k] = {"llamay": a, "llama-server": b, "ratio": ratio}
+            got = {e: engines.get(e, {}).get(k) for e in ENGINES}
+            a, b = got["llamay"], got["llama-server"]
+            line[k] = {**got, "ratio": round(a / b, 3) if a and b else None}
         line["load"] = {e: r["loadavg"] for e, r in engines.items()}
         out.append(line)
     return out
@@ -365,12 +421,14 @@ def table(summary: list[dict]) -> str:
     def fmt(v) -> str:
         return "-" if v is None else f"{v:g}"
 
-    lines = ["| test | N | metric | llamay | llama-server | llamay / llama-server |",
-             "|---|---:|---|---:|---:|---:|"]  # fmt: skip
+    lines = ["| test | N | metric | llamay | llama-server | llama-server (PASSIVE) "
+             "| llamay / llama-server |",
+             "|---|---:|---|---:|---:|---:|---:|"]  # fmt: skip
     for s in summary:
         for k, v in s.items():
             if isinstance(v, dict) and "ratio" in v:
-                cells = (fmt(v["llamay"]), fmt(v["llama-server"]), fmt(v["ratio"]))
+                cells = (fmt(v["llamay"]), fmt(v["llama-server"]),
+                         fmt(v["llama-server-passive"]), fmt(v["ratio"]))  # fmt: skip
                 lines.append(f"| {s['kind']} | {s['streams']} | {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -429,10 +487,10 @@ def main(argv: list[str] | None = None) -> dict:
         rng = np.random.default_rng(seed)
         return [[vocab[i] for i in rng.integers(0, len(vocab), length)] for _ in range(count)]
 
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     logs = Path(tempfile.mkdtemp(prefix="llamaserver-bench-"))
     for n, kinds in plan([int(s) for s in args.streams.split(",")], args.prefix > 0):
         work = {
+            "fresh": prompts((n, 4), 1)[0],
             "decode": (prompts((n, 0), n), prompts((n, 1), n)),  # timed, warm-up
             "ttft": (prompts((0, 2), args.reps + 1, args.prefix), prompts((0, 3), 2)),
         }
@@ -442,10 +500,15 @@ def main(argv: list[str] | None = None) -> dict:
                 continue
             port = free_port()
             cmd = server_command(engine, args, model, n, port)
-            with running(cmd, port, env, logs / f"{engine}-{n}.log") as url:
+            with running(cmd, port, server_env(engine), logs / f"{engine}-{n}.log") as (
+                url,
+                ready_s,
+            ):
                 for kind in todo:
                     load0 = os.getloadavg()
-                    if kind == "decode":
+                    if kind == "fresh":
+                        coro = measure_fresh(url, work[kind], ready_s)
+                    elif kind == "decode":
                         coro = measure_decode(url, *work[kind], args.tokens, args.reps)
                     else:
                         coro = measure_ttft(url, *work[kind], n_predict=4)

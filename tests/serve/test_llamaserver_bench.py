@@ -58,15 +58,29 @@ def test_aggregates_by_hand(B):
          "ttft_p50_s": 0.25, "loadavg": [2] * 6},
     ]  # fmt: skip
     (line,) = B.summarise(rows)
-    assert line["decode_tok_s"] == {"llamay": 30.0, "llama-server": 120.0, "ratio": 0.25}
+    assert line["decode_tok_s"] == {
+        "llama-server": 120.0,
+        "llama-server-passive": None,
+        "llamay": 30.0,
+        "ratio": 0.25,
+    }
     assert line["ttft_p50_s"]["ratio"] == 2.0
-    assert "| decode | 4 | decode_tok_s | 30 | 120 | 0.25 |" in B.table([line])
+    assert "| decode | 4 | decode_tok_s | 30 | 120 | - | 0.25 |" in B.table([line])
+    assert B.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert B.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 99) == pytest.approx(4.96)
 
 
-def test_plan_puts_ttft_on_a_one_slot_server(B):
-    assert B.plan([1, 4], True) == [(1, ["decode", "ttft"]), (4, ["decode"])]
-    assert B.plan([4], True) == [(1, ["ttft"]), (4, ["decode"])]
-    assert B.plan([4], False) == [(4, ["decode"])]
+def test_plan_measures_fresh_servers_first(B):
+    assert B.plan([1, 4], True) == [(1, ["fresh", "ttft", "decode"]), (4, ["fresh", "decode"])]
+    assert B.plan([4], True) == [(1, ["fresh", "ttft"]), (4, ["fresh", "decode"])]
+    assert B.plan([4], False) == [(4, ["fresh", "decode"])]
+
+
+def test_llama_server_runs_at_its_defaults_and_passive_as_a_second_row(B, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert "OMP_WAIT_POLICY" not in B.server_env("llama-server")
+    assert B.server_env("llama-server-passive")["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert B.server_env("llamay")["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def _run(B, tmp_path, *extra: str) -> dict:
@@ -77,12 +91,15 @@ def _run(B, tmp_path, *extra: str) -> dict:
 def test_dry_run_against_fake_servers_and_resume(B, tmp_path):
     doc = _run(B, tmp_path, "--dry-run")
     rows = {(r["engine"], r["kind"], r["streams"]): r for r in doc["rows"]}
-    assert sorted(rows) == sorted(
-        (e, k, n) for e in B.ENGINES for k, n in (("decode", 1), ("ttft", 1), ("decode", 3))
-    )
-    token_ms = {"llama-server": 2.0, "llamay": 4.0}  # the fakes' sleeps (server_command)
+    kinds = (("fresh", 1), ("decode", 1), ("ttft", 1), ("fresh", 3), ("decode", 3))
+    assert sorted(rows) == sorted((e, k, n) for e in B.ENGINES for k, n in kinds)
+    # the fakes' sleeps (server_command)
+    token_ms = {"llama-server": 2.0, "llama-server-passive": 3.0, "llamay": 4.0}
     for (engine, kind, n), r in rows.items():
-        if kind == "decode":
+        if kind == "fresh":
+            assert r["ready_s"] > 0
+            assert r["first_request_s"] >= 4 * token_ms[engine] / 1e3  # 4 tokens
+        elif kind == "decode":
             assert r["tokens_per_stream"] == [6]
             # each stream sleeps token_ms after every token, so from request to last event
             # no faster than that (client-side first-token times may come late, in a burst:
@@ -93,6 +110,7 @@ def test_dry_run_against_fake_servers_and_resume(B, tmp_path):
             assert r["cached_tokens"] == [200]
             # the fake sleeps 0.2 ms per uncached prompt token (208) before its first token
             assert r["ttft_uncached_s"] >= 208 * 0.2e-3
+            assert r["first_miss_s"] >= 208 * 0.2e-3 and r["first_hit_s"] > 0
         assert len(r["loadavg"]) == 6
     line = next(s for s in doc["summary"] if (s["kind"], s["streams"]) == ("decode", 3))
     ours, theirs = rows["llamay", "decode", 3], rows["llama-server", "decode", 3]
@@ -104,8 +122,7 @@ def test_dry_run_against_fake_servers_and_resume(B, tmp_path):
                    "--dry-run", "--resume", str(saved)])  # fmt: skip
     assert more["rows"][: len(doc["rows"])] == doc["rows"]
     assert {(r["engine"], r["streams"]) for r in more["rows"][len(doc["rows"]) :]} == {
-        ("llama-server", 2),
-        ("llamay", 2),
+        (e, 2) for e in B.ENGINES
     }
     with pytest.raises(SystemExit, match="was run with"):
         B.main(["--tokens", "7", "--dry-run", "--resume", str(saved)])
