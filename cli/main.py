@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from llamay.errors import LlamayError
+from llamay_cli import eval_cmds, ocr, serve_cmds, store_cmds, warmup_cmds
 
 DEFAULT_MODEL = "smollm2:135m"
 
@@ -311,11 +312,8 @@ def list_models() -> None:
         print(f"{e.name:<28} {e.size / 1e6:>8.1f}MB  {e.digest[:19]}")
 
 
-__import__("llamay_cli.store_cmds").store_cmds.register(app)
-__import__("llamay_cli.ocr").ocr.register(app)
-__import__("llamay_cli.serve_cmds").serve_cmds.register(app)
-__import__("llamay_cli.eval_cmds").eval_cmds.register(app)
-__import__("llamay_cli.warmup_cmds").warmup_cmds.register(app)
+for _commands in (store_cmds, ocr, serve_cmds, eval_cmds, warmup_cmds):
+    _commands.register(app)
 
 
 def main() -> None:
