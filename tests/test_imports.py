@@ -2,7 +2,8 @@
 and function-local imports alike), has no cycle, and every import between rooms follows
 the room table of the design card (`docs/architecture.md`), so that no room reaches up.
 
-A module's imports count from every place they run: the module body, functions, methods.
+A module's imports count from every place they run: the module body, functions, methods,
+and `importlib.import_module("...")` / `__import__("...")` with a literal name.
 An import under `if TYPE_CHECKING:` does not (it never runs; it names a type). Importing
 `a.b.c` runs `a/__init__` and `a/b/__init__` first, so it is an edge to each of those
 packages too (except the importer's own, already running). `import llamay` and
@@ -122,6 +123,20 @@ def _named(base: str, name: str) -> str:
     return base
 
 
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The module of `importlib.import_module("m")` / `__import__("m")`, so none hides an
+    arrow (counted as function-local: it runs when reached)."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    f, arg = node.func, node.args[0]
+    named = (isinstance(f, ast.Name) and f.id in ("__import__", "import_module")) or (
+        isinstance(f, ast.Attribute) and f.attr == "import_module"
+    )
+    if named and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    return None
+
+
 def _raw_imports(module: str, path: Path) -> Iterator[tuple[str, int, bool]]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
 
@@ -143,6 +158,9 @@ def _raw_imports(module: str, path: Path) -> Iterator[tuple[str, int, bool]]:
                 for a in child.names:
                     yield _named(base, a.name), child.lineno, inner
             else:
+                dynamic = _dynamic_import(child)
+                if dynamic is not None:
+                    yield dynamic, child.lineno, True
                 yield from visit(child, inner)
 
     yield from visit(ast.parse(path.read_text(encoding="utf-8")), False)
