@@ -19,13 +19,60 @@ from llamay.serve.core import encode_prompt
 from llamay.serve.errors import ApiError
 from llamay.serve.models import Loaded
 
+#: What a model whose chat template knows no tools is told instead (as llama-server does
+#: with its generic tool prompt); `parse_calls` reads the calls it then writes.
+GENERIC_TOOLS_PROMPT = """You can call tools. To call one, answer with only
+<tool_call>{{"name": "<tool name>", "arguments": {{<its arguments>}}}}</tool_call>
+The tools, with their arguments as JSON Schema:
+{tools}"""
+
+
+def template_has_tools(lm: Loaded) -> bool:
+    """Whether the model's chat template renders a `tools` list itself."""
+    return "tools" in lm.model.tokenizer.chat_template
+
+
+def _call_text(call: Any) -> str:
+    """A history call as GENERIC_TOOLS_PROMPT teaches the model to write one."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    fn = fn if isinstance(fn, dict) else {}
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            pass
+    body = json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+    return f"<tool_call>{body}</tool_call>"
+
+
+def _generic_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """`messages` with the tools described in the system message and earlier calls
+    written out as the prompt teaches, for a template that would drop both."""
+    specs = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
+    intro = GENERIC_TOOLS_PROMPT.format(tools=specs)
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            m = {k: v for k, v in m.items() if k != "tool_calls"}
+            m["content"] = (m.get("content") or "") + "".join(map(_call_text, calls))
+        out.append(m)
+    if out and out[0].get("role") == "system":
+        return [{**out[0], "content": f"{out[0].get('content') or ''}\n\n{intro}"}, *out[1:]]
+    return [{"role": "system", "content": intro}, *out]
+
 
 def render_prompt(
     lm: Loaded, messages: list[dict], tools: list[dict] | None = None, **kw: Any
 ) -> str:
     """The chat template's text for `messages` (OpenAI-shaped dicts), with a generation
-    prompt; `tools` in OpenAI's `{"type": "function", "function": {...}}` form."""
-    if tools:
+    prompt; `tools` in OpenAI's `{"type": "function", "function": {...}}` form, given to
+    the template, or described in the system message when the template has no place for
+    them (never dropped)."""
+    if tools and not template_has_tools(lm):
+        messages = _generic_tools(messages, tools)
+    elif tools:
         kw["tools"] = tools
     return lm.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
 

@@ -109,3 +109,49 @@ def test_llama_server_unprefixed_routes(http):
     assert r.status_code == 200 and r.json()["object"] == "response"
     r = http.post("/chat/completions", json={"messages": []})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_tools_reach_a_model_whose_template_has_none(server, tiny):
+    """Defect 4: SmolLM2's template renders no tools; they were dropped (prompt_tokens equal
+    with and without). Now the system message describes them, as llama-server's generic
+    tool prompt does, and history calls are written the way it teaches."""
+    from llamay.tok.chat import render_chat
+
+    assert "tools" not in tiny.tokenizer.chat_template
+    http = httpx.Client(base_url=server.url, timeout=120)
+    plain = {"model": "tiny", "messages": MSGS, "max_tokens": 1}
+    n_plain = http.post("/v1/chat/completions", json=plain).json()["usage"]["prompt_tokens"]
+    r = http.post("/v1/chat/completions", json={**plain, "tools": [WEATHER]})
+    assert r.json()["usage"]["prompt_tokens"] > n_plain + 20
+    history = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+    ]
+    shown = http.post("/apply-template", json={"messages": history, "tools": [WEATHER]})
+    prompt = shown.json()["prompt"]
+    system = prompt.split("<|im_end|>")[0]
+    assert "get_weather" in system and "<tool_call>" in system  # described, with the format
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>' in prompt
+    # the template itself (plain Jinja's rendering is the oracle) sees ordinary messages
+    assert prompt.endswith(render_chat(tiny.tokenizer.chat_template, MSGS)[-30:])
