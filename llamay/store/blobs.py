@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from llamay.errors import FetchError, GGUFMagicError
-from llamay.files import atomic_write_bytes, file_lock, fsync_dir, home, sha256_file, unlink
+from llamay.files import (
+    atomic_write_bytes,
+    file_lock,
+    fsync_dir,
+    home,
+    sha256_file,
+    try_file_lock,
+    unlink,
+)
 from llamay.store.manifest import Layer
 from llamay.store.names import ModelRef, contained_path
 from llamay.store.oci import TransientFetchError
@@ -134,14 +142,33 @@ class HashingWriter:
         return n
 
 
-def sweep_stale_partials(blobs: Path) -> None:
+def sweep_stale_partials(root: Path) -> None:
+    """Remove partials untouched for a day whose pull is not running (its digest's lock is
+    free): an interrupted registry pull keeps its partial that long for a resume."""
     now = time.time()
     with contextlib.suppress(OSError):
-        for p in blobs.iterdir():
-            if p.name.startswith(PARTIAL_PREFIX):
-                with contextlib.suppress(OSError):
-                    if now - p.stat().st_mtime > STALE_PARTIAL_S:
-                        p.unlink()
+        for p in blobs_dir(root).iterdir():
+            if not p.name.startswith(PARTIAL_PREFIX):
+                continue
+            with contextlib.suppress(OSError):
+                if now - p.stat().st_mtime > STALE_PARTIAL_S and not partial_in_use(root, p):
+                    p.unlink()
+
+
+def partial_hex(partial: Path) -> str | None:
+    """The digest a `.partial-<hex>` is named after; None for other names (older llamays)."""
+    hexdigest = partial.name.removeprefix(PARTIAL_PREFIX)
+    return hexdigest if _HEX64.fullmatch(hexdigest) else None
+
+
+def partial_in_use(root: Path, partial: Path) -> bool:
+    """Whether a live process holds the lock of the digest `partial` is named after (a
+    partial of another name is never in use: no llamay writes those any more)."""
+    hexdigest = partial_hex(partial)
+    if hexdigest is None:
+        return False
+    with try_file_lock(lock_path(root, f"sha256-{hexdigest}")) as free:
+        return not free
 
 
 # --- writing a blob ----------------------------------------------------------------------
@@ -175,7 +202,7 @@ def fetch_blob(
             progress=progress,
         )
         unlink(blob)
-    sweep_stale_partials(blobs)
+    sweep_stale_partials(root)
     resumable = bool(getattr(source, "resumable", False))
     tmp = partial_path(root, sha256)
     have = tmp.stat().st_size if tmp.is_file() else 0

@@ -17,7 +17,6 @@ from llamay.files import (
     atomic_write_bytes,
     atomic_write_json,
     remove_if_unlocked,
-    try_file_lock,
     unlink,
 )
 from llamay.store import manifest as media
@@ -26,8 +25,9 @@ from llamay.store.blobs import (
     blob_path,
     blobs_dir,
     lock,
-    lock_path,
     manifests_dir,
+    partial_hex,
+    partial_in_use,
     put_blob,
     store_dir,
 )
@@ -178,15 +178,11 @@ def _dead_blob_partials(root: Path, grace_s: float) -> list[Path]:
     removed = []
     now = time.time()
     for p in sorted(blobs_dir(root).glob(f"{PARTIAL_PREFIX}*")):
-        hexdigest = p.name.removeprefix(PARTIAL_PREFIX)
-        if len(hexdigest) == 64:
-            with try_file_lock(lock_path(root, f"sha256-{hexdigest}")) as free:
-                if free:
-                    unlink(p)
-                    removed.append(p)
-            continue
+        legacy = partial_hex(p) is None
         with contextlib.suppress(OSError):
-            if now - p.stat().st_mtime > grace_s:
+            if legacy and now - p.stat().st_mtime <= grace_s:
+                continue
+            if not partial_in_use(root, p):
                 unlink(p)
                 removed.append(p)
     return removed

@@ -12,7 +12,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -79,24 +81,29 @@ _STALLED_SAVE = textwrap.dedent(
 )
 
 
+@register_source
+@dataclass(frozen=True)
 class _Complete(Source):
-    kind = "test-complete"
+    kind: ClassVar[str] = "test-complete"
+    data: bytes = PAYLOAD
 
     def fetch(self, sink, *, progress: bool = True) -> None:
-        sink.write(PAYLOAD)
+        sink.write(self.data)
 
     def describe(self) -> str:
         return "the complete source"
 
     def to_json(self):
-        return {"kind": self.kind}
+        return {"kind": self.kind, "data": self.data.hex()}
 
     @classmethod
     def from_json(cls, data):
-        return cls()
+        return cls(bytes.fromhex(data["data"]))
 
 
-register_source(_Complete)
+def _catalogue(monkeypatch, name: str, data: bytes) -> None:
+    entry = CatalogEntry(name, hashlib.sha256(data).hexdigest(), len(data), _Complete(data))
+    monkeypatch.setitem(CATALOG, name, entry)
 
 
 def _spawn(tmp_path: Path, env, script: str, *args: str) -> tuple[subprocess.Popen, Path]:
@@ -139,11 +146,15 @@ def test_killed_pull_partial_is_removed_by_the_next_pull(env, tmp_path, monkeypa
         [partial] = _partials(blobs)
         assert partial.name == f".partial-{DIGEST}" and partial.stat().st_size > 0
         assert store.gc(grace_s=0) == []  # its puller is alive: gc leaves it
+        # nor does another pull's sweep of day-old partials, however old it looks
+        os.utime(partial, (time.time() - 3 * 86400,) * 2)
+        _catalogue(monkeypatch, "other:1", b"GGUF another model")
+        store.pull("other:1", progress=False)
         assert partial.exists()
     finally:
         _kill_9(proc)
-    assert partial.exists() and store.list_models() == []  # debris, never a model
-    monkeypatch.setitem(CATALOG, NAME, CatalogEntry(NAME, DIGEST, len(PAYLOAD), _Complete()))
+    assert partial.exists() and store.list_models()[0].name == "other:1"  # debris, not a model
+    _catalogue(monkeypatch, NAME, PAYLOAD)
     path = store.pull(NAME, progress=False)
     assert path.read_bytes() == PAYLOAD
     assert _partials(blobs) == []
