@@ -2,8 +2,9 @@
 "Loading model" body while its configured model loads and its engine's programs are
 primed, then `{"status": "ok"}`; after that, the first request of every shape class (a
 short prompt, a long one, a prefix-cache hit on it, a constrained one, one with top-N
-log-probabilities, 8 at once) compiles nothing: a listener on JAX's backend-compile
-event counts every XLA compilation in the process, persistent cache or not."""
+log-probabilities, 8 at once) compiles nothing and asks the persistent cache for
+nothing: listeners on JAX's backend-compile and cache-request events count every XLA
+compilation in the process and every program traced and lowered anew."""
 
 from __future__ import annotations
 
@@ -23,18 +24,24 @@ from llamay.serve.models import Models
 pytestmark = pytest.mark.slow
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch
+CACHE_REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
 
 
 class Compiles:
-    """Counts XLA compilations while registered."""
+    """Counts XLA compilations, and programs asked of the persistent cache (a program
+    read back from it was traced and lowered all the same), while registered."""
 
     def __init__(self):
-        self.n = 0
+        self.n = self.cache_requests = 0
 
     def __call__(self, event: str, duration: float, **_) -> None:
         if event == BACKEND_COMPILE:
             self.n += 1
+
+    def request(self, event: str, **_) -> None:
+        if event == CACHE_REQUEST:
+            self.cache_requests += 1
 
 
 def completion(url: str, **body) -> dict:
@@ -59,6 +66,7 @@ def test_health_loading_then_ok_and_first_requests_compile_nothing():
 
         compiles = Compiles()
         jax.monitoring.register_event_duration_secs_listener(compiles)
+        jax.monitoring.register_event_listener(compiles.request)
         try:
             long_prompt = [(7 * i) % 4000 + 100 for i in range(300)]
             completion(url, prompt=[1, 2, 3, 4], n_predict=4)  # short
@@ -71,8 +79,11 @@ def test_health_loading_then_ok_and_first_requests_compile_nothing():
             prompts = [[50 + k, 60 + k, 70 + k] for k in range(8)]
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(lambda p: completion(url, prompt=p, n_predict=6), prompts))
-            assert compiles.n == 0
-            jax.jit(lambda x: x * 3 + 1)(np.arange(5))  # the counter does see a compile
+            assert (compiles.n, compiles.cache_requests) == (0, 0)
+            # the counter does see a compile (a constant of its own: never in a cache)
+            c = int(np.random.default_rng().integers(1 << 30))
+            jax.jit(lambda x: x * 3 + c)(np.arange(5))
             assert compiles.n == 1
         finally:
             jax.monitoring.unregister_event_duration_listener(compiles)
+            jax.monitoring.unregister_event_listener(compiles.request)
