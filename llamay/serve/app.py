@@ -167,9 +167,9 @@ def create_app(
     async def internal_error(request: Request, exc: Exception):
         return _error(request, 500, f"internal error: {type(exc).__name__}: {exc}")
 
-    from llamay.serve import anthropic, context, llamacpp, ollama, openai, responses
+    from llamay.serve import anthropic, context, llamacpp, ollama, ollama_models, openai, responses
 
-    for module in (openai, responses, anthropic, ollama, llamacpp, context):
+    for module in (openai, responses, anthropic, ollama, ollama_models, llamacpp, context):
         app.include_router(module.router)
     return app
 

@@ -7,20 +7,16 @@ Durations are nanoseconds; `keep_alive` is seconds or a Go duration ("5m", "1h",
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
 from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 from pydantic import Field
 
-from llamay import __version__
-from llamay.errors import ModelNotFoundError, RequestError
+from llamay.errors import RequestError
 from llamay.ollama.template import render as render_go_template
 from llamay.serve import tools as T
 from llamay.serve.core import (
@@ -77,25 +73,6 @@ class ChatRequest(OpenModel):
     think: bool | str | None = None
 
 
-class NameRequest(OpenModel):
-    model: str | None = None
-    name: str | None = None
-    verbose: bool | None = None
-    insecure: bool | None = None
-    stream: bool = True
-
-    def target(self) -> str:
-        n = self.model or self.name
-        if not n:
-            raise ApiError(400, "model is required")
-        return n
-
-
-class CopyRequest(OpenModel):
-    source: str
-    destination: str
-
-
 class EmbedRequest(OpenModel):
     model: str = ""
     input: str | list[str] = ""
@@ -139,7 +116,7 @@ def keep_alive_seconds(value: str | float | None) -> float | None:
     return sum(float(n) * _UNIT[u] for n, u in parts)
 
 
-def _now() -> str:
+def now_iso() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -165,7 +142,7 @@ def _options(options: dict[str, Any] | None) -> tuple[dict[str, Any], int | None
     return params, num_predict, stop
 
 
-def _layers(k: Known) -> tuple[str | None, str | None, dict[str, Any]]:
+def model_layers(k: Known) -> tuple[str | None, str | None, dict[str, Any]]:
     """The model's own (system, Go template, params) from its store layers, if any."""
     from llamay.store import manifest as media
 
@@ -203,35 +180,6 @@ def _format(fmt: str | dict[str, Any] | None) -> dict[str, Any]:
     raise ApiError(400, f'format must be "json" or a JSON schema, not {fmt!r}')
 
 
-@lru_cache(maxsize=64)
-def _summary(path: str) -> dict[str, Any]:
-    from llamay.gguf.inspect import summary
-
-    try:
-        return summary(path)
-    except Exception:  # an unreadable file still lists, with empty details
-        return {}
-
-
-def _details(k: Known) -> dict[str, Any]:
-    s = _summary(str(k.path))
-    arch = s.get("architecture") or ""
-    n = s.get("parameter_count") or 0
-    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
-    return {
-        "parent_model": "",
-        "format": "gguf",
-        "family": arch,
-        "families": [arch] if arch else None,
-        "parameter_size": size,
-        "quantization_level": str(s.get("file_type") or ""),
-    }
-
-
-def _digest(k: Known) -> str:
-    return k.digest.removeprefix("sha256:")
-
-
 def _timings(g: TextGen, lm: Loaded, t0: float, load_s: float) -> dict[str, Any]:
     return {
         "total_duration": int((time.perf_counter() - t0) * 1e9),
@@ -254,7 +202,7 @@ async def _get(st: ServerState, name: str, keep_alive) -> tuple[Loaded, float]:
     return lm, 0.0 if was else time.perf_counter() - t
 
 
-def _ndjson_response(agen) -> EventStream:
+def ndjson_response(agen) -> EventStream:
     return EventStream(
         guarded(agen, lambda e: ndjson({"error": str(e)})), media_type="application/x-ndjson"
     )
@@ -296,7 +244,7 @@ async def generate(body: GenerateRequest, request: Request):
             await st.models.unload_when_idle(known.name)
             return {
                 "model": known.name,
-                "created_at": _now(),
+                "created_at": now_iso(),
                 "response": "",
                 "done": True,
                 "done_reason": "unload",
@@ -304,13 +252,13 @@ async def generate(body: GenerateRequest, request: Request):
         lm, _ = await _get(st, body.model, body.keep_alive)
         return {
             "model": lm.name,
-            "created_at": _now(),
+            "created_at": now_iso(),
             "response": "",
             "done": True,
             "done_reason": "load",
         }
     lm, load_s = await _get(st, body.model, body.keep_alive)
-    own_system, own_template, own_params = _layers(lm.known)
+    own_system, own_template, own_params = model_layers(lm.known)
     params, num_predict, stop = _options({**own_params, **(body.options or {})})
     system = body.system if body.system is not None else own_system
     ids = await off_loop(_generate_ids, lm, body, system, body.template or own_template)
@@ -320,7 +268,7 @@ async def generate(body: GenerateRequest, request: Request):
     def final() -> dict[str, Any]:
         return {
             "model": lm.name,
-            "created_at": _now(),
+            "created_at": now_iso(),
             "response": "",
             "done": True,
             "done_reason": _reason(g),
@@ -335,11 +283,13 @@ async def generate(body: GenerateRequest, request: Request):
 
     async def lines():
         async for delta in g.stream():
-            yield ndjson({"model": lm.name, "created_at": _now(), "response": delta, "done": False})
+            yield ndjson(
+                {"model": lm.name, "created_at": now_iso(), "response": delta, "done": False}
+            )
         st.models.touch(lm, ka)
         yield ndjson(final())
 
-    return _ndjson_response(await primed(lines()))
+    return ndjson_response(await primed(lines()))
 
 
 def _chat_messages(body: ChatRequest) -> list[dict]:
@@ -375,13 +325,13 @@ async def chat(body: ChatRequest, request: Request):
             reason = "load"
         return {
             "model": known.name,
-            "created_at": _now(),
+            "created_at": now_iso(),
             "message": {"role": "assistant", "content": ""},
             "done": True,
             "done_reason": reason,
         }
     lm, load_s = await _get(st, body.model, body.keep_alive)
-    own_system, _, own_params = _layers(lm.known)
+    own_system, _, own_params = model_layers(lm.known)
     params, num_predict, stop = _options({**own_params, **(body.options or {})})
     tools = body.tools or None
     names = {(t.get("function") or {}).get("name") for t in tools or []} - {None}
@@ -407,7 +357,7 @@ async def chat(body: ChatRequest, request: Request):
     def final(content: str = "") -> dict[str, Any]:
         return {
             "model": lm.name,
-            "created_at": _now(),
+            "created_at": now_iso(),
             "message": message(content),
             "done": True,
             "done_reason": _reason(g),
@@ -420,7 +370,7 @@ async def chat(body: ChatRequest, request: Request):
         return final(content)
 
     def line(msg: dict[str, Any]) -> str:
-        return ndjson({"model": lm.name, "created_at": _now(), "message": msg, "done": False})
+        return ndjson({"model": lm.name, "created_at": now_iso(), "message": msg, "done": False})
 
     async def lines():
         # Text streams as it comes; with tools, an answer that starts like a tool call is
@@ -434,259 +384,7 @@ async def chat(body: ChatRequest, request: Request):
         st.models.touch(lm, ka)
         yield ndjson(final())
 
-    return _ndjson_response(await primed(lines()))
-
-
-# --- models -------------------------------------------------------------------------------
-
-
-def _tag(k: Known) -> dict[str, Any]:
-    modified = (k.modified or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
-    return {
-        "name": k.name,
-        "model": k.name,
-        "modified_at": modified,
-        "size": k.size,
-        "digest": _digest(k),
-        "details": _details(k),
-    }
-
-
-@router.get("/api/tags", summary="List local models (Ollama)")
-async def tags(request: Request):
-    st: ServerState = state(request)
-    return {"models": [_tag(k) for k in st.models.known()]}
-
-
-@router.get("/api/ps", summary="List loaded models (Ollama)")
-async def ps(request: Request):
-    st: ServerState = state(request)
-    out = []
-    for lm in list(st.models.loaded.values()):
-        exp = lm.expires_at if lm.expires_at is not None else time.time() + 10 * 365 * 86400
-        out.append(
-            {
-                **_tag(lm.known),
-                "expires_at": datetime.fromtimestamp(exp, UTC).isoformat().replace("+00:00", "Z"),
-                "size_vram": 0,
-                "context_length": lm.model.n_ctx,
-            }
-        )
-    return {"models": out}
-
-
-@router.post("/api/show", summary="Describe a model (Ollama)")
-async def show(body: NameRequest, request: Request):
-    st: ServerState = state(request)
-    k = st.models.find(body.target())
-    s = _summary(str(k.path))
-    arch = s.get("architecture") or ""
-    from llamay.gguf import GGUFFile
-
-    try:
-        meta = GGUFFile(k.path).metadata
-    except Exception:
-        meta = {}
-    own_system, own_template, own_params = _layers(k)
-    template = own_template or meta.get("tokenizer.chat_template") or ""
-    info = {
-        key: v
-        for key, v in meta.items()
-        if not (isinstance(v, list) and len(v) > 64) or body.verbose
-    }
-    info = json.loads(json.dumps(info, default=str))
-    capabilities = ["completion"]
-    if arch == "bert":
-        capabilities = ["embedding"]
-    elif "tools" in template:
-        capabilities.append("tools")
-    modified = (k.modified or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
-    return {
-        "license": "",
-        "modelfile": f"# Modelfile generated by llamay\nFROM {k.path}\n",
-        "parameters": "\n".join(f"{key} {json.dumps(v)}" for key, v in own_params.items()),
-        "system": own_system or "",
-        "template": template,
-        "details": _details(k),
-        "model_info": info,
-        "capabilities": capabilities,
-        "modified_at": modified,
-    }
-
-
-@router.post("/api/pull", summary="Pull a model into the store (Ollama)")
-async def pull(body: NameRequest, request: Request):
-    from llamay.store import pull as store_pull
-
-    name = body.target()
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-
-    def events(ev: dict[str, Any]) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, ev)
-
-    def run() -> None:
-        try:
-            store_pull(name, progress=False, insecure=bool(body.insecure), events=events)
-        except Exception as e:  # reported in the stream (or as the status)
-            loop.call_soon_threadsafe(queue.put_nowait, e)
-        loop.call_soon_threadsafe(queue.put_nowait, None)
-
-    fut = loop.run_in_executor(None, run)
-    if not body.stream:
-        last: Any = None
-        while (item := await queue.get()) is not None:
-            last = item
-        await fut
-        if isinstance(last, Exception):
-            raise last
-        return {"status": "success"}
-
-    async def lines():
-        while (item := await queue.get()) is not None:
-            if isinstance(item, Exception):
-                yield ndjson({"error": str(item)})
-            else:
-                yield ndjson(item)
-
-    return _ndjson_response(lines())
-
-
-class CreateRequest(OpenModel):
-    model: str = Field(min_length=1)
-    modelfile: str | None = None
-    from_: str | None = Field(None, alias="from")
-    template: str | None = None
-    system: str | None = None
-    parameters: dict[str, Any] | None = None
-    license: str | list[str] | None = None
-    #: {file name: digest} of uploaded blobs (`POST /api/blobs/<digest>`): one GGUF file
-    files: dict[str, str] | None = None
-    stream: bool = True
-
-
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def _base(body: CreateRequest) -> str:
-    """What FROM names: `from`, or the uploaded GGUF blob of `files` (as `@sha256:<hex>`)."""
-    if body.files:
-        if body.from_ or len(body.files) != 1:
-            raise ApiError(400, "files: give one uploaded .gguf file (and no from)", param="files")
-        ((fname, digest),) = body.files.items()
-        if not fname.lower().endswith(".gguf") or not _DIGEST.fullmatch(digest):
-            raise ApiError(400, "files: expected {name.gguf: sha256:<64 hex>}", param="files")
-        return f"@{digest}"
-    if not body.from_:
-        raise ApiError(400, "give from (a model name), files (an uploaded GGUF) or modelfile")
-    if any(c in body.from_ for c in "\r\n"):
-        raise ApiError(400, "from: one line, a model name", param="from")
-    return body.from_
-
-
-def _modelfile(body: CreateRequest) -> str:
-    if body.modelfile is not None:
-        return body.modelfile
-    lines = [f"FROM {_base(body)}"]
-    if body.template is not None:
-        lines.append(f'TEMPLATE """{body.template}"""')
-    if body.system is not None:
-        lines.append(f'SYSTEM """{body.system}"""')
-    for k, v in (body.parameters or {}).items():
-        for item in v if isinstance(v, list) else [v]:
-            lines.append(f"PARAMETER {k} {json.dumps(item) if isinstance(item, str) else item}")
-    for text in [body.license] if isinstance(body.license, str) else body.license or []:
-        lines.append(f'LICENSE """{text}"""')
-    return "\n".join(lines) + "\n"
-
-
-@router.post("/api/create", summary="Create a model from another one (Ollama)")
-async def create(body: CreateRequest, request: Request):
-    from llamay.library import create as library_create
-
-    st: ServerState = state(request)
-    text = _modelfile(body)
-    # FROM names a store model or an uploaded blob; a file on the server only behind
-    # `llamay serve --allow-local-files` (and then only a GGUF file: llamay.store.creating)
-    local = bool(st.extra.get("allow_local_files"))
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(
-        None,
-        lambda: library_create(body.model, text, progress=False, allow_local_files=local),
-    )
-    if not body.stream:
-        return {"status": "success"}
-
-    async def lines():
-        yield ndjson({"status": "success"})
-
-    return _ndjson_response(lines())
-
-
-@router.head("/api/blobs/{digest}", summary="Whether the store has a blob (Ollama)")
-async def blob_exists(digest: str):
-    from llamay.errors import FetchError
-    from llamay.store import has_blob
-
-    try:
-        present = has_blob(digest)
-    except FetchError as e:
-        raise ApiError(400, str(e), param="digest") from None
-    return Response(status_code=200 if present else 404)
-
-
-@router.post("/api/blobs/{digest}", summary="Upload a blob for /api/create (Ollama)")
-async def blob_upload(digest: str, request: Request):
-    from llamay.errors import FetchError
-    from llamay.store import receive_blob
-
-    loop = asyncio.get_running_loop()
-    body = request.stream().__aiter__()
-
-    def chunks():  # the upload, read on the loop, written (hashed, verified) off it
-        while True:
-            try:
-                yield asyncio.run_coroutine_threadsafe(body.__anext__(), loop).result()
-            except StopAsyncIteration:
-                return
-
-    try:
-        await loop.run_in_executor(None, receive_blob, digest, chunks())
-    except FetchError as e:
-        raise ApiError(400, str(e), param="digest") from None
-    return Response(status_code=201)
-
-
-@router.delete("/api/delete", summary="Delete a model from the store (Ollama)")
-async def delete(body: NameRequest, request: Request):
-    from llamay.store import remove
-
-    st: ServerState = state(request)
-    name = body.target()
-    if name in st.models.configured:
-        raise ApiError(400, f"model {name!r} was given on the command line; it is not in the store")
-    await st.models.unload(name)
-    try:
-        remove(name)
-    except ModelNotFoundError as e:
-        raise ApiError(404, str(e)) from None
-    return Response(status_code=200)
-
-
-@router.post("/api/copy", summary="Copy a model under a new name (Ollama)")
-async def copy(body: CopyRequest):
-    from llamay.store import copy as store_copy
-
-    try:
-        store_copy(body.source, body.destination)
-    except ModelNotFoundError as e:
-        raise ApiError(404, str(e)) from None
-    return Response(status_code=200)
-
-
-@router.get("/api/version", summary="Server version (Ollama)")
-async def version():
-    return {"version": __version__}
+    return ndjson_response(await primed(lines()))
 
 
 # --- embeddings ---------------------------------------------------------------------------
