@@ -28,7 +28,7 @@ from llamay.kernels.backend import (
     device_kind,
     gpu_kernels,
 )
-from llamay.kernels.forms import FORMS, repack_weights, weight_form
+from llamay.kernels.forms import FORMS, native_weights, repack_weights, weight_form
 from llamay.kernels.matmul import MOSAIC_MAX_ROWS, kernel_takes, matmul, matmul_choice
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "kernel_takes",
     "matmul",
     "matmul_choice",
+    "native_weights",
     "paged_reference",
     "repack_weights",
     "weight_form",

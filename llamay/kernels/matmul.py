@@ -35,7 +35,7 @@ from llamay.kernels.backend import Backend, backend, device_kind
 from llamay.kernels_pallas import KERNEL_TYPES, PackedWeight, repack
 from llamay.kernels_pallas.layout import dequantize_packed
 from llamay.kernels_pallas.qmatmul import HIGHEST, qmatmul_pallas
-from llamay.quant import AffineQTensor, QTensor
+from llamay.quant import AffineQTensor, MixedQTensor, QTensor
 from llamay.quant.cpu_dot import affine_matmul, blocks_matmul
 from llamay.quant.matrix import Matrix
 from llamay.quant.qtensor import dequant_matmul, ggml_matmul
@@ -47,7 +47,12 @@ MOSAIC_MAX_ROWS = 8
 def matmul(x: jax.Array, w: Matrix) -> jax.Array:
     """x @ W.T for x [..., cols] and W [rows, cols] in any form: [..., rows] in f32 (the
     one matmul every architecture calls; module docstring for what runs where)."""
-    return w.on_layer(lambda m: _matmul_one(x, m, backend()))
+    be = backend()
+    if be.native and isinstance(w, MixedQTensor):  # the native kernels read it in place
+        y = kernels_cpu.matmul(x, w, w.numerics)
+        if y is not None:
+            return y
+    return w.on_layer(lambda m: _matmul_one(x, m, be))
 
 
 def _matmul_one(x: jax.Array, w: Matrix, be: Backend) -> jax.Array:

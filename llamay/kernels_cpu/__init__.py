@@ -4,7 +4,9 @@ The dispatcher (`llamay.kernels`) asks these at trace time; `None` means "not ha
 here" and the caller falls back to the XLA path (`llamay.quant.qmatmul`,
 `llamay.arch.paged.paged_attention`).
 
-- `matmul(x, w, numerics)`: x @ W.T for a GGUF-block `QTensor` W.
+- `available()`: whether the kernels are built (on first use) and registered.
+- `matmul(x, w, numerics)`: x @ W.T for a GGUF-block `QTensor` W, or one layer of
+  `MixedQTensor` stacks (read in place at its index).
 - `paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw)`: decode
   attention through page tables, the arguments of `llamay.arch.paged.paged_attention`.
 """
@@ -16,6 +18,12 @@ import jax
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
 from llamay.quant import MixedQTensor
+
+
+def available() -> bool:
+    """Whether the native kernels are built and registered (building them on first use;
+    False under LLAMAY_CPU_KERNELS=xla or when they cannot be built: logged once)."""
+    return targets() is not None
 
 
 def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.Array | None:

@@ -120,4 +120,6 @@ def bind(
     weights["layers"] = layers
     if kernel_layout:
         weights = kernels.repack_weights(weights)
+    if form == "native":
+        weights = kernels.native_weights(weights)
     return weights

@@ -58,7 +58,10 @@ def test_cpu_auto_asks_native_then_xla_forms(platform):
     )
     assert matmul_choice(x_rows(1), blocks(T.Q4_0, numerics="llamacpp")) == "ggml"
     assert matmul_choice(x_rows(1), _stacked(q4)) == "reference"  # no 2-D CPU form
-    assert (weight_form("exact"), weight_form("llamacpp")) == ("affine", "blocks")
+    native = kernels_cpu.available()  # the native kernels take both numerics' weights
+    assert (weight_form("exact"), weight_form("llamacpp")) == (
+        ("native", "native") if native else ("affine", "blocks")
+    )
     q = jnp.ones((1, 1, 4, 8))
     assert attention_choice(q, paged=True) == "paged-reference"
     assert attention_choice(q, paged=True, numerics="llamacpp") == "paged-ggml"
