@@ -1,11 +1,15 @@
 """llamay against llama.cpp on the same GGUF files: pp128 and tg128 at batch 1, tg128 at batch 8.
 
     .venv/bin/python bench/llamacpp_compare.py [--models smollm2:135m,gemma3:270m]
-        [--threads 2] [--reps 3] [--rounds 1] [--label after] [--skip-llamacpp]
+        [--threads N] [--reps 3] [--rounds 1] [--label after] [--skip-llamacpp]
+        [--numerics exact,llamacpp] [--no-passive-row]
 
 llama.cpp runs through llama-cpp-python's low-level API in a separate virtual
-environment (it is never a llamay dependency); llamay through `llamay.bench.run_bench`
-(what `llamay bench` runs), in exact numerics. Both engines measure the same things:
+environment (it is never a llamay dependency), at its defaults (what a user gets: the
+default OpenMP wait policy), plus a second, labelled row "llama.cpp PASSIVE" with
+OMP_WAIT_POLICY=PASSIVE (what it gets on a loaded machine; `--no-passive-row` leaves it
+out). llamay runs through `llamay.bench.run_bench` (what `llamay bench` runs) in each of
+`--numerics` (default both: "llamay exact", "llamay llamacpp"). All measure the same:
 
 - pp128: one 128-token prompt from an empty cache, tokens/s;
 - tg128 batch 1: 128 decode steps of one sequence after an 8-token prompt;
@@ -13,10 +17,16 @@ environment (it is never a llamay dependency); llamay through `llamay.bench.run_
   in one llama_batch per step, a unified KV cache), aggregate tokens/s.
 
 Each engine warms up once, then `reps` timed runs (mean ± stdev). `--rounds N` runs the
-two engines alternately N times (the CPU is shared: compare runs taken together). The
-table gives llamay / llama.cpp ratios; the JSON (with `uptime`'s load averages) goes to
-bench/results/llamacpp-<label>-<time>.json. `--skip-llamacpp` measures llamay alone
-(e.g. an older checkout, with PYTHONPATH pointing at it, for before/after numbers).
+engines alternately N times (the CPU is shared: compare runs taken together). The
+table gives each llamay row over llama.cpp at its defaults; the JSON (with `uptime`'s
+load averages) goes to bench/results/llamacpp-<label>-<time>.json.
+
+The memory-bandwidth limit, measured in the same run: a read-bandwidth probe (numpy
+max over a 512 MiB buffer, one thread per core, best of 5) and the weight bytes one
+decode step reads (every matrix, the LM head once; an untied embedding's lookup reads a
+row): `bound tok/s` = bandwidth ÷ bytes per token, and each tg128 batch-1 rate as a %
+of it. `--skip-llamacpp` measures llamay alone (e.g. an older checkout, with PYTHONPATH
+pointing at it, for before/after numbers).
 
 Building llama.cpp once (about 30 min on 2 cores; CMAKE_BUILD_PARALLEL_LEVEL=1 leaves a
 core to others; the sdist is llama-cpp-python's source release):
@@ -25,12 +35,11 @@ core to others; the sdist is llama-cpp-python's source release):
     CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=1 nice -n 10 \\
         ~/.cache/llamay/llamacpp-venv/bin/pip install --no-deps llama_cpp_python-0.3.36.tar.gz
 
-Thread count: llama.cpp gets `--threads` for decode and batch; XLA's CPU client uses
-one thread per core, so run on a machine (or under `taskset`) with that many cores.
-On a shared, oversubscribed CPU ggml's OpenMP threads must not spin: with the default
-wait policy two threads ran SmolLM2 tg at 3 tok/s under load 11 (1 thread: 32,
-OMP_WAIT_POLICY=PASSIVE with 2 threads: 60). `--omp-wait-policy` (default PASSIVE)
-sets it; ACTIVE is llama.cpp's best case on an idle machine.
+Thread count: `--threads` (default: the cores) for llama.cpp's decode and batch; XLA's
+CPU client and the native kernels use one thread per core, so run on a machine (or under
+`taskset`) with that many cores. Run it on a quiet machine: with the default wait
+policy ggml's OpenMP threads spin, and under load 11 two of them ran SmolLM2 tg at
+3 tok/s (PASSIVE: 60) — which is why the PASSIVE row is there, labelled.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 VENV = Path.home() / ".cache" / "llamay" / "llamacpp-venv"
@@ -151,32 +161,72 @@ def model_path(name: str) -> Path:
 
 
 def run_llamacpp(
-    path: Path, threads: int, reps: int, pp: int = 128, tg: int = 128, omp_wait: str = "PASSIVE"
+    path: Path, threads: int, reps: int, pp: int = 128, tg: int = 128, omp_wait: str | None = None
 ) -> list[dict]:
     """The runner in the llama.cpp venv. LLAMACPP_PYTHONPATH (its PYTHONPATH) and
     LLAMA_CPP_LIB_PATH (llama-cpp-python's own) point it at an uninstalled build.
-    `omp_wait` is OMP_WAIT_POLICY for ggml's OpenMP threads (see the module doc)."""
+    `omp_wait`: OMP_WAIT_POLICY for ggml's OpenMP threads, None for llama.cpp's default
+    (the variable unset); the rows are labelled "llama.cpp" / "llama.cpp <policy>"."""
     python = VENV / "bin" / "python"
     if not python.exists():
         sys.exit(f"no llama.cpp venv at {VENV}: build it as this script's docstring says")
     env = dict(os.environ, PYTHONPATH=os.environ.get("LLAMACPP_PYTHONPATH", ""))
-    env["OMP_WAIT_POLICY"] = omp_wait
+    env.pop("OMP_WAIT_POLICY", None)
+    if omp_wait:
+        env["OMP_WAIT_POLICY"] = omp_wait
     args = [str(python), "-c", LLAMACPP_RUNNER, str(path), str(threads), str(pp), str(tg), "1,8"]
     out = subprocess.run([*args, str(reps)], capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
         sys.exit(f"llama.cpp run failed:\n{out.stderr[-2000:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    engine = "llama.cpp" + (f" {omp_wait}" if omp_wait else "")
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return [r | {"engine": engine} for r in rows]
 
 
-def run_llamay(path: Path, name: str, reps: int, pp: int = 128, tg: int = 128) -> list[dict]:
+def run_llamay(
+    path: Path, name: str, reps: int, pp: int = 128, tg: int = 128, numerics: str = "exact"
+) -> list[dict]:
     import llamay
+    from llamay import kernels
     from llamay.bench import run_bench
 
-    m = llamay.load(path, numerics="exact", progress=False)
+    m = llamay.load(path, numerics=numerics, progress=False)
     results = run_bench(m, name, pp, tg, (1,), reps)
     results += run_bench(m, name, 0, tg, (8,), reps)
     keep = ("test", "batch", "tokens_per_s", "stdev", "compile_s")
-    return [dict(engine="llamay", **{k: r.as_dict()[k] for k in keep}) for r in results]
+    form = kernels.weight_form(numerics)  # "native": the native CPU kernels ran
+    return [
+        dict(engine=f"llamay {numerics}", weight_form=form, **{k: r.as_dict()[k] for k in keep})
+        for r in results
+    ]
+
+
+def read_bandwidth(threads: int, mib: int = 512, reps: int = 5) -> float:
+    """Bytes/s read by `threads` threads summing disjoint parts of a `mib` MiB buffer
+    (numpy releases the GIL in its reductions; `max` reads fastest of them), best of
+    `reps`."""
+    import numpy as np
+
+    buf = np.ones(mib * (1 << 20) // 4, np.float32)
+    parts = np.array_split(buf, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(np.max, parts))  # pages touched, threads started
+        for _ in range(reps):
+            t = time.perf_counter()
+            list(pool.map(np.max, parts))
+            best = min(best, time.perf_counter() - t)
+    return buf.nbytes / best
+
+
+def weight_bytes_per_token(path: Path) -> int:
+    """Bytes of weights one decode step reads: every matrix of the file, the embedding
+    only where it is the (tied) LM head; 1-D tensors (norms, biases) too."""
+    from llamay.gguf import open_gguf
+
+    tensors = open_gguf(path).tensors
+    tied = "output.weight" not in tensors
+    return sum(t.nbytes for name, t in tensors.items() if tied or name != "token_embd.weight")
 
 
 def cell(v: float | None, width: int) -> str:
@@ -195,18 +245,22 @@ def summarise(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=MODELS, help="store names or .gguf paths")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--label", default="run")
     ap.add_argument("--pp", type=int, default=128, help="prompt tokens")
     ap.add_argument("--tg", type=int, default=128, help="generated tokens")
+    ap.add_argument("--numerics", default="exact,llamacpp", help="llamay's, comma-separated")
     ap.add_argument("--skip-llamacpp", action="store_true")
-    ap.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE"])
+    ap.add_argument("--no-passive-row", action="store_true",
+                    help="leave out the llama.cpp OMP_WAIT_POLICY=PASSIVE row")  # fmt: skip
     args = ap.parse_args()
 
     rows: list[dict] = []
     loads = [os.getloadavg()]
+    bandwidth = read_bandwidth(args.threads)
+    print(f"# read bandwidth ({args.threads} threads): {bandwidth / 1e9:.2f} GB/s", flush=True)
 
     def add(results: list[dict], name: str) -> None:
         for r in results:
@@ -214,38 +268,56 @@ def main() -> None:
             print("# " + json.dumps(rows[-1]), flush=True)  # partial results as they come
         loads.append(os.getloadavg())
 
+    per_token = {}
     for name in args.models.split(","):
         path = model_path(name)
+        per_token[name] = weight_bytes_per_token(path)
         for _ in range(args.rounds):
             if not args.skip_llamacpp:
-                opts = dict(omp_wait=args.omp_wait_policy)
-                add(run_llamacpp(path, args.threads, args.reps, args.pp, args.tg, **opts), name)
-            add(run_llamay(path, name, args.reps, args.pp, args.tg), name)
+                add(run_llamacpp(path, args.threads, args.reps, args.pp, args.tg), name)
+                if not args.no_passive_row:
+                    opts = dict(omp_wait="PASSIVE")
+                    add(run_llamacpp(path, args.threads, args.reps, args.pp, args.tg, **opts), name)
+            for numerics in args.numerics.split(","):
+                add(run_llamay(path, name, args.reps, args.pp, args.tg, numerics), name)
+    loads.append(os.getloadavg())
     import jax
 
     meta = dict(
         label=args.label,
         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         threads=args.threads,
-        omp_wait_policy=args.omp_wait_policy,
         reps=args.reps,
         rounds=args.rounds,
         cpus=os.cpu_count(),
         jax=jax.__version__,
         load_averages=[[round(v, 2) for v in la] for la in loads],
+        read_bandwidth_gb_s=round(bandwidth / 1e9, 2),
+        weight_bytes_per_token=per_token,
     )
     print(f"# {meta['time']}  load averages (1/5/15 min) during the run: {meta['load_averages']}")
-    print(f"| {'model':<14} | {'test':>6} | {'batch':>5} | {'llamay t/s':>10} "
-          f"| {'llama.cpp t/s':>13} | {'ratio':>6} |")  # fmt: skip
-    print("|" + "|".join("-" * w for w in (16, 8, 7, 12, 15, 8)) + "|")
+    print(f"# read bandwidth {meta['read_bandwidth_gb_s']} GB/s; weight bytes per token: "
+          + ", ".join(f"{m} {b / 1e6:.1f} MB (bound {bandwidth / b:.0f} tok/s)"
+                      for m, b in per_token.items()))  # fmt: skip
+    print(f"| {'model':<14} | {'test':>6} | {'batch':>5} | {'engine':<17} | {'t/s':>9} "
+          f"| {'vs llama.cpp':>12} | {'% of bound':>10} |")  # fmt: skip
+    print("|" + "|".join("-" * w for w in (16, 8, 7, 19, 11, 14, 12)) + "|")
     table = []
     for (model, test, batch), by in summarise(rows).items():
-        ours, theirs = by.get("llamay"), by.get("llama.cpp")
-        ratio = ours / theirs if ours and theirs else None
-        table.append(dict(model=model, test=test, batch=batch, llamay=ours, llamacpp=theirs,
-                          ratio=None if ratio is None else round(ratio, 3)))  # fmt: skip
-        print(f"| {model:<14} | {test:>6} | {batch:>5} | {cell(ours, 10)} | {cell(theirs, 13)} "
-              f"| {cell(ratio, 6)} |")  # fmt: skip
+        base = by.get("llama.cpp")
+        for engine, rate in sorted(by.items()):
+            ratio = rate / base if base and engine != "llama.cpp" else None
+            bound = bandwidth / per_token[model]
+            share = 100 * rate / bound if test.startswith("tg") and batch == 1 else None
+            table.append(
+                dict(
+                    model=model, test=test, batch=batch, engine=engine, tokens_per_s=rate,
+                    vs_llamacpp=None if ratio is None else round(ratio, 3),
+                    percent_of_bandwidth_bound=None if share is None else round(share, 1),
+                )
+            )  # fmt: skip
+            print(f"| {model:<14} | {test:>6} | {batch:>5} | {engine:<17} | {cell(rate, 9)} "
+                  f"| {cell(ratio, 12)} | {cell(share, 10)} |")  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M", time.gmtime())
     out = RESULTS / f"llamacpp-{args.label}-{stamp}.json"
