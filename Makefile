@@ -8,6 +8,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=4
 
 install:
 	scripts/bootstrap.sh
+	$(PY) -m llamay.kernels_cpu  # the native CPU kernels, built ahead (optional)
 
 test: install
 	scripts/test-oracles.sh
