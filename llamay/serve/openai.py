@@ -284,9 +284,24 @@ def _legacy_logprobs(lm, rows, pos: int = 0) -> dict:
     return {
         "tokens": tokens,
         "token_logprobs": [lp for _, lp, _ in rows],
-        "top_logprobs": [{_piece(lm, i)[0]: a for i, a in alts} for _, _, alts in rows],
+        "top_logprobs": [
+            None if lp is None else {_piece(lm, i)[0]: a for i, a in alts} for _, lp, alts in rows
+        ],
         "text_offset": offsets,
     }
+
+
+def _prompt_logprobs(lm, ids: list[int], n: int) -> list[tuple[int, float | None, list]]:
+    """Rows (token id, logprob, top n alternatives) of a prompt's own tokens, for `echo`:
+    each token under the model's distribution after the ones before it (the first has
+    none, as OpenAI reports it)."""
+    logits = np.asarray(lm.model.logits(ids), np.float64)[:-1]
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    rows: list[tuple[int, float | None, list]] = [(ids[0], None, [])]
+    for tok, row in zip(ids[1:], logp, strict=True):
+        top = np.argsort(-row, kind="stable")[:n]
+        rows.append((tok, float(row[tok]), [(int(j), float(row[j])) for j in top]))
+    return rows
 
 
 def _usage(gens: list[TextGen]) -> dict[str, Any]:
@@ -450,6 +465,11 @@ async def completions(body: CompletionRequest, request: Request):
             g = st.textgen(lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop))
             g.logprobs = lp
             gens.append(g)
+    # echo with logprobs: the prompt's own tokens come first (OpenAI's legacy behaviour)
+    echoed = [[] for _ in gens]
+    if body.echo and lp is not None:
+        per_prompt = [await off_loop(_prompt_logprobs, lm, p, lp) for p in prompts]
+        echoed = [rows for rows in per_prompt for _ in range(body.n)]
     tok = lm.model.tokenizer
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -469,7 +489,9 @@ async def completions(body: CompletionRequest, request: Request):
                 "index": i,
                 "text": echo(g) + t,
                 "finish_reason": _oa_reason(g.finish_reason),
-                "logprobs": _legacy_logprobs(lm, g.logprob_rows()) if lp is not None else None,
+                "logprobs": _legacy_logprobs(lm, echoed[i] + g.logprob_rows())
+                if lp is not None
+                else None,
             }
             for i, (g, t) in enumerate(zip(gens, texts, strict=True))
         ]
@@ -500,8 +522,9 @@ async def completions(body: CompletionRequest, request: Request):
 
     sent = [0] * len(gens)  # characters of each choice's text sent (logprob offsets)
 
-    def choice(i: int, text: str, reason: str | None = None) -> dict:
-        rows = gens[i].take_logprobs() if lp is not None else []
+    def choice(i: int, text: str, reason: str | None = None, rows=None) -> dict:
+        if rows is None:
+            rows = gens[i].take_logprobs() if lp is not None else []
         logprobs = _legacy_logprobs(lm, rows, sent[i]) if rows else None
         if logprobs:
             sent[i] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
@@ -510,7 +533,7 @@ async def completions(body: CompletionRequest, request: Request):
     async def events():
         if body.echo:
             for i, g in enumerate(gens):
-                yield chunk([choice(i, echo(g))])
+                yield chunk([choice(i, echo(g), rows=echoed[i])])
         async for i, delta in merged(gens):
             if delta is None:
                 yield chunk([choice(i, "", _oa_reason(gens[i].finish_reason))])

@@ -155,3 +155,40 @@ def test_tools_reach_a_model_whose_template_has_none(server, tiny):
     assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>' in prompt
     # the template itself (plain Jinja's rendering is the oracle) sees ordinary messages
     assert prompt.endswith(render_chat(tiny.tokenizer.chat_template, MSGS)[-30:])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_logprobs_covers_the_prompt(server, tiny, stream):
+    """Defect 9: with echo, the prompt's own tokens carry logprobs (the first none) and
+    the generated tokens' text_offset starts after the echoed prompt."""
+    import numpy as np
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    prompt = "Once upon a time"
+    kw = dict(model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=1, echo=True)
+    if stream:
+        parts = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
+        lps = [p.logprobs for p in parts if p.logprobs]
+        tokens = [t for lp in lps for t in lp.tokens]
+        values = [v for lp in lps for v in lp.token_logprobs]
+        offsets = [o for lp in lps for o in lp.text_offset]
+        text = "".join(p.text for p in parts)
+    else:
+        r = client.completions.create(**kw).choices[0]
+        tokens, values, offsets, text = (
+            r.logprobs.tokens,
+            r.logprobs.token_logprobs,
+            r.logprobs.text_offset,
+            r.text,
+        )
+    ids = tiny.tokenize(prompt, add_special=True, parse_special=True)
+    assert len(tokens) == len(ids) + 3 and values[0] is None
+    logits = np.asarray(tiny.logits(ids), np.float64)
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    for k in range(1, len(ids)):  # each prompt token given those before it
+        assert values[k] == pytest.approx(logp[k - 1][ids[k]], abs=1e-4)
+    echoed = tiny.detokenize(ids)
+    assert text.startswith(echoed)
+    assert offsets[len(ids)] == len(echoed)  # the first generated token's offset
+    assert offsets == sorted(offsets)
