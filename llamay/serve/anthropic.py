@@ -83,6 +83,8 @@ def _messages(body: CountTokensRequest) -> list[dict]:
             kind = b.get("type")
             if kind == "text":
                 text.append(str(b.get("text", "")))
+            elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
+                continue  # earlier turns' reasoning stays out of the prompt, as Anthropic's
             elif kind == "tool_use" and m.role == "assistant":
                 if not isinstance(b.get("input", {}), dict):
                     raise ApiError(400, f"messages.{i}: a tool_use block's input must be an object")
@@ -162,12 +164,28 @@ def _blocks(text: str, forced, names: set[str]) -> list[dict]:
     return [{"type": "text", "text": text}]
 
 
+def _check_thinking(thinking: Any, max_tokens: int) -> None:
+    """Anthropic's `thinking` setting, checked as its API does. The models served here
+    write no separate reasoning, so an enabled budget produces no thinking blocks (the
+    answer is the text blocks, as from a model that thought briefly)."""
+    if thinking is None:
+        return
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind == "disabled":
+        return
+    if kind != "enabled":
+        raise ApiError(400, 'thinking.type must be "enabled" or "disabled"')
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
+        raise ApiError(400, "thinking.budget_tokens must be an integer >= 1024")
+    if budget >= max_tokens:
+        raise ApiError(400, "thinking.budget_tokens must be less than max_tokens")
+
+
 @router.post("/v1/messages", summary="Create a message (Anthropic)")
 async def messages(body: MessagesRequest, request: Request):
     st: ServerState = state(request)
-    thinking = (body.model_extra or {}).get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):
-        raise ApiError(400, "thinking: extended thinking is not supported by this server yet")
+    _check_thinking((body.model_extra or {}).get("thinking"), body.max_tokens)
     lm = await st.models.get(body.model, lenient=True)
     ids, tools, forced = await off_loop(_prompt_ids, lm, body)
     names = {t["function"]["name"] for t in tools or []}

@@ -266,7 +266,7 @@ async def generate(body: GenerateRequest, request: Request):
     g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con)
 
     def final() -> dict[str, Any]:
-        return {
+        out = {
             "model": lm.name,
             "created_at": now_iso(),
             "response": "",
@@ -275,6 +275,9 @@ async def generate(body: GenerateRequest, request: Request):
             "context": g.prompt_ids + g.token_ids,
             **_timings(g, lm, t0, load_s),
         }
+        if body.raw:  # "raw mode will not return a context" (Ollama's api.md)
+            del out["context"]
+        return out
 
     if not body.stream:
         text = await g.collect(request)

@@ -133,6 +133,8 @@ async def show(body: NameRequest, request: Request):
         if not (isinstance(v, list) and len(v) > 64) or body.verbose
     }
     info = json.loads(json.dumps(info, default=str))
+    if s.get("parameter_count"):  # Ollama's key, counted from the tensors
+        info["general.parameter_count"] = int(s["parameter_count"])
     capabilities = ["completion"]
     if arch == "bert":
         capabilities = ["embedding"]

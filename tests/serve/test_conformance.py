@@ -192,3 +192,55 @@ def test_echo_with_logprobs_covers_the_prompt(server, tiny, stream):
     assert text.startswith(echoed)
     assert offsets[len(ids)] == len(echoed)  # the first generated token's offset
     assert offsets == sorted(offsets)
+
+
+def test_anthropic_thinking_is_accepted(small_ctx):
+    """Missing feature: `thinking` (and thinking blocks in the history) instead of a 400;
+    the answer validates as the SDK's typed Message."""
+    import anthropic
+    from anthropic.types import Message
+
+    client = anthropic.Anthropic(base_url=small_ctx.url, api_key="x", max_retries=0)
+    history = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "They greet me.", "signature": "sig"},
+                {"type": "text", "text": "Hello!"},
+            ],
+        },
+        {"role": "user", "content": "How are you?"},
+    ]
+    r = client.messages.create(
+        model="tiny",
+        max_tokens=2048,
+        messages=history,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"temperature": 0},
+    )
+    Message.model_validate_json(r.model_dump_json())
+    assert r.content and all(b.type == "text" for b in r.content)
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
+        client.messages.create(
+            model="tiny",
+            max_tokens=1024,
+            messages=MSGS,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        )
+
+
+def test_ollama_raw_has_no_context_and_show_counts_parameters(server, tiny_paths):
+    """Defect 8: "raw mode will not return a context" (api.md); show's model_info has
+    general.parameter_count (here against gguf-py's reading of the file)."""
+    import numpy as np
+    import ollama
+    from gguf import GGUFReader
+
+    client = ollama.Client(host=server.url)
+    r = client.generate(model="tiny", prompt="Hi", raw=True, options={"num_predict": 2})
+    assert r.context is None
+    assert client.generate(model="tiny", prompt="Hi", options={"num_predict": 2}).context
+    info = client.show("tiny").modelinfo
+    want = sum(int(np.prod(t.shape)) for t in GGUFReader(tiny_paths["tiny"]).tensors)
+    assert info["general.parameter_count"] == want
