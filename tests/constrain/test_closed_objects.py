@@ -11,7 +11,7 @@ import random
 import jsonschema_rs
 import pytest
 from conftest import feed
-from fixture_data import oracle, tiny_model_file
+from fixture_data import fixture, oracle, tiny_model_file
 from test_json_schema_formats import random_instance
 
 from llamay.constrain import json_object, json_schema
@@ -121,12 +121,10 @@ def test_whitespace_is_bounded(byte_tok):
     assert not feed(json_object(byte_tok), ['{"a":\n\n1}'])
 
 
-def test_closed_is_a_subset_on_the_test_suite(byte_tok, fixtures_dir):
+def test_closed_is_a_subset_on_the_test_suite(byte_tok):
     """Under the default, every suite instance the constraint accepts is one the suite
     labels valid: closing objects never admits an invalid instance."""
-    d = fixtures_dir / "json-schema-test-suite" / "draft2020-12"
-    if not d.is_dir():
-        pytest.skip(f"{d} is absent")
+    d = fixture("json-schema-test-suite", "draft2020-12")
     checked = 0
     for path in sorted(d.glob("*.json")):
         fmt = "annotation" if path.name == "format.json" else "assert"
