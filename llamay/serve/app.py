@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -145,6 +146,11 @@ def create_app(
     app.add_middleware(JsonBodies)
     if st.api_key:
         app.add_middleware(ApiKeyCheck, api_key=st.api_key)
+    # outermost: browsers' preflight OPTIONS is answered before the key check, as
+    # llama-server and Ollama answer it (any origin; the key still guards the APIs)
+    app.add_middleware(
+        CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]
+    )
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import Field
 
+from llamay import __version__
 from llamay.errors import RequestError
 from llamay.serve import readiness
 from llamay.serve import tools as T
@@ -297,6 +299,33 @@ async def metrics(request: Request):
     return PlainTextResponse(
         "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
     )
+
+
+def _special_text(tok, kind: str) -> str:
+    i = tok.vocab.special.get(kind)
+    return tok.vocab.tokens[i] if i is not None and 0 <= i < len(tok.vocab.tokens) else ""
+
+
+@router.get("/props", summary="Server and default model properties (llama.cpp)")
+async def props(request: Request, model: str | None = None):
+    """llama-server's /props for the default (or `?model=`) model: its context, slots,
+    path, chat template and the default sampling settings."""
+    st: ServerState = state(request)
+    lm = await st.models.get(model, lenient=True)
+    tok = lm.model.tokenizer
+    defaults = dataclasses.asdict(make_sampler())
+    defaults["samplers"] = list(defaults["samplers"])
+    return {
+        "default_generation_settings": {"n_ctx": lm.model.n_ctx, "params": defaults},
+        "total_slots": st.models.parallel,
+        "model_alias": lm.name,
+        "model_path": str(lm.known.path),
+        "chat_template": tok.chat_template,
+        "bos_token": _special_text(tok, "bos"),
+        "eos_token": _special_text(tok, "eos"),
+        "modalities": {"vision": False, "audio": False},
+        "build_info": f"llamay {__version__}",
+    }
 
 
 @router.get("/slots", summary="Engine state per loaded model (llama.cpp)")

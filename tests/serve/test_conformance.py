@@ -244,3 +244,24 @@ def test_ollama_raw_has_no_context_and_show_counts_parameters(server, tiny_paths
     info = client.show("tiny").modelinfo
     want = sum(int(np.prod(t.shape)) for t in GGUFReader(tiny_paths["tiny"]).tensors)
     assert info["general.parameter_count"] == want
+
+
+def test_props_and_cors(http, tiny):
+    """llama-server's /props (its web UI reads it first) and CORS preflight."""
+    p = http.get("/props").json()
+    assert p["default_generation_settings"]["n_ctx"] == CTX and p["total_slots"] == 1
+    assert p["chat_template"] == tiny.tokenizer.chat_template
+    assert p["default_generation_settings"]["params"]["top_k"] == 40  # llama.cpp's default
+    pre = http.options(
+        "/v1/chat/completions",
+        headers={
+            "Origin": "http://example.test",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type,authorization",
+        },
+    )
+    assert pre.status_code == 200
+    assert pre.headers["access-control-allow-origin"] in ("*", "http://example.test")
+    assert "POST" in pre.headers["access-control-allow-methods"]
+    r = http.get("/v1/models", headers={"Origin": "http://example.test"})
+    assert r.headers["access-control-allow-origin"] == "*"
