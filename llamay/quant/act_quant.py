@@ -43,6 +43,10 @@ VEC_DOT_TYPES: dict[GGMLType, GGMLType] = {
     _T.Q4_K: _T.Q8_K,
     _T.Q5_K: _T.Q8_K,
     _T.Q6_K: _T.Q8_K,
+    **{t: _T.Q8_K for t in (_T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S)},
+    **{t: _T.Q8_K for t in (_T.IQ1_S, _T.IQ1_M, _T.IQ4_XS, _T.TQ1_0, _T.TQ2_0)},
+    _T.IQ4_NL: _T.Q8_0,
+    _T.MXFP4: _T.Q8_0,
 }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from llamay.gguf.constants import GGMLType
+from llamay.quant import iquants
 from llamay.quant.layouts import Array, Backend, BlockLayout
 
 # --- bit unpacking -------------------------------------------------------------------
@@ -208,6 +209,7 @@ AFFINE: dict[GGMLType, Callable[[Backend, F], Parts]] = {
     GGMLType.Q4_K: _q4_k,
     GGMLType.Q5_K: _q5_k,
     GGMLType.Q6_K: _q6_k,
+    **iquants.PARTS,  # the i-quants, TQ1_0/TQ2_0, MXFP4
 }
 
 
@@ -232,6 +234,8 @@ def dequantize_blocks(bk: Backend, lay: BlockLayout, blocks: Array) -> Array:
     """uint8 [..., block_bytes] -> float32 [..., block_elems]."""
     if lay.ggml_type in _FLOATS:
         return _FLOATS[lay.ggml_type](bk, lay.unpack(bk, blocks))
+    if lay.ggml_type in iquants.VALUES:
+        return iquants.VALUES[lay.ggml_type](bk, lay.unpack(bk, blocks))
     return affine_values(bk, *affine_parts(bk, lay, blocks))
 
 

@@ -98,7 +98,7 @@ class BlockLayout:
         return bk.xp.concatenate(parts, axis=-1)
 
 
-_DTYPES = {"u8": "uint8", "i8": "int8", "u16": "uint16", "i16": "int16"}
+_DTYPES = {"u8": "uint8", "i8": "int8", "u16": "uint16", "i16": "int16", "u32": "uint32"}
 _DTYPES |= {"f16": "float16", "f32": "float32"}
 
 # Fields in byte order, as "name:dtype[*count]" (ggml's block_* structs).
@@ -117,6 +117,19 @@ _SPECS: dict[GGMLType, str] = {
     GGMLType.Q5_K: "d:f16 dmin:f16 scales:u8*12 qh:u8*32 qs:u8*128",
     GGMLType.Q6_K: "ql:u8*128 qh:u8*64 scales:i8*16 d:f16",
     GGMLType.Q8_K: "d:f32 qs:i8*256 bsums:i16*16",
+    # i-quants, ternary and MXFP4 (formulas in iquants.py)
+    GGMLType.IQ2_XXS: "d:f16 qs:u32*16",
+    GGMLType.IQ2_XS: "d:f16 qs:u16*32 scales:u8*8",
+    GGMLType.IQ2_S: "d:f16 qs:u8*32 signs:u8*32 qh:u8*8 scales:u8*8",
+    GGMLType.IQ3_XXS: "d:f16 qs:u8*64 scales:u32*8",
+    GGMLType.IQ3_S: "d:f16 qs:u8*64 qh:u8*8 signs:u8*32 scales:u8*4",
+    GGMLType.IQ1_S: "d:f16 qs:u8*32 qh:u16*8",
+    GGMLType.IQ1_M: "qs:u8*32 qh:u8*16 scales:u16*4",
+    GGMLType.IQ4_NL: "d:f16 qs:u8*16",
+    GGMLType.IQ4_XS: "d:f16 scales_h:u16 scales_l:u8*4 qs:u8*128",
+    GGMLType.MXFP4: "e:u8 qs:u8*16",
+    GGMLType.TQ1_0: "qs:u8*48 qh:u8*4 d:f16",
+    GGMLType.TQ2_0: "qs:u8*64 d:f16",
 }
 
 

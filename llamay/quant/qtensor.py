@@ -190,6 +190,11 @@ def dequant_matmul(x: jax.Array, w: QTensor) -> jax.Array:
 
 _T = GGMLType
 _Q8_ACTS = {_T.Q8_0: quantize_q8_0, _T.Q8_1: quantize_q8_1}
+# Weights with ggml's integer block dot emulated here; the others of the Q8_0 family
+# (IQ4_NL, MXFP4), like the i-quants and TQ* of the Q8_K family, take the rounded
+# activations against the dequantised weight (`dequant_matmul`): llama.cpp's values up
+# to the order of summation, not bit for bit.
+_Q8_BLOCK_TYPES = (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0)
 _FLOAT_DOTS = {  # vec_dot type -> (sgemm dot, its k step, vec dot)
     _T.F32: (ggml_float.dot_f32_sgemm, 16, ggml_float.dot_f32_vec),
     _T.F16: (ggml_float.dot_f16_sgemm, 16, ggml_float.dot_f16_vec),
@@ -244,7 +249,7 @@ def _ggml_kernel(x: jax.Array, w: QTensor, batched: bool | None = None):
     def on(f, *args):  # f(x, w, *args) as a function of (x, rows of w)
         return lambda x, data: f(x, dataclasses.replace(w, data=data), *args)
 
-    if dot in _Q8_ACTS:
+    if dot in _Q8_ACTS and t in _Q8_BLOCK_TYPES:
         if t == _T.Q4_0 and n_rows % 8 == 0:
             return on(_q4_0_repack_dot)
         return on(_q8_block_dot)
