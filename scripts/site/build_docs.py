@@ -492,7 +492,12 @@ API: list[tuple[str, str, list[str]]] = [
     (
         "The model store",
         "llamay.store",
-        ["pull", "resolve", "list_models", "remove", "copy", "gc", "store_dir"],
+        ["pull", "resolve", "list_models", "remove", "copy", "create", "gc", "store_dir"],
+    ),
+    (
+        "Models across llamay's and Ollama's stores",
+        "llamay.library",
+        ["resolve", "layered_model", "load", "create"],
     ),
 ]
 
