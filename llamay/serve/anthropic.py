@@ -231,7 +231,8 @@ async def messages(body: MessagesRequest, request: Request):
     if not body.stream:
         text = await g.collect(request)
         blocks = _blocks(text, forced, names)
-        reason = "tool_use" if blocks[0]["type"] == "tool_use" else _stop_reason(g)
+        used = blocks[0]["type"] == "tool_use" and g.finish_reason != "length"
+        reason = "tool_use" if used else _stop_reason(g)
         return message(blocks, reason, g.completion_tokens)
 
     def ev(obj: dict) -> str:
@@ -320,7 +321,9 @@ async def messages(body: MessagesRequest, request: Request):
             {
                 "type": "message_delta",
                 "delta": {
-                    "stop_reason": "tool_use" if called else _stop_reason(g),
+                    "stop_reason": "tool_use"
+                    if called and g.finish_reason != "length"
+                    else _stop_reason(g),
                     "stop_sequence": g.stop_sequence,
                 },
                 "usage": {"output_tokens": g.completion_tokens},

@@ -242,7 +242,8 @@ def _message_of(gen: TextGen, text: str, forced: bool, names: set[str]) -> tuple
         ]
         if forced:  # the arguments as generated, as a stream sends them
             tool_calls[0]["function"]["arguments"] = T.forced_arguments(text)
-        return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls"
+        reason = "length" if calls[0].get("cut") else "tool_calls"
+        return {"role": "assistant", "content": None, "tool_calls": tool_calls}, reason
     return {"role": "assistant", "content": text}, _oa_reason(gen.finish_reason)
 
 
@@ -401,7 +402,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                         yield chunk([choice(i, _call_delta(whole["name"]))])
                         args = json.dumps(whole["arguments"])
                         yield chunk([choice(i, _call_delta(None, args))])
-                    yield chunk([choice(i, {}, "tool_calls")])
+                    yield chunk([choice(i, {}, "length" if whole.get("cut") else "tool_calls")])
                     continue
                 name, piece = call.feed(delta)
                 if name is not None:

@@ -265,3 +265,36 @@ def test_props_and_cors(http, tiny):
     assert "POST" in pre.headers["access-control-allow-methods"]
     r = http.get("/v1/models", headers={"Origin": "http://example.test"})
     assert r.headers["access-control-allow-origin"] == "*"
+
+
+def test_a_cut_off_forced_tool_call_is_a_200_for_length(server):
+    """Defect 3's last point: a forced (schema-constrained) call cut off by max_tokens is a
+    200 finishing for length on every API, not a 400 after the generation."""
+    import anthropic
+    import openai
+    from openai.types.chat import ChatCompletion
+
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=MSGS, max_tokens=3, temperature=0, tools=[WEATHER])
+    r = oa.chat.completions.create(tool_choice="required", **kw)
+    ChatCompletion.model_validate_json(r.model_dump_json())
+    assert r.choices[0].finish_reason == "length"
+    chunks = list(oa.chat.completions.create(tool_choice="required", stream=True, **kw))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+    an = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    m = an.messages.create(
+        model="tiny",
+        max_tokens=3,
+        messages=MSGS,
+        tools=[{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],
+        tool_choice={"type": "any"},
+    )
+    assert m.stop_reason == "max_tokens"
+
+    tool = {"type": "function", **WEATHER["function"]}
+    body = {"model": "tiny", "input": "Hi", "max_output_tokens": 3, "tools": [tool]}
+    r = httpx.post(server.url + "/v1/responses", json={**body, "tool_choice": "required"})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "incomplete"
+    assert r.json()["incomplete_details"] == {"reason": "max_output_tokens"}
