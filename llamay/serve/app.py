@@ -173,9 +173,27 @@ def create_app(
     async def internal_error(request: Request, exc: Exception):
         return _error(request, 500, f"internal error: {type(exc).__name__}: {exc}")
 
-    from llamay.serve import anthropic, context, llamacpp, ollama, ollama_models, openai, responses
+    from llamay.serve import (
+        anthropic,
+        chat_page,
+        context,
+        llamacpp,
+        ollama,
+        ollama_models,
+        openai,
+        responses,
+    )
 
-    for module in (openai, responses, anthropic, ollama, ollama_models, llamacpp, context):
+    for module in (
+        openai,
+        responses,
+        anthropic,
+        ollama,
+        ollama_models,
+        llamacpp,
+        context,
+        chat_page,
+    ):
         app.include_router(module.router)
     return app
 
