@@ -3,11 +3,43 @@
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from pathlib import Path
 
 import jax
 
 _done = False
+
+# The jax releases llamay is tested on, as pyproject.toml requires them: the whole suite on
+# the newest, the quick suites on 0.11.2 (`make test-jax011`: what jax-mps needs and CUDA 13
+# images ship). No API llamay uses differs between them (checked against both releases); a
+# difference found later belongs here, behind one name, not in version checks at call sites.
+JAX_OLDEST = (0, 11, 2)
+JAX_BEFORE = (0, 13)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: "0.12.0.1" -> (0, 12, 0, 1)."""
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in m.group().split(".")) if m else ()
+
+
+def untested_jax(version: str = jax.__version__) -> str | None:
+    """Why `version` of jax is outside the tested range, or None when it is inside."""
+    if JAX_OLDEST <= _release(version) < JAX_BEFORE:
+        return None
+    oldest, before = (".".join(map(str, v)) for v in (JAX_OLDEST, JAX_BEFORE))
+    return (
+        f"llamay is tested on jax >={oldest},<{before}; this is jax {version} "
+        f"(pip install 'jax>={oldest},<{before}' for a tested one)"
+    )
+
+
+# pip keeps the range; this names it for a jax that pip did not choose (a preinstalled
+# image, a checkout on PYTHONPATH, --no-deps)
+if (_why := untested_jax()) is not None:
+    warnings.warn(_why, RuntimeWarning, stacklevel=2)
 
 
 def cache_root() -> Path:
