@@ -263,7 +263,7 @@ typedef f16v vf;
 #endif
 inline vf loadv(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
 
-constexpr int MR = 4, NR = 4;
+constexpr int MR = 6, NR = 4;  // 24 accumulators + 4 weight vectors: AVX-512's 32 registers
 
 template <int R, int C>
 void tile(const float* x, int64_t k, const float* w, float* y, int64_t ldy) {
@@ -292,6 +292,8 @@ constexpr TileFn TILES[MR][NR] = {
     {&tile<2, 1>, &tile<2, 2>, &tile<2, 3>, &tile<2, 4>},
     {&tile<3, 1>, &tile<3, 2>, &tile<3, 3>, &tile<3, 4>},
     {&tile<4, 1>, &tile<4, 2>, &tile<4, 3>, &tile<4, 4>},
+    {&tile<5, 1>, &tile<5, 2>, &tile<5, 3>, &tile<5, 4>},
+    {&tile<6, 1>, &tile<6, 2>, &tile<6, 3>, &tile<6, 4>},
 };
 
 // One weight row as f32 values: the vector decoders where there is one.
