@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=4
 
-.PHONY: install test check lint format bench build docs docs-check scripts-check verify
+.PHONY: install test test-jax011 check lint format bench build docs docs-check scripts-check verify
 
 install:
 	scripts/bootstrap.sh
@@ -13,6 +13,10 @@ install:
 test: install
 	scripts/test-oracles.sh
 	PY=$(PY) scripts/run-tests.sh --require-fixtures $(PYTEST_ARGS)
+
+# the quick suites on jax 0.11.2, the oldest supported, in .venv-jax011 (CI runs both)
+test-jax011:
+	scripts/test-jax011.sh --require-fixtures $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff format --check .

@@ -11,7 +11,8 @@
 # gets a fresh process (~3 s of start-up each). Extra arguments go to every pytest call
 # (make test passes --require-fixtures: a missing fixture or model fails, see
 # tests/fixture_data.py). Each file's skips are logged (tests/conftest.py) and added up in
-# one line at the end.
+# one line at the end. TEST_LIST=FILE runs only the targets FILE lists, one a line (test
+# files or pytest node ids; `#` comments), e.g. the quick suites (scripts/test-jax011.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PY=${PY:-.venv/bin/python}
@@ -27,7 +28,8 @@ while IFS= read -r target; do
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
     failed+=("$target (exit $rc)")
   fi
-done < <(find tests -name 'test_*.py' | LC_ALL=C sort)
+done < <(if [ -n "${TEST_LIST:-}" ]; then grep -v -e '^#' -e '^$' "$TEST_LIST"; else
+  find tests -name 'test_*.py' | LC_ALL=C sort; fi)
 "$PY" tests/skip_counts.py "$LLAMAY_SKIP_LOG"
 if ((${#failed[@]})); then
   printf 'FAILED: %s\n' "${failed[@]}"
