@@ -1,7 +1,11 @@
 """Where a decode step's time goes: XLA ops of `decode_logits` under jax.profiler, summed.
 
     .venv/bin/python bench/decode_profile.py [--model smollm2:135m] [--batch 1] [--steps 5]
-        [--slots 256] [--top 25] [--numerics exact|llamacpp] [--json]
+        [--slots 256] [--top 25] [--numerics exact|llamacpp] [--paged] [--json]
+
+`--paged`: the continuous-batching engine's forward instead (`paged_step` over a page pool,
+`--slots` positions of context per row in 16-position pages, page tables bucketed as the
+engine does), to compare with the dense step at the same context.
 
 Runs `steps` decode steps (after warm-up) under a trace, then prints the ops by total
 time per step (ms), with how often each runs per step and its HLO shape, and a share
@@ -24,6 +28,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import llamay
 from llamay.engine.steps import decode_logits
@@ -48,20 +53,9 @@ def kind(name: str, shape: str) -> str:
     return "other"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2:135m")
-    ap.add_argument("--numerics", default="exact", choices=("exact", "llamacpp"))
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--slots", type=int, default=256)
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-
-    m = llamay.load(args.model, numerics=args.numerics, progress=False)
-    cfg, b = m.config, args.batch
-    kv = new_dense_kv(cfg.n_layers, b, args.slots, cfg.n_kv_heads, cfg.head_dim, m.runtime.kv_dtype)
+def dense_steps(m, b: int, slots: int):
+    cfg = m.config
+    kv = new_dense_kv(cfg.n_layers, b, slots, cfg.n_kv_heads, cfg.head_dim, m.runtime.kv_dtype)
     tok = jnp.ones((b,), jnp.int32)
     shapes = hlo_shapes(
         decode_logits.lower(cfg, m.weights, kv, tok, jnp.zeros((b,), jnp.int32)).compile().as_text()
@@ -74,6 +68,66 @@ def main() -> None:
             logits, kv = decode_logits(cfg, m.weights, kv, tok, jnp.full((b,), pos, jnp.int32))
             pos += 1
         logits.block_until_ready()
+
+    return shapes, steps
+
+
+def paged_steps(m, b: int, context: int, n_steps: int, ps: int = 16, positions=None):
+    """Decode steps of `paged_step` for b rows `context` positions in (the pool's pages
+    filled with zeros: the time does not depend on the values), page tables as wide as
+    the engine's for `positions` (default: what 3 + 2 `n_steps` steps reach)."""
+    from llamay.arch.decoder import local_layers
+    from llamay.engine.paged_steps import paged_step
+    from llamay.engine.planning import MIN_VIEW, table_width
+    from llamay.kv.pages import new_paged_kv
+
+    cfg = m.config
+    if local_layers(cfg).any():
+        raise SystemExit("--paged: a model without sliding-window layers (one page pool)")
+    P = -(-(positions or context + 3 + 2 * n_steps) // ps)
+    M = table_width(P, max(1, MIN_VIEW // ps))
+    kv = new_paged_kv(cfg.n_layers, b * P + 1, ps, cfg.n_kv_heads, cfg.head_dim,
+                      m.runtime.kv_dtype, 0, 0)  # fmt: skip
+    table = np.zeros((b, M), np.int32)
+    for j in range(b):
+        table[j, :P] = 1 + j * P + np.arange(P)
+    fixed = jax.device_put((np.ones((b, 1), np.int32), table, np.zeros(b, np.int32)))
+    tok, table_d, last = fixed
+    pos = context
+
+    def args(p: int):
+        return cfg, m.weights, kv, tok, jax.device_put(np.full((b, 1), p, np.int32)), table_d, last
+
+    shapes = hlo_shapes(paged_step.lower(*args(pos)).compile().as_text())
+
+    def steps(n: int):
+        nonlocal kv, pos
+        for _ in range(n):
+            logits, kv = paged_step(*args(pos))
+            pos += 1
+        logits.block_until_ready()
+
+    return shapes, steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2:135m")
+    ap.add_argument("--numerics", default="exact", choices=("exact", "llamacpp"))
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--slots", type=int, default=256)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--paged", action="store_true", help="the engine's paged forward")
+    args = ap.parse_args()
+
+    m = llamay.load(args.model, numerics=args.numerics, progress=False)
+    b = args.batch
+    if args.paged:
+        shapes, steps = paged_steps(m, b, args.slots, args.steps)
+    else:
+        shapes, steps = dense_steps(m, b, args.slots)
 
     steps(3)
     t0 = time.perf_counter()
@@ -97,6 +151,8 @@ def main() -> None:
     result = dict(
         model=args.model,
         numerics=args.numerics,
+        step="paged" if args.paged else "dense",
+        context=args.slots,
         batch=b,
         step_ms=round(step_ms, 2),
         ops_ms=round(ops_ms, 2),
@@ -110,7 +166,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"# {args.model} ({args.numerics}) batch {b}: {step_ms:.2f} ms/step wall, "
+    print(f"# {args.model} ({args.numerics}, {result['step']}, context {args.slots}) "
+          f"batch {b}: {step_ms:.2f} ms/step wall, "
           f"{ops_ms:.2f} ms in XLA ops (load average {result['load']})")  # fmt: skip
     for k, v in kinds.most_common():
         print(f"#   {k:<10} {v:8.2f} ms  {100 * v / ops_ms:5.1f} %")

@@ -20,6 +20,27 @@ from llamay.sample import Sampler, SamplerState
 MIN_VIEW = 256  # the smallest attention view (positions), as the dense cache's MIN_SLOTS
 
 
+def table_widths(lo: int, hi: int) -> list[int]:
+    """The page-table widths from `lo` up to the first at or past `hi`: powers of two
+    times `lo` and the halfway steps between them (lo, 1.5 lo, 2 lo, 3 lo, 4 lo, ...).
+    Every step gathers and attends over its width, so a table at most a third wider
+    than its longest row (not twice: a power-of-two ladder), for two programs per
+    doubling instead of one."""
+    out, w = [], lo
+    while True:
+        for x in (w, w + w // 2):
+            if not out or x > out[-1]:
+                out.append(x)
+            if x >= hi:
+                return out
+        w *= 2
+
+
+def table_width(pages: int, lo: int) -> int:
+    """The width a step's page tables get for rows of up to `pages` pages."""
+    return table_widths(lo, pages)[-1]
+
+
 @dataclass(eq=False)
 class Active:
     """A request in the engine: waiting, in a slot, or kept after it finished."""
@@ -83,7 +104,7 @@ class Planner:
         with self._lock:
             for j, a in enumerate(rows):
                 self.mgr.ensure(a.seq, a.seq.n_cached + done[j] + feed[j])
-        M = bucket(max(len(a.seq.pages) for a in rows), max(1, MIN_VIEW // ps))
+        M = table_width(max(len(a.seq.pages) for a in rows), max(1, MIN_VIEW // ps))
         p = self._blank_plan(R, T, M)
         p.idx, p.rows, p.feed = list(idx), rows, feed
         p.slots[: len(idx)] = idx

@@ -7,9 +7,10 @@
 A `BatchEngine` compiles one `paged_step` per (rows R, tokens T, page-table width M):
 R is the number of slots stepped together, bucketed to a power of two; T is 1 for a
 decode step, else the prefill chunk bucketed (16 ... the engine's chunk); M is the
-longest row's pages, bucketed (at least 256 positions' worth). `warmup` lowers each of
-them from the engine's own inputs (`BatchEngine._blank_plan` / `_step_inputs`: only
-shapes matter, no forward runs) and compiles it, so the executables land in the
+longest row's pages, bucketed (`planning.table_widths`: at least 256 positions' worth,
+then two widths per doubling). `warmup` lowers each of them from the engine's own
+inputs (`BatchEngine._blank_plan` / `_step_inputs`: only shapes matter, no forward runs)
+and compiles it, so the executables land in the
 persistent compilation cache (`llamay.runtime`) and a later process reads them back
 instead of compiling (5-7 s each for SmolLM2 on a 2-core CPU). It also runs the small
 per-request program (`set_rows`, seeding the starting requests' sampler state) at each
@@ -42,6 +43,7 @@ import jax
 import numpy as np
 
 from llamay.engine.paged_steps import paged_sample, paged_step, set_rows
+from llamay.engine.planning import table_widths
 from llamay.engine.scheduler import LOGPROB_WIDTH, LOGPROB_WIDTH_MAX, MIN_VIEW, BatchEngine
 from llamay.errors import RequestError
 from llamay.kv import bucket
@@ -111,7 +113,7 @@ def step_shapes(
         StepShape(r, t, m)
         for r in n_rows
         for t in [1, *buckets]
-        for m in _powers(widest, bucket(pages, widest))
+        for m in table_widths(widest, pages)
     ]
 
 

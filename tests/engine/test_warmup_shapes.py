@@ -49,7 +49,7 @@ def test_every_dispatched_step_is_warmed_up(tiny):
         assert e.seen <= covered, sorted(e.seen - covered, key=str)
         assert {s.rows for s in e.seen} == {1, 2, 4}  # 3 concurrent rows: bucket 4
         assert {s.tokens for s in e.seen} == {1, 16, 32, 64}
-        assert {s.pages for s in e.seen} == {16, 32}  # 256 positions, then 512
+        assert {s.pages for s in e.seen} == {16, 24}  # 256 positions, then 384
 
         report = warmup(e, rows=(1,), length=64, prefill=[16])
         assert [s for s, _ in report.steps] == step_shapes(e, (1,), 64, [16])
