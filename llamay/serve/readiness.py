@@ -1,6 +1,7 @@
 """A server ready before its first request: at start it loads each configured model and
 primes its engine's programs in the background (`llamay.engine.warmup.prime`: every step
-shape the engine can dispatch, prefix hits' narrow-prefill-over-wide-tables among them,
+shape the engine can dispatch for sequences up to WARM_LENGTH, prefix hits'
+narrow-prefill-over-wide-tables among them,
 and the sampling program with token masks and top-N log-probabilities), logging its
 progress; `/health` answers 503 with llama-server's "Loading model" body until then.
 Requests that arrive meanwhile are served (between programs), only not yet fast.
@@ -17,6 +18,10 @@ from llamay.serve.state import ServerState
 
 #: llama-server's /health body while its model loads.
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+#: Sequences primed up to this many positions (or the context, when shorter): a model's
+#: whole context (32,768 for Gemma 3) would be ~300 programs, half an hour of compiling
+#: on a small CPU; longer sequences compile their widths when they first reach them.
+WARM_LENGTH = 4096
 _KEY = "warming_up"
 
 
@@ -48,7 +53,10 @@ async def warm_up(st: ServerState, log=_log) -> None:
                             log(f"warming up {name}: {done}/{total} step programs")
 
                     await loop.run_in_executor(
-                        None, lambda lm=lm, p=progress: prime(lm.engine, progress=p)
+                        None,
+                        lambda lm=lm, p=progress: prime(
+                            lm.engine, length=min(lm.engine.n_ctx, WARM_LENGTH), progress=p
+                        ),
                     )
                 finally:
                     lm.busy -= 1
