@@ -198,7 +198,22 @@ def test_explicit_extra_and_source(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "pip install llamay[tpu]" in r.stdout
     r = dry_run(tmp_path, "--extra=gpu")
-    assert r.returncode != 0 and "--extra must be auto, cpu, cuda or tpu" in r.stderr
+    assert r.returncode != 0 and "--extra must be auto, cpu, cuda, cuda13, tpu or metal" in r.stderr
+    r = dry_run(tmp_path, "--extra", "cuda13", "--source", "llamay")
+    assert r.returncode == 0 and "pip install llamay[cuda13]" in r.stdout, r.stderr
+
+
+def test_metal_extra_only_on_apple_silicon(tmp_path):
+    r = dry_run(tmp_path, "--extra", "metal")
+    assert r.returncode == 1 and "only for macOS on Apple silicon" in r.stderr
+    d = tmp_path / "fakebin"
+    d.mkdir()
+    (d / "uname").write_text("#!/bin/sh\ncase $1 in -s) echo Darwin ;; -m) echo arm64 ;; esac\n")
+    (d / "uname").chmod(0o755)
+    r = dry_run(tmp_path, "--extra", "metal", "--source", "llamay", path_prefix=d)
+    assert r.returncode == 0 and "pip install llamay[metal]" in r.stdout, r.stderr
+    r = dry_run(tmp_path, "--source", "llamay", path_prefix=d)  # auto keeps the CPU build
+    assert r.returncode == 0 and "backend: cpu" in r.stdout, r.stderr
 
 
 @pytest.mark.parametrize(
