@@ -3,7 +3,7 @@
 #
 #   curl -fsSL <site>/install.sh | sh
 #   sh packaging/install.sh [--prefix DIR] [--bin-dir DIR] [--python PATH]
-#                           [--extra auto|cpu|cuda|tpu] [--source SPEC] [--dry-run]
+#                           [--extra auto|cpu|cuda|cuda13|tpu|metal] [--source SPEC] [--dry-run]
 #
 # POSIX sh (runs under dash). Finds a Python >= 3.12, creates a virtual environment in the
 # prefix (or reuses the one there), installs llamay with pip's configured index -- with the
@@ -141,11 +141,16 @@ if [ "$EXTRA" = auto ]; then
 fi
 case $EXTRA in
 cpu) req=$SOURCE ;;
-cuda | tpu)
+cuda | cuda13 | tpu)
     [ "$os" = Linux ] || die "the $EXTRA build of JAX exists only for Linux"
     req="${SOURCE}[$EXTRA]"
     ;;
-*) die "--extra must be auto, cpu, cuda or tpu, not '$EXTRA'" ;;
+metal)
+    # jax-mps, Apple GPUs (never chosen by auto: the plugin is young, the CPU build is not)
+    [ "$os" = Darwin ] || die "the metal extra (jax-mps) exists only for macOS on Apple silicon"
+    req="${SOURCE}[metal]"
+    ;;
+*) die "--extra must be auto, cpu, cuda, cuda13, tpu or metal, not '$EXTRA'" ;;
 esac
 
 say "system: $os $machine; Python $py_version ($PYTHON)"
