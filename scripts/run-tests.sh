@@ -11,8 +11,9 @@
 # gets a fresh process (~3 s of start-up each). Extra arguments go to every pytest call
 # (make test passes --require-fixtures: a missing fixture or model fails, see
 # tests/fixture_data.py). Each file's skips are logged (tests/conftest.py) and added up in
-# one line at the end. TEST_LIST=FILE runs only the targets FILE lists, one a line (test
-# files or pytest node ids; `#` comments), e.g. the quick suites (scripts/test-jax011.sh).
+# one line at the end. TEST_LIST=FILE runs only the targets FILE lists, one process a line
+# (a test file, or node ids separated by spaces; `#` comments), e.g. the quick suites
+# (scripts/test-jax011.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PY=${PY:-.venv/bin/python}
@@ -22,7 +23,8 @@ trap 'rm -f "$LLAMAY_SKIP_LOG"' EXIT
 failed=()
 while IFS= read -r target; do
   echo "== $target"
-  "$PY" -m pytest -q "$@" "$target"
+  read -r -a targets <<<"$target" # a TEST_LIST line may name several node ids of one file
+  "$PY" -m pytest -q "$@" "${targets[@]}"
   rc=$?
   # 5: nothing collected (e.g. a -k filter matched nothing here)
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
