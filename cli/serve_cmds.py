@@ -97,6 +97,15 @@ def register_serve(app: typer.Typer) -> None:
                 "store models and uploaded blobs).",
             ),
         ] = False,
+        pooling: Annotated[
+            str | None,
+            typer.Option(
+                "--pooling",
+                help="How embeddings pool token states: none, mean, cls, last or rank "
+                "(llama-server's flag; default: the GGUF's pooling_type, none for decoders: "
+                "serve those with mean, cls or last).",
+            ),
+        ] = None,
         no_warmup: Annotated[
             bool,
             typer.Option(
@@ -114,6 +123,11 @@ def register_serve(app: typer.Typer) -> None:
         from llamay.serve.app import run_server
         from llamay.serve.models import Models
 
+        if pooling not in (None, "none", "mean", "cls", "last", "rank"):  # llama.cpp's
+            raise typer.BadParameter(
+                f"{pooling!r} is not a pooling (none, mean, cls, last, rank)",
+                param_hint="--pooling",
+            )
         try:
             configured = _resolve_all(parse_models(model or []))
             models = Models(
@@ -123,6 +137,7 @@ def register_serve(app: typer.Typer) -> None:
                 default_keep_alive=keep_alive,
                 use_store=not no_store,
                 mesh=mesh,
+                pooling=pooling,
             )
         except LlamayError as exc:
             print(f"error: {exc}", file=sys.stderr)

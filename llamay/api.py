@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from llamay.arch import Architecture, get_architecture
-from llamay.arch.layers import pool
 from llamay.arch.validate import check_tensors
 from llamay.engine import Generation, Runtime, check_prompt, padded_batch
 from llamay.engine.api import Handle, Request
@@ -32,6 +31,7 @@ from llamay.errors import ConstraintIncompleteError, RequestError
 from llamay.gguf import GGUFFile
 from llamay.kv import bucket, new_dense_kv
 from llamay.model import bind, logits_step
+from llamay.model import embed as embedding
 from llamay.runtime import enable_compilation_cache
 from llamay.sample import Sampler
 from llamay.tok import IncrementalDecoder, Tokenizer
@@ -64,6 +64,8 @@ class Model:
         ctx = self.config.context_length
         self.n_ctx = min(n_ctx or ctx, ctx)
         self.runtime = Runtime(self.config, self.weights, self.n_ctx, KV_DTYPES[numerics])
+        # how embed() pools by default: the GGUF's <arch>.pooling_type (none when absent)
+        self.pooling = embedding.pooling_of(self.gguf.metadata)
         self._engine = None
         self._engine_lock = threading.Lock()
 
@@ -131,18 +133,47 @@ class Model:
         """Each block's output at every position: numpy [n_layers, len(ids), d_model]."""
         return self._run(ids, hidden=True)[1]
 
-    def embed(self, ids, pooling: str | None = None) -> np.ndarray:
-        """An encoder's (bert's) embedding of `ids`, unnormalised: numpy [d_model] pooled as
-        the model's metadata says, or as `pooling` ("mean", "cls", "last"; "none": the
-        per-token states [len(ids), d_model])."""
-        if self.config.causal:
+    def embed(self, ids, pooling: str | None = None, normalize: int = -1) -> np.ndarray:
+        """The embedding of `ids` as llama.cpp computes it, unnormalised: the last layer's
+        states after the final norm (before a decoder's LM head), pooled as `pooling` says
+        or else `self.pooling` (the GGUF's `<arch>.pooling_type`, or `llamay serve
+        --pooling`): "mean", "cls" (first token), "last" -> [d_model]; "none" -> the
+        per-token states [len(ids), d_model]; "rank" -> a cross-encoder's scores
+        [n_cls_out] (`rerank_tokens` makes the query/document pair input). `normalize` is
+        llama.cpp's embd_normalize: -1 none, 0 max-abs int16, 1 taxicab, 2 Euclidean, p>2
+        p-norm (per token for "none")."""
+        kind = embedding.check_pooling(pooling or self.pooling)
+        if kind == "rank" and not self.has_rank_head:
             raise RequestError(
-                f"{self.config.arch} is a decoder (a language model), not an embedding "
-                "encoder; use hidden_states() for its per-layer states"
+                f"{self.path.name} has no rank head (cls.output.weight): rank pooling "
+                "needs a cross-encoder reranker"
             )
-        states = self._run(ids, hidden=False)[0]
-        kind = pooling or self.config.pooling
-        return states if kind == "none" else np.asarray(pool(jnp.asarray(states), kind))
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise RequestError("embedding input must not be empty")
+        check_prompt(len(ids), self.n_ctx + 1)
+        cfg, slots = self.config, bucket(len(ids))
+        # llama.cpp runs encoders without a KV cache: their K and V stay f32 (not f16)
+        kv_dtype = self.runtime.kv_dtype if cfg.causal else jnp.float32
+        kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
+        tokens, positions = padded_batch(ids, slots)
+        states = embedding.states_step(cfg, self.weights, kv, tokens, positions)
+        out = embedding.pool(np.asarray(states[0, : len(ids)], np.float32), kind, self.weights)
+        if kind == "none":
+            return np.stack([embedding.normalize(v, normalize) for v in out])
+        return embedding.normalize(out, normalize)
+
+    @property
+    def has_rank_head(self) -> bool:
+        """Whether the model is a cross-encoder reranker (llama.cpp's cls / cls.output)."""
+        return any(r in self.weights for r in ("cls", "cls_out"))
+
+    def rerank_tokens(self, query: str, document: str) -> list[int]:
+        """The query/document pair as one input, as llama-server's format_rerank makes it
+        (BERT vocabularies: [CLS] query [SEP] document [SEP])."""
+        tok = self.tokenizer
+        q, d = (tok.encode(t, add_special=False, parse_special=True) for t in (query, document))
+        return embedding.rerank_tokens(tok, q, d)
 
     def score(self, contexts, continuations, batch: int = 8, max_length: int | None = None):
         """[(log p(continuation | context), whether greedy decoding gives it)] per pair,

@@ -93,7 +93,7 @@ class Rope:
 
 
 ROPE_SCALINGS = ("none", "linear", "yarn")
-POOLINGS = {0: "none", 1: "mean", 2: "cls", 3: "last"}
+POOLINGS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama_pooling_type
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +129,7 @@ class Config:
     n_experts: int = 0
     n_experts_used: int = 0
     expert_ffn: int = 0
-    pooling: str = "none"  # encoders: "none" | "mean" | "cls" | "last"
+    pooling: str = "none"  # <arch>.pooling_type: "none" | "mean" | "cls" | "last" | "rank"
     numerics: str = "exact"  # "exact" | "llamacpp" (as llama.cpp's CPU backend rounds)
     impl: Architecture | None = None  # a research variant of the family (see module doc)
 

@@ -4,7 +4,10 @@ x = LayerNorm(token_embd[t] + token_types[0] + position_embd[pos]); each layer i
 post-norm: x = LN(x + attn(x)), x = LN(x + down(gelu(up·x + b_up)) + b_down), with
 biases on q/k/v/o, no rope, and non-causal attention over the whole sequence. The
 output is the last layer's states (no LM head); `pooling_type` from the metadata says
-how `Model.embed` pools them (mean, CLS = first token, last).
+how `Model.embed` pools them (mean, CLS = first token, last, rank). A cross-encoder
+reranker (pooling_type 4, RANK: bge-reranker, jina-reranker) adds llama.cpp's
+classifier head `cls.{weight,bias}` (tanh) and `cls.output.{weight,bias}`
+(llamay.model.embed.rank_head).
 
 Every token gets token type 0 (llama.cpp feeds no segment ids). CLS/SEP are the
 tokenizer's business, not the graph's.
@@ -61,6 +64,11 @@ TENSORS = (
     *_layer("w_up", "ffn_up"),
     *_layer("w_down", "ffn_down"),
     *_layer("layer_out_norm", "layer_output_norm"),
+    # the rank head of cross-encoder rerankers (llama.cpp's LLM_TENSOR_CLS, CLS_OUT)
+    TensorSpec("cls", "cls.weight", optional=True),
+    TensorSpec("cls_b", "cls.bias", optional=True),
+    TensorSpec("cls_out", "cls.output.weight", optional=True),
+    TensorSpec("cls_out_b", "cls.output.bias", optional=True),
 )
 
 

@@ -258,17 +258,3 @@ def moe(
     h = f(expert_matmul(x, w_gate)) * expert_matmul(x, w_up)  # [..., E, F]
     y = expert_matmul(h, w_down, per_expert=True)  # [..., E, E_model]
     return jnp.einsum("...e,...ed->...d", dense_w, y, precision="highest")
-
-
-# -- pooling ------------------------------------------------------------------------------
-
-
-def pool(x: jax.Array, kind: str) -> jax.Array:
-    """Pool per-token states x [T, E] of one sequence: "mean", "cls" (first), "last"."""
-    if kind == "mean":
-        return jnp.mean(x, axis=0)
-    if kind == "cls":
-        return x[0]
-    if kind == "last":
-        return x[-1]
-    raise ValueError(f"unknown pooling {kind!r} (mean, cls, last)")

@@ -413,9 +413,21 @@ def check_ids(lm: Loaded, prompts: list[list[int]]) -> None:
             )
 
 
-async def embed_all(lm: Loaded, prompts: list[list[int]]) -> list[np.ndarray]:
-    """L2-normalised embeddings of token-id prompts (off the event loop); the OpenAI,
-    Ollama and rerank endpoints share it."""
+async def embed_all(lm: Loaded, prompts: list[list[int]], normalize: int = 2) -> list[np.ndarray]:
+    """Pooled embeddings of token-id prompts (off the event loop), normalised as llama.cpp's
+    `embd_normalize` says (2, Euclidean, llama-server's default); the OpenAI, Ollama and
+    rerank endpoints share it. A model pooling "none" (a decoder whose GGUF names no
+    pooling) or "rank" (a reranker) has no one vector per input: a clear 400."""
+    kind = lm.model.pooling
+    if kind in ("none", "rank"):
+        raise RequestError(
+            f"model {lm.name!r} pools {kind!r}, which gives no single vector per input "
+            + (
+                "(a reranker: use /v1/rerank)"
+                if kind == "rank"
+                else "(its GGUF sets no pooling_type): serve it with --pooling mean, cls or last"
+            )
+        )
 
     def run():
         out = []
@@ -424,8 +436,7 @@ async def embed_all(lm: Loaded, prompts: list[list[int]]) -> list[np.ndarray]:
                 raise RequestError(
                     f"the input has {len(p)} tokens; the context holds {lm.model.n_ctx}"
                 )
-            v = np.asarray(lm.model.embed(p), np.float32).reshape(-1)
-            out.append(v / max(float(np.linalg.norm(v)), 1e-12))
+            out.append(np.asarray(lm.model.embed(p, normalize=normalize), np.float32))
         return out
 
     return await asyncio.get_running_loop().run_in_executor(None, run)

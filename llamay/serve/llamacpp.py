@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -12,13 +13,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import Field
 
 from llamay import __version__
-from llamay.errors import RequestError
 from llamay.serve import readiness
 from llamay.serve import tools as T
 from llamay.serve.context import live_contexts
 from llamay.serve.core import (
     OpenModel,
     TextGen,
+    check_ids,
     embed_all,
     encode_prompt,
     off_loop,
@@ -346,21 +347,30 @@ async def slots(request: Request):
 @router.post("/v1/rerank", summary="Rerank documents against a query")
 @router.post("/rerank", include_in_schema=False)
 async def rerank(body: RerankRequest, request: Request):
-    """Scores are the cosine of the query's and each document's embeddings (labelled
-    `"method": "embedding_cosine"`). A cross-encoder's rank head (llama.cpp's
-    `pooling_type` 4, RANK, with `cls.*` tensors) is not run: llamay does not load such
-    GGUFs yet (the bert architecture refuses pooling_type 4 with a clear error, which
-    becomes this endpoint's 400)."""
+    """A cross-encoder reranker (llama.cpp's pooling_type 4, RANK, with the `cls.*` head:
+    bge-reranker, jina-reranker) scores each query/document pair as one input, made as
+    llama-server's format_rerank makes it (`"method": "rank"`). A model without a rank
+    head gets the cosine of the query's and each document's pooled embeddings instead,
+    and the response says so (`"method": "embedding_cosine"`)."""
     lm = await state(request).models.get(body.model, lenient=True)
-    if lm.model.config.causal:
-        raise RequestError(
-            f"model {lm.name!r} is a decoder; rerank needs an embedding (or reranking) model"
+    model = lm.model
+    if model.has_rank_head:
+        method = "rank"
+        prompts = await off_loop(
+            lambda: [model.rerank_tokens(body.query, d) for d in body.documents]
         )
-    texts = [body.query, *body.documents]
-    prompts = await off_loop(lambda: [lm.model.tokenize(t) for t in texts])
-    vecs = await embed_all(lm, prompts)
-    q = vecs[0]
-    scores = [float(np.dot(q, d)) for d in vecs[1:]]
+        check_ids(lm, prompts)
+
+        def run():
+            return [float(model.embed(p, pooling="rank")[0]) for p in prompts]
+
+        scores = await asyncio.get_running_loop().run_in_executor(None, run)
+    else:
+        method = "embedding_cosine"
+        texts = [body.query, *body.documents]
+        prompts = await off_loop(lambda: [model.tokenize(t) for t in texts])
+        vecs = await embed_all(lm, prompts)
+        scores = [float(np.dot(vecs[0], d)) for d in vecs[1:]]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n or len(scores)]
     results = []
     for i in order:
@@ -372,7 +382,7 @@ async def rerank(body: RerankRequest, request: Request):
     return {
         "model": lm.name,
         "object": "list",
-        "method": "embedding_cosine",
+        "method": method,
         "results": results,
         "usage": {"prompt_tokens": n, "total_tokens": n},
     }

@@ -125,9 +125,13 @@ class Models:
         loader: Callable[..., Any] = default_loader,
         engine_factory: Callable[..., Any] | None = None,
         mesh: str | None = None,
+        pooling: str | None = None,
     ):
         """`mesh`: shard every model over devices, "dp=N,tp=M" (llamay.model.sharding's
-        rules, as `llamay eval --mesh`); checked against the visible devices here."""
+        rules, as `llamay eval --mesh`); checked against the visible devices here.
+        `pooling`: every model's embedding pooling (llama-server's --pooling), else each
+        GGUF's own."""
+        self.pooling = pooling
         self.mesh = _make_mesh(mesh)
         self.configured = {k: Path(v) for k, v in (configured or {}).items()}
         self.n_ctx = n_ctx
@@ -221,6 +225,8 @@ class Models:
 
     def _load(self, path: Path):
         model = self.loader(path, self.n_ctx, self.numerics)
+        if self.pooling is not None:
+            model.pooling = self.pooling
         if self.mesh is not None:
             from llamay.model.sharding import sharded_model
 

@@ -8,7 +8,6 @@ import pytest
 from fixture_data import tiny_model_file
 
 import llamay
-from llamay.errors import RequestError
 
 EXACT_TOL = 1e-3
 LLAMACPP_TOL = 0.06  # the README measures 0.023 between llama.cpp and exact
@@ -40,8 +39,3 @@ def test_attention_is_not_causal(bert):
     full = m.embed(ids, pooling="none")
     changed = m.embed(ids[:-1] + [ids[-1] + 1], pooling="none")
     assert np.abs(full[0] - changed[0]).max() > 1e-4
-
-
-def test_decoders_have_no_embed():
-    with pytest.raises(RequestError, match="not an embedding"):
-        llamay.load(tiny_model_file("qwen2")).embed([1, 2, 3])

@@ -1,6 +1,6 @@
 """llama.cpp's server API over httpx: /completion (streaming and not, grammar, json_schema,
-ignore_eos), /tokenize, /detokenize, /apply-template, /health, /metrics, /slots, rerank.
-(llamay's context API: test_contexts.py.)"""
+ignore_eos), /tokenize, /detokenize, /apply-template, /health, /metrics, /slots, rerank
+by cosine (the cross-encoder: test_rerank.py). (llamay's context API: test_contexts.py.)"""
 
 from __future__ import annotations
 
@@ -138,34 +138,4 @@ def test_rerank_by_embedding_cosine(http, tiny_paths):
     got = [x["relevance_score"] for x in body["results"]]
     np.testing.assert_allclose(got, [cos[i] for i in want], rtol=1e-5, atol=1e-6)
     r = http.post("/v1/rerank", json={"model": "tiny", "query": "q", "documents": ["d"]})
-    assert r.status_code == 400 and "decoder" in r.text
-
-
-def test_rerank_head_model_is_refused_clearly(tmp_path, tiny_paths, serve_home):
-    """A GGUF with a rank head (pooling_type 4, RANK, and cls.* tensors, as llama.cpp's
-    rerankers have) is not loaded yet: rerank on it is a 400 naming the pooling type."""
-    import numpy as np
-
-    from llamay.gguf.writer import copy_gguf
-    from llamay.serve import create_app
-    from llamay.serve.models import Models
-    from tests.serve.conftest import running
-
-    d = 64  # the tiny bert's width
-    rng = np.random.default_rng(0)
-    path = copy_gguf(
-        tiny_paths["bert"],
-        tmp_path / "rank.gguf",
-        metadata={"bert.pooling_type": 4},
-        tensors={
-            "cls.weight": rng.standard_normal((d, d), np.float32),
-            "cls.bias": np.zeros(d, np.float32),
-            "cls.output.weight": rng.standard_normal((1, d), np.float32),
-            "cls.output.bias": np.zeros(1, np.float32),
-        },
-    )
-    with running(create_app(Models({"rank": path}, use_store=False))) as s:
-        r = httpx.post(
-            s.url + "/v1/rerank", json={"model": "rank", "query": "q", "documents": ["d"]}
-        )
-    assert r.status_code == 400 and "pooling_type 4" in r.text
+    assert r.status_code == 400 and "--pooling" in r.text  # a decoder pooling none
