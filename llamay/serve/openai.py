@@ -33,6 +33,7 @@ from llamay.serve.core import (
     sse_response,
 )
 from llamay.serve.errors import ApiError, not_found
+from llamay.serve.logprobs import chat_logprobs, legacy_logprobs, prompt_logprobs
 from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
 
@@ -225,6 +226,18 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any]:
     )
 
 
+def _llama_constraint(extras: dict[str, Any] | None) -> dict[str, Any]:
+    """llama-server's own constraint fields on chat requests: `grammar` (GBNF) or
+    `json_schema`."""
+    extras = extras or {}
+    grammar, schema = extras.get("grammar"), extras.get("json_schema")
+    if grammar is not None and not isinstance(grammar, str):
+        raise ApiError(400, "grammar must be a GBNF string", param="grammar")
+    if schema is not None and not isinstance(schema, dict):
+        raise ApiError(400, "json_schema must be a JSON schema object", param="json_schema")
+    return {k: v for k, v in (("grammar", grammar), ("json_schema", schema)) if v is not None}
+
+
 def _oa_reason(reason: str | None) -> str:
     return "length" if reason == "length" else "stop"
 
@@ -253,56 +266,6 @@ def _call_delta(name: str | None, arguments: str = "") -> dict:
         fn = {"name": name, "arguments": arguments}
         return {"tool_calls": [{"index": 0, "id": T.call_id(), "type": "function", "function": fn}]}
     return {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
-
-
-def _piece(lm, token_id: int) -> tuple[str, list[int]]:
-    raw = lm.model.tokenizer.token_to_piece(token_id)
-    return raw.decode("utf-8", "replace"), list(raw)
-
-
-def _chat_logprobs(lm, rows) -> dict:
-    """A chat choice's `logprobs` of rows (token id, logprob, alternatives)."""
-    content = []
-    for tok, lp, alts in rows:
-        text, raw = _piece(lm, tok)
-        tops = []
-        for i, alp in alts:
-            t, b = _piece(lm, i)
-            tops.append({"token": t, "logprob": alp, "bytes": b})
-        content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": tops})
-    return {"content": content, "refusal": None}
-
-
-def _legacy_logprobs(lm, rows, pos: int = 0) -> dict:
-    """A completion choice's `logprobs` of rows (token id, logprob, alternatives); the
-    text offsets start at `pos` (the characters sent before, when streaming)."""
-    tokens, offsets = [], []
-    for tok, _, _ in rows:
-        text, _ = _piece(lm, tok)
-        tokens.append(text)
-        offsets.append(pos)
-        pos += len(text)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [lp for _, lp, _ in rows],
-        "top_logprobs": [
-            None if lp is None else {_piece(lm, i)[0]: a for i, a in alts} for _, lp, alts in rows
-        ],
-        "text_offset": offsets,
-    }
-
-
-def _prompt_logprobs(lm, ids: list[int], n: int) -> list[tuple[int, float | None, list]]:
-    """Rows (token id, logprob, top n alternatives) of a prompt's own tokens, for `echo`:
-    each token under the model's distribution after the ones before it (the first has
-    none, as OpenAI reports it)."""
-    logits = np.asarray(lm.model.logits(ids), np.float64)[:-1]
-    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
-    rows: list[tuple[int, float | None, list]] = [(ids[0], None, [])]
-    for tok, row in zip(ids[1:], logp, strict=True):
-        top = np.argsort(-row, kind="stable")[:n]
-        rows.append((tok, float(row[tok]), [(int(j), float(row[j])) for j in top]))
-    return rows
 
 
 def _usage(gens: list[TextGen]) -> dict[str, Any]:
@@ -335,7 +298,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
-    ckw = _response_format(body.response_format)
+    ckw = _response_format(body.response_format) or _llama_constraint(body.model_extra)
     if forced is not None:
         ckw = {"json_schema": T.call_schema(forced)}
     gens = []
@@ -353,7 +316,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         choices = []
         for i, (g, t) in enumerate(zip(gens, texts, strict=True)):
             msg, reason = _message_of(g, t, forced is not None, names)
-            lp = _chat_logprobs(lm, g.logprob_rows()) if body.logprobs else None
+            lp = chat_logprobs(lm, g.logprob_rows()) if body.logprobs else None
             choices.append({"index": i, "message": msg, "finish_reason": reason, "logprobs": lp})
         return {
             "id": cid,
@@ -384,7 +347,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         """A chunk's choice, with the log-probabilities of the tokens that arrived since
         the last chunk of choice i (when asked for)."""
         rows = gens[i].take_logprobs() if body.logprobs else []
-        lp = _chat_logprobs(lm, rows) if rows else None
+        lp = chat_logprobs(lm, rows) if rows else None
         return {"index": i, "delta": delta, "finish_reason": reason, "logprobs": lp}
 
     async def events():
@@ -469,7 +432,7 @@ async def completions(body: CompletionRequest, request: Request):
     # echo with logprobs: the prompt's own tokens come first (OpenAI's legacy behaviour)
     echoed = [[] for _ in gens]
     if body.echo and lp is not None:
-        per_prompt = [await off_loop(_prompt_logprobs, lm, p, lp) for p in prompts]
+        per_prompt = [await off_loop(prompt_logprobs, lm, p, lp) for p in prompts]
         echoed = [rows for rows in per_prompt for _ in range(body.n)]
     tok = lm.model.tokenizer
     cid = f"cmpl-{uuid.uuid4().hex}"
@@ -490,7 +453,7 @@ async def completions(body: CompletionRequest, request: Request):
                 "index": i,
                 "text": echo(g) + t,
                 "finish_reason": _oa_reason(g.finish_reason),
-                "logprobs": _legacy_logprobs(lm, echoed[i] + g.logprob_rows())
+                "logprobs": legacy_logprobs(lm, echoed[i] + g.logprob_rows())
                 if lp is not None
                 else None,
             }
@@ -526,7 +489,7 @@ async def completions(body: CompletionRequest, request: Request):
     def choice(i: int, text: str, reason: str | None = None, rows=None) -> dict:
         if rows is None:
             rows = gens[i].take_logprobs() if lp is not None else []
-        logprobs = _legacy_logprobs(lm, rows, sent[i]) if rows else None
+        logprobs = legacy_logprobs(lm, rows, sent[i]) if rows else None
         if logprobs:
             sent[i] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
         return {"index": i, "text": text, "finish_reason": reason, "logprobs": logprobs}

@@ -298,3 +298,24 @@ def test_a_cut_off_forced_tool_call_is_a_200_for_length(server):
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "incomplete"
     assert r.json()["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_llama_server_grammar_and_json_schema_on_chat(server):
+    """llama-server takes `grammar` and `json_schema` on /v1/chat/completions too."""
+    import jsonschema
+
+    body = {"model": "tiny", "messages": MSGS, "max_tokens": 12, "temperature": 0}
+    r = httpx.post(
+        server.url + "/v1/chat/completions", json={**body, "grammar": 'root ::= "yes" | "no"'}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] in ("yes", "no")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    r = httpx.post(
+        server.url + "/v1/chat/completions", json={**body, "max_tokens": 40, "json_schema": schema}
+    )
+    assert r.status_code == 200, r.text
+    if r.json()["choices"][0]["finish_reason"] == "stop":
+        jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)
+    r = httpx.post(server.url + "/v1/chat/completions", json={**body, "grammar": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grammar"

@@ -188,7 +188,11 @@ def test_ten_megabyte_prompt_tokenises_off_the_loop(hostile_server, tiny):
     assert max(lat_refused) < 1.0, lat_refused
     assert t.status_code == 200
     assert t.json()["tokens"] == tiny.tokenize(text, add_special=False)
-    assert len(lat_tok) >= 3 and max(lat_tok) < 1.0, lat_tok
+    # holding the GIL, tokenising 2 MB blocked /health for 2.6 s at once; now the longest
+    # wait is the tokenizer's own Python (0.4 s alone at load 14) plus a loaded machine's
+    # scheduling: 1.02 s seen at load 14 on 2 cores, so the bound leaves room for that
+    assert len(lat_tok) >= 3 and max(lat_tok) < 1.5, lat_tok
+    assert sorted(lat_tok)[len(lat_tok) // 2] < 0.5, lat_tok
 
 
 # --- abandoned requests (issue 22 item 5) ------------------------------------------------

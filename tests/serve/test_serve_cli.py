@@ -23,7 +23,9 @@ def start_serve(tiny_paths, serve_home, *args: str) -> tuple[subprocess.Popen, s
     port = free_port()
     env = {**os.environ, "LLAMAY_HOME": str(serve_home)}
     argv = [sys.executable, "-m", "llamay_cli.main", "serve", "-m", f"t={tiny_paths['tiny']}"]
-    argv += ["--port", str(port), "--no-store", *args]
+    # --no-warmup: /health is ok at once (compiling every step program first takes minutes
+    # on a loaded CI machine; these tests are about serving and stopping)
+    argv += ["--port", str(port), "--no-store", "--no-warmup", *args]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -46,8 +48,9 @@ def test_serve_process(tiny_paths, serve_home):
         assert [m.id for m in c.models.list()] == ["t"]
         r = c.completions.create(model="t", prompt="Hi", max_tokens=50, temperature=0)
         assert r.usage.completion_tokens <= 4  # --max-tokens caps every request
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+        wrong = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):  # (the model list is open)
+            wrong.completions.create(model="t", prompt="Hi", max_tokens=1)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
