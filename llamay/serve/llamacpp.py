@@ -1,5 +1,5 @@
 """llama.cpp's server API: /completion, /tokenize, /detokenize, /apply-template, /health,
-/metrics (Prometheus text), /slots, and rerank (/v1/rerank, /rerank)."""
+/metrics (Prometheus text), /slots, /embedding(s) and rerank (/v1/rerank, /rerank)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import Field
 
 from llamay import __version__
+from llamay.errors import RequestError
 from llamay.serve import readiness
 from llamay.serve import tools as T
 from llamay.serve.context import live_contexts
@@ -68,6 +69,12 @@ class TemplateRequest(OpenModel):
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
+
+
+class EmbeddingContentRequest(OpenModel):
+    model: str | None = None
+    content: str | list[str] | list[int] | list[list[int]]
+    embd_normalize: int = 2
 
 
 class RerankRequest(OpenModel):
@@ -342,6 +349,34 @@ async def slots(request: Request):
         }
         for i, (name, s) in enumerate(_engine_stats(st))
     ]
+
+
+@router.post("/embedding", summary="Embeddings (llama.cpp's own form)")
+@router.post("/embeddings", include_in_schema=False)
+async def embedding(body: EmbeddingContentRequest, request: Request):
+    """llama-server's non-OpenAI embeddings: `[{index, embedding: [[...]]}]` per input,
+    normalised by `embd_normalize` (2, Euclidean, by default); a model pooling none gives
+    every token's unnormalised vector, as llama-server does."""
+    lm = await state(request).models.get(body.model, lenient=True)
+    model, c = lm.model, body.content
+    items = [c] if isinstance(c, str) or (c and isinstance(c[0], int)) else c
+    if not items or any(not x for x in items):
+        raise RequestError("embedding content must not be empty")
+    if model.pooling == "rank":
+        raise RequestError(f"model {lm.name!r} is a reranker: use /v1/rerank")
+
+    def tokenize():
+        return [model.tokenize(x, parse_special=True) if isinstance(x, str) else x for x in items]
+
+    prompts = await off_loop(tokenize)
+    check_ids(lm, prompts)
+    norm = -1 if model.pooling == "none" else body.embd_normalize
+
+    def run():
+        return [np.atleast_2d(model.embed(p, normalize=norm)).tolist() for p in prompts]
+
+    vecs = await asyncio.get_running_loop().run_in_executor(None, run)
+    return [{"index": i, "embedding": v} for i, v in enumerate(vecs)]
 
 
 @router.post("/v1/rerank", summary="Rerank documents against a query")

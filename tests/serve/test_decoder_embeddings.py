@@ -57,3 +57,22 @@ def test_pooling_none_is_refused_clearly(servers):
         servers[1].url + "/v1/embeddings", json={"model": "tiny", "input": "hi"}, timeout=120
     )
     assert r.status_code == 400 and "--pooling" in r.text
+
+
+def test_llamacpp_embedding_endpoint(servers):
+    """llama-server's /embedding: pooling none gives every token's unnormalised vector,
+    a pooled model one vector normalised by embd_normalize (2 by default, -1 none)."""
+    g = np.load(fixture("embeddings", "llama.npz"))
+    ids = g["ids/1"].tolist()
+    mean, plain = (s.url for s in servers)
+    r = httpx.post(plain + "/embedding", json={"content": ids}, timeout=120)
+    assert r.status_code == 200, r.text
+    (item,) = r.json()
+    got = np.asarray(item["embedding"])
+    assert item["index"] == 0 and got.shape == g["none/1"].shape
+    np.testing.assert_allclose(got, g["none/1"], rtol=1e-4, atol=1e-5)
+    r = httpx.post(mean + "/embeddings", json={"content": [ids], "embd_normalize": -1}, timeout=120)
+    np.testing.assert_allclose(r.json()[0]["embedding"][0], g["mean/1"], rtol=1e-4, atol=1e-5)
+    r = httpx.post(mean + "/embedding", json={"content": ids}, timeout=120)
+    want = g["mean/1"] / np.linalg.norm(g["mean/1"])
+    np.testing.assert_allclose(r.json()[0]["embedding"][0], want, rtol=1e-4, atol=1e-5)
