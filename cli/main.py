@@ -41,6 +41,17 @@ def _fail(exc: LlamayError) -> typer.Exit:
     return typer.Exit(code=1)
 
 
+def lora_arg(spec: str) -> tuple[str, float]:
+    """--lora PATH or PATH:SCALE (scale 1 when absent, as llama.cpp's --lora)."""
+    path, sep, scale = spec.rpartition(":")
+    if sep:
+        try:
+            return path, float(scale)
+        except ValueError:
+            pass
+    return spec, 1.0
+
+
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="The text to continue.")],
@@ -83,6 +94,10 @@ def generate(
     samplers: Annotated[
         str | None, typer.Option("--samplers", help="Sampler order, e.g. top_k;top_p;temperature")
     ] = None,
+    lora: Annotated[
+        list[str] | None,
+        typer.Option("--lora", help="A GGUF LoRA adapter, PATH or PATH:SCALE (repeatable)."),
+    ] = None,
 ) -> None:
     """Continue PROMPT with MODEL, streaming the generated text to stdout."""
     import llamay
@@ -111,7 +126,7 @@ def generate(
     m = None
     try:
         t0 = time.perf_counter()
-        m = llamay.load(model, n_ctx=n_ctx)
+        m = llamay.load(model, n_ctx=n_ctx, lora=[lora_arg(a) for a in lora or ()])
         t_load = time.perf_counter() - t0
         t1 = time.perf_counter()  # first token: from here (tokenizing, engine start included)
         pieces = m.generate(

@@ -49,7 +49,13 @@ ENGINE_SLOTS, ENGINE_PAGE, ENGINE_CHUNK, ENGINE_START_TOKENS = 4, 16, 256, 2048
 class Model:
     """A loaded model: config, weights pytree, tokenizer, and the calls that use them."""
 
-    def __init__(self, path: str | os.PathLike, numerics: str = "exact", n_ctx: int | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        numerics: str = "exact",
+        n_ctx: int | None = None,
+        lora=(),
+    ):
         if numerics not in NUMERICS:
             raise RequestError(f"numerics must be one of {NUMERICS}, not {numerics!r}")
         enable_compilation_cache()
@@ -60,7 +66,8 @@ class Model:
         self.config = dataclasses.replace(self.arch.config(self.gguf.metadata), numerics=numerics)
         check_tensors(self.config, self.arch, self.gguf.tensors, str(self.path))
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-        self.weights = bind(self.gguf, self.arch, self.config.n_layers, numerics)
+        self.base_weights = bind(self.gguf, self.arch, self.config.n_layers, numerics)
+        self.adapters, self.weights = self._attach(lora)
         ctx = self.config.context_length
         self.n_ctx = min(n_ctx or ctx, ctx)
         self.runtime = Runtime(self.config, self.weights, self.n_ctx, KV_DTYPES[numerics])
@@ -68,6 +75,60 @@ class Model:
         self.pooling = embedding.pooling_of(self.gguf.metadata)
         self._engine = None
         self._engine_lock = threading.Lock()
+
+    def _attach(self, lora):
+        """(adapters, weights): `lora` [(path, scale)] attached unmerged (`model.lora`)."""
+        from llamay.model import lora as lora_mod
+
+        lora = [(p, 1.0) if isinstance(p, str | os.PathLike) else p for p in lora]
+        if not lora:
+            return [], self.base_weights
+        adapters = [lora_mod.read_adapter(p, self.gguf) for p, _ in lora]
+        scales = [float(s) for _, s in lora]
+        weights = lora_mod.attach(
+            self.base_weights, self.arch, self.config.n_layers, adapters, scales
+        )
+        return adapters, weights
+
+    def with_lora(self, lora) -> Model:
+        """This model (same base weights and tokenizer) with the LoRA adapters `lora`
+        [(path, scale), ...] (or paths, scale 1) applied unmerged, all at once as
+        llama.cpp's --lora does; `[]` gives the base model back. Its own engine."""
+        new = copy.copy(self)
+        new.adapters, new.weights = self._attach(lora)
+        new.runtime = dataclasses.replace(self.runtime, weights=new.weights)
+        new._engine, new._engine_lock = None, threading.Lock()
+        return new
+
+    def logits_batch(self, prompts, lora_rows=None) -> list[np.ndarray]:
+        """Logits of each prompt (lists of ids) run as one batch: [len(ids), vocab] each.
+        `lora_rows`: per prompt, its scale for each loaded adapter (zeros: the base model),
+        so one program mixes adapters; None: every prompt applies all at their scales."""
+        from llamay.model.lora import with_rows
+
+        prompts = [[int(i) for i in ids] for ids in prompts]
+        for ids in prompts:
+            check_prompt(len(ids), self.n_ctx + 1)
+        cfg, weights = self.config, self.weights
+        if lora_rows is not None:
+            rows = np.asarray(lora_rows, np.float32)
+            if rows.shape != (len(prompts), len(self.adapters)) or not self.adapters:
+                raise RequestError(
+                    f"lora_rows must be [{len(prompts)} prompts, {len(self.adapters)} "
+                    f"adapters loaded], not {list(rows.shape)}"
+                )
+            weights = with_rows(weights, rows)
+        n, slots = len(prompts), bucket(max(len(ids) for ids in prompts))
+        kv = new_dense_kv(
+            cfg.n_layers, n, slots, cfg.n_kv_heads, cfg.head_dim, self.runtime.kv_dtype
+        )
+        tokens = np.zeros((n, slots), np.int32)
+        positions = np.full((n, slots), slots, np.int32)  # padding is dropped
+        for b, ids in enumerate(prompts):
+            tokens[b, : len(ids)] = ids
+            positions[b, : len(ids)] = np.arange(len(ids))
+        logits, _, _ = logits_step(cfg, weights, kv, jnp.asarray(tokens), jnp.asarray(positions))
+        return [np.asarray(logits[b, : len(ids)], np.float32) for b, ids in enumerate(prompts)]
 
     # -- the engine -------------------------------------------------------------------
 
@@ -411,9 +472,11 @@ def load(
     numerics: str = "exact",
     n_ctx: int | None = None,
     progress: bool = True,
+    lora=(),
 ) -> Model:
     """Load a model from a `.gguf` path or a store name (fetched on first use; a name
-    llamay's store and catalogue lack may be a local Ollama store's)."""
+    llamay's store and catalogue lack may be a local Ollama store's). `lora`: llama.cpp
+    GGUF LoRA adapters [(path, scale), ...] applied unmerged (`Model.with_lora`)."""
     from llamay.ollama import find_blob
     from llamay.store import resolve
 
@@ -423,4 +486,5 @@ def load(
         else path_or_name,
         numerics=numerics,
         n_ctx=n_ctx,
+        lora=lora,
     )

@@ -72,6 +72,10 @@ class ModelFormatError(LlamayError):
     """A model file lacks a tensor or metadata key its architecture needs."""
 
 
+class AdapterError(ModelFormatError):
+    """A LoRA adapter file that is not one, or does not fit the model it is loaded on."""
+
+
 class ModelNotFoundError(LlamayError):
     """A model name is neither a file nor a name the store knows or can fetch."""
 

@@ -7,6 +7,7 @@ numerics (design principle 4).
   CPU, the jnp references elsewhere (`matmul` module's table).
 - `attention(q, k, v, q_pos, page_table=..., ...)`: dense or paged, reference / Pallas /
   native (`attention` module's table).
+- `LoraMatrix`: a weight with LoRA adapters beside it, unmerged (`lora` module).
 - `backend()`: what the environment and platform choose (`backend` module).
 - `weight_form(numerics)`: which form `llamay.model.bind` gives quantised matrices;
   `repack_weights`: a bound tree in the Pallas kernels' layout (`forms`).
@@ -29,6 +30,7 @@ from llamay.kernels.backend import (
     gpu_kernels,
 )
 from llamay.kernels.forms import FORMS, native_weights, repack_weights, weight_form
+from llamay.kernels.lora import LoraMatrix
 from llamay.kernels.matmul import MOSAIC_MAX_ROWS, kernel_takes, matmul, matmul_choice
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "MAX_PAGED_QUERY_TOKENS",
     "MOSAIC_MAX_ROWS",
     "Backend",
+    "LoraMatrix",
     "attention",
     "attention_choice",
     "backend",

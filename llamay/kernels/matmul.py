@@ -19,7 +19,8 @@ weight's form and numerics, and x's row count.
 where the backend has Mosaic GPU; more rows (prefill) take "pallas"
 (`kernels_pallas.qmatmul_pallas`, Triton on GPU, Mosaic on TPU), which reads each weight
 tile once per 64 rows. A MixedQTensor is resolved first (`on_layer`: one `lax.switch`
-over its stacks), then its layer's matrix goes through this table.
+over its stacks), then its layer's matrix goes through this table. A `LoraMatrix`
+(`llamay.kernels.lora`) is its base through this table plus the adapters' low-rank delta.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import jax.numpy as jnp
 from llamay import kernels_cpu
 from llamay.errors import UnsupportedTensorTypeError
 from llamay.kernels.backend import Backend, backend, device_kind
+from llamay.kernels.lora import LoraMatrix
+from llamay.kernels.lora import add_delta as add_lora
 from llamay.kernels_pallas import KERNEL_TYPES, PackedWeight, repack
 from llamay.kernels_pallas.layout import dequantize_packed
 from llamay.kernels_pallas.qmatmul import HIGHEST, qmatmul_pallas
@@ -47,6 +50,8 @@ MOSAIC_MAX_ROWS = 8
 def matmul(x: jax.Array, w: Matrix) -> jax.Array:
     """x @ W.T for x [..., cols] and W [rows, cols] in any form: [..., rows] in f32 (the
     one matmul every architecture calls; module docstring for what runs where)."""
+    if isinstance(w, LoraMatrix):  # adapters beside the weight, never merged into it
+        return add_lora(matmul(x, w.base), x, w)
     be = backend()
     if be.native and isinstance(w, MixedQTensor):  # the native kernels read it in place
         y = kernels_cpu.matmul(x, w, w.numerics)
