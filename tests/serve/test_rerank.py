@@ -19,10 +19,10 @@ from llamay.serve import create_app
 from llamay.serve.models import Models
 from tests.serve.conftest import running
 
-# The head is bit-for-bit llama.cpp's (HEAD_TOL, from llama.cpp's own CLS state); the
-# BERT trunk under it still differs from llama.cpp's by up to ~1e-2 absolute on inputs of
-# 18+ tokens (0.023 between llama.cpp and float64 on the tiny bert, tiny/README.md;
-# shorter pairs match to 1e-7), hence the end-to-end SCORE_TOL.
+# The head is llama.cpp's to 1e-6 (from llama.cpp's own CLS state); the BERT trunk under
+# it is not bit-exact (per-token states ~2e-2 apart at every length, as the tiny bert's
+# goldens: tests/fixtures/embeddings/README.md), so scores are held to SCORE_TOL end to end
+# (6e-3 measured; two of the three pairs match to 1e-7).
 HEAD_TOL = 1e-4
 SCORE_TOL = 2e-2
 
