@@ -90,3 +90,64 @@ def test_llamacpp_numerics_logits_near_llamacpp(quantised, name):
     gap = ref["top_logits"][:, 0] - ref["top_logits"][:, 1]
     sure = gap > TOLERANCE
     np.testing.assert_array_equal(got.argmax(1)[sure], ref["top_ids"][sure, 0])
+
+
+def _qwen3_float64_logits(path: pathlib.Path, tokens: list[int]) -> np.ndarray:
+    """An independent float64 forward of a qwen3 GGUF over gguf-py's dequantised weights,
+    as tests/fixtures/tiny/README.md describes qwen3 (RMSNorm, per-head q/k norm, NEOX rope,
+    GQA, causal attention scaled 1/√head_dim, SwiGLU, tied output)."""
+    r = gguf.GGUFReader(path)
+    w = {
+        t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64) for t in r.tensors
+    }
+
+    def meta(key):
+        return r.fields[f"qwen3.{key}"].contents()
+
+    eps, base = meta("attention.layer_norm_rms_epsilon"), meta("rope.freq_base")
+    n_head, n_kv, hd = (
+        meta("attention.head_count"),
+        meta("attention.head_count_kv"),
+        meta("attention.key_length"),
+    )
+
+    def norm(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+    n = len(tokens)
+    pos = np.arange(n)[:, None] * base ** (-np.arange(0, hd, 2) / hd)  # [n, hd/2]
+    cos, sin = np.cos(pos)[:, None], np.sin(pos)[:, None]
+
+    def rope(x):  # NEOX: pairs (i, i + hd/2); x [n, heads, hd]
+        a, b = x[..., : hd // 2], x[..., hd // 2 :]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
+
+    x = w["token_embd.weight"][tokens]
+    mask = np.triu(np.full((n, n), -np.inf), 1)
+    for i in range(meta("block_count")):
+        p = f"blk.{i}."
+        h = norm(x, w[p + "attn_norm.weight"])
+        q = norm((h @ w[p + "attn_q.weight"].T).reshape(n, n_head, hd), w[p + "attn_q_norm.weight"])
+        k = norm((h @ w[p + "attn_k.weight"].T).reshape(n, n_kv, hd), w[p + "attn_k_norm.weight"])
+        v = (h @ w[p + "attn_v.weight"].T).reshape(n, n_kv, hd)
+        q, k = rope(q), rope(k)
+        kv_of = np.arange(n_head) // (n_head // n_kv)
+        s = np.einsum("qhd,khd->hqk", q, k[:, kv_of]) / np.sqrt(hd) + mask
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = np.einsum("hqk,khd->qhd", a, v[:, kv_of]).reshape(n, -1)
+        x = x + o @ w[p + "attn_output.weight"].T
+        h = norm(x, w[p + "ffn_norm.weight"])
+        g = h @ w[p + "ffn_gate.weight"].T
+        x = x + (g / (1 + np.exp(-g)) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+    return norm(x, w["output_norm.weight"]) @ w["token_embd.weight"].T
+
+
+@pytest.mark.parametrize("name", MADE + RANDOM)
+def test_exact_numerics_logits_equal_float64_reference(quantised, name):
+    path = quantised(name)
+    tokens = np.load(FIXTURES / f"qwen3-{name}.llamacpp.npz")["tokens"].tolist()
+    got = llamay.load(path).logits(tokens)
+    expect = _qwen3_float64_logits(path, tokens)
+    print(f"{name}: max |exact - float64| = {np.abs(got - expect).max():.2g}")
+    np.testing.assert_allclose(got, expect, atol=1e-3, rtol=0)
