@@ -56,7 +56,9 @@ def applies(x: jax.Array, w, numerics: str, layer: jax.Array | None = None) -> b
 
 def _call(prefix: str, name: str, x_lead, n: int, *args, **attrs) -> jax.Array:
     out = jax.ShapeDtypeStruct((math.prod(x_lead), n), jnp.float32)
-    call = jax.ffi.ffi_call(prefix + name, out, vmap_method="broadcast_all")
+    # "sequential": under vmap (MoE experts) the handler sees one problem per call; it reads
+    # its operands as unbatched [rows, cols] buffers
+    call = jax.ffi.ffi_call(prefix + name, out, vmap_method="sequential")
     return call(*args, **{k: np.int32(v) for k, v in attrs.items()}).reshape(*x_lead, n)
 
 
