@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -125,3 +126,22 @@ def add_delta(y: jax.Array, x: jax.Array, w: LoraMatrix) -> jax.Array:
 
 def _f16(v: jax.Array) -> jax.Array:
     return v.astype(jnp.float16).astype(jnp.float32)
+
+
+def map_lora(weights: dict[str, Any], fn) -> dict[str, Any]:
+    """The weight pytree with `fn` applied to each adapted matrix (the rest unchanged)."""
+
+    def one(v):
+        return fn(v) if isinstance(v, LoraMatrix) else v
+
+    out = {k: one(v) for k, v in weights.items() if k != "layers"}
+    out["layers"] = {k: one(v) for k, v in weights["layers"].items()}
+    return out
+
+
+def adapter_count(weights: dict[str, Any]) -> int:
+    """How many adapters the weight pytree carries (0: none attached)."""
+    for v in [*weights.values(), *weights["layers"].values()]:
+        if isinstance(v, LoraMatrix):
+            return v.scale.shape[0]
+    return 0

@@ -25,7 +25,7 @@ from llamay.arch.base import Architecture
 from llamay.errors import AdapterError
 from llamay.gguf import GGUFFile
 from llamay.gguf.constants import GGMLType
-from llamay.kernels.lora import LoraMatrix
+from llamay.kernels.lora import LoraMatrix, map_lora
 from llamay.quant.np_dequant import dequantize
 
 SUFFIX_A, SUFFIX_B = ".lora_a", ".lora_b"
@@ -169,30 +169,14 @@ def attach(
     return out
 
 
-def _map_lora(weights: dict[str, Any], fn) -> dict[str, Any]:
-    def one(v):
-        return fn(v) if isinstance(v, LoraMatrix) else v
-
-    out = {k: one(v) for k, v in weights.items() if k != "layers"}
-    out["layers"] = {k: one(v) for k, v in weights["layers"].items()}
-    return out
-
-
 def with_scales(weights: dict[str, Any], scales) -> dict[str, Any]:
     """Every row applies adapter n at `scales[n]` (0: off)."""
     s = jax.device_put(np.asarray(scales, np.float32))
-    return _map_lora(weights, lambda w: dataclasses.replace(w, scale=s, row_scales=None))
+    return map_lora(weights, lambda w: dataclasses.replace(w, scale=s, row_scales=None))
 
 
 def with_rows(weights: dict[str, Any], rows) -> dict[str, Any]:
     """Batch row b applies adapter n at `rows[b][n]` (a row of zeros: the base model);
     one program serves any mix of adapters and scales for that batch size."""
     r = jax.device_put(np.asarray(rows, np.float32))
-    return _map_lora(weights, lambda w: dataclasses.replace(w, row_scales=r))
-
-
-def n_adapters(weights: dict[str, Any]) -> int:
-    for v in [*weights.values(), *weights["layers"].values()]:
-        if isinstance(v, LoraMatrix):
-            return v.scale.shape[0]
-    return 0
+    return map_lora(weights, lambda w: dataclasses.replace(w, row_scales=r))
