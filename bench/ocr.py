@@ -15,9 +15,10 @@ import time
 
 import numpy as np
 
-from llamay.ocr.ctc import WordScorer, beam_search, greedy_decode
+from llamay.ocr.ctc import greedy_decode
 from llamay.ocr.ppocr import Recognizer
 from llamay.ocr.synth import WORDS, error_rates, make_lines
+from llamay.ocr.word_beam import WordScorer, beam_search
 
 
 def main() -> None:

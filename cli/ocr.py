@@ -43,8 +43,8 @@ def ocr(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines with words, spans.")] = False,
 ) -> None:
     """Read the text in each IMAGE (a single text line) and print it with its confidence."""
-    from llamay.ocr.ctc import WordScorer
     from llamay.ocr.ppocr import Recognizer
+    from llamay.ocr.word_beam import WordScorer
 
     try:
         t0 = time.perf_counter()

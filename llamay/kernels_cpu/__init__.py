@@ -1,55 +1,16 @@
 """Native CPU kernels behind XLA's typed FFI, each beside its jnp reference.
 
 The dispatcher (`llamay.kernels`) asks these at trace time; `None` means "not handled
-here" and the caller falls back to the XLA path (`llamay.quant.qmatmul`,
-`llamay.arch.paged.paged_attention`).
+here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
+`llamay.kernels.paged_reference`).
 
 - `available()`: whether the kernels are built (on first use) and registered.
 - `matmul(x, w, numerics)`: x @ W.T for a GGUF-block `QTensor` W, or one layer of
   `MixedQTensor` stacks (read in place at its index).
 - `paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw)`: decode
-  attention through page tables, the arguments of `llamay.arch.paged.paged_attention`.
+  attention through page tables, the arguments of `llamay.kernels.paged_reference`.
 """
 
-from __future__ import annotations
+from llamay.kernels_cpu.plug import available, matmul, paged_attention
 
-import jax
-
-from llamay.kernels_cpu.build import targets
-from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
-from llamay.quant import MixedQTensor
-
-
-def available() -> bool:
-    """Whether the native kernels are built and registered (building them on first use;
-    False under LLAMAY_CPU_KERNELS=xla or when they cannot be built: logged once)."""
-    return targets() is not None
-
-
-def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.Array | None:
-    """x @ W.T by a native kernel, or None when none applies (the caller uses XLA): a
-    GGUF-block `QTensor` [rows, cols] of a type the kernels take, on the CPU backend, with
-    the kernels built (`build.targets`). `batched` as `llamay.quant.qtensor.ggml_matmul`'s."""
-    if jax.default_backend() != "cpu":
-        return None
-    if targets() is None:  # not built: the XLA path (logged once)
-        return None
-    if isinstance(w, MixedQTensor) and w.index.ndim == 0:
-        # One layer of stacks closed over by the layer scan: each stack is read in place
-        # at `index` (slicing it first would make XLA copy the layer out).
-        if not all(applies(x, s, numerics, w.index) for s in w.stacks):
-            return None
-        if len(w.stacks) == 1:
-            return qmatmul_native(x, w.stacks[0], numerics, layer=w.index, batched=batched)
-        branches = [
-            lambda x, s=s: qmatmul_native(x, s, numerics, layer=w.index, batched=batched)
-            for s in w.stacks
-        ]
-        return jax.lax.switch(w.which, branches, x)
-    return qmatmul_native(x, w, numerics, batched=batched)
-
-
-def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw) -> jax.Array | None:
-    """Paged decode attention by a native kernel, or None when none applies."""
-    del q, k_pages, v_pages, page_table, q_pos, layer, kw
-    return None
+__all__ = ["available", "matmul", "paged_attention"]

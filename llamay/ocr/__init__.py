@@ -5,13 +5,12 @@ from llamay.ocr.ctc import (
     Alphabet,
     Hypothesis,
     Word,
-    WordScorer,
-    beam_search,
     greedy_decode,
     log_probs,
     prefix_beam_search,
 )
 from llamay.ocr.lm import ArpaLM
+from llamay.ocr.word_beam import WordScorer, beam_search
 
 __all__ = [
     "Alphabet",

@@ -25,7 +25,8 @@ import numpy as np
 from llamay.arch import ppocr as arch
 from llamay.errors import FetchError, OCRError
 from llamay.gguf.reader import GGUFFile
-from llamay.ocr.ctc import Alphabet, Hypothesis, WordScorer, beam_search, greedy_decode
+from llamay.ocr.ctc import Alphabet, Hypothesis, greedy_decode
+from llamay.ocr.word_beam import WordScorer, beam_search
 
 WHEEL = "rapidocr-onnxruntime==1.4.4"
 MEMBER = "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"

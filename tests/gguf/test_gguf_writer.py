@@ -23,7 +23,7 @@ from llamay.gguf import (
     write_gguf,
 )
 from llamay.gguf.constants import GGUFValueType as T
-from llamay.gguf.writer import encode_value, infer_type
+from llamay.gguf.values import encode_value, infer_type
 
 A = T.ARRAY
 

@@ -14,15 +14,9 @@ from fixture_data import oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llamay.ocr.ctc import (
-    Alphabet,
-    WordScorer,
-    beam_search,
-    greedy_decode,
-    log_probs,
-    prefix_beam_search,
-)
+from llamay.ocr.ctc import Alphabet, greedy_decode, log_probs, prefix_beam_search
 from llamay.ocr.lm import ArpaLM
+from llamay.ocr.word_beam import WordScorer, beam_search
 
 LIBRI_LABELS = [" ", *"abcdefghijklmnopqrstuvwxyz", "'"]
 LIBRI_TEXT = (

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from fixture_data import oracle
 
-from llamay.ocr.ctc import WordScorer, beam_search, greedy_decode
+from llamay.ocr.ctc import greedy_decode
 from llamay.ocr.synth import WORDS, error_rates, make_lines, render_line
+from llamay.ocr.word_beam import WordScorer, beam_search
 
 pytestmark = pytest.mark.model
 
