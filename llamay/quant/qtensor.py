@@ -150,6 +150,8 @@ class MixedQTensor(Matrix):
         )  # fmt: skip
 
     def on_layer(self, fn):
+        if self.which.ndim:  # the whole [L] stack (research, inspection): layer by layer
+            return jnp.stack([self.layer(i).on_layer(fn) for i in range(self.which.shape[0])])
         branches = [lambda s=s: fn(s.layer(self.index)) for s in self.stacks]
         return jax.lax.switch(self.which, branches)
 
