@@ -45,7 +45,10 @@ def test_perplexity_mesh_text_output(tiny_llama_model, text_file):
     assert res.exit_code == 0, res.output
     ref = perplexity(tiny_llama_model, TEXT, ctx=64, batch=2, max_chunks=2)
     final = [line for line in res.stdout.splitlines() if line.startswith("Final estimate")]
-    assert final and f"PPL = {ref.ppl:.4f}" in final[0]
+    assert final, res.stdout
+    # the sharded run's matmuls sum in another order than the unsharded native kernels'
+    printed = float(final[0].split("PPL = ")[1].split()[0])
+    assert printed == pytest.approx(ref.ppl, rel=1e-5)
 
 
 def test_errors_exit_1(text_file):
