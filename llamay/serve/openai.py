@@ -227,8 +227,8 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _llama_constraint(extras: dict[str, Any] | None) -> dict[str, Any]:
-    """llama-server's own constraint fields on chat requests: `grammar` (GBNF) or
-    `json_schema`."""
+    """llama-server's own constraint fields on chat and completion requests: `grammar`
+    (GBNF) or `json_schema`."""
     extras = extras or {}
     grammar, schema = extras.get("grammar"), extras.get("json_schema")
     if grammar is not None and not isinstance(grammar, str):
@@ -423,10 +423,12 @@ async def completions(body: CompletionRequest, request: Request):
     lm = await st.models.get(body.model, lenient=True)
     prompts = await off_loop(_prompts, lm, body.prompt)
     check_ids(lm, prompts)
+    ckw = _llama_constraint(body.model_extra)  # llama-server's OAI completions take them too
     gens = []
     for p in prompts:
         for i in range(body.n):
-            g = st.textgen(lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop))
+            con = await st.constraint(lm, **ckw) if ckw else None
+            g = st.textgen(lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop), con)
             g.logprobs = lp
             gens.append(g)
     # echo with logprobs: the prompt's own tokens come first (OpenAI's legacy behaviour)

@@ -319,3 +319,18 @@ def test_llama_server_grammar_and_json_schema_on_chat(server):
         jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)
     r = httpx.post(server.url + "/v1/chat/completions", json={**body, "grammar": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "grammar"
+
+
+def test_llama_server_grammar_on_completions(server):
+    """llama-server's OpenAI completions honour `grammar` too (it was ignored: a 200 with free
+    text), and a grammar over the limits is refused, not ignored."""
+    body = {"model": "tiny", "prompt": "Answer:", "max_tokens": 12, "temperature": 0}
+    r = httpx.post(
+        server.url + "/v1/completions", json={**body, "grammar": 'root ::= "yes" | "no"'}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] in ("yes", "no")
+    r = httpx.post(
+        server.url + "/v1/completions", json={**body, "grammar": "root ::= [a-z]{1000000000}"}
+    )
+    assert r.status_code == 400, r.text
