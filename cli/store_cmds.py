@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from llamay.errors import LlamayError
+from llamay.errors import LlamayError, ModelNotFoundError
 
 
 def _err(msg: str) -> None:
@@ -134,8 +134,8 @@ def run(
     name: Annotated[
         str,
         typer.Argument(
-            help="A model with layers: a registry pull, a model "
-            "made by `create`, or one of Ollama's."
+            help="A model of the store: with layers (a registry pull, a model made by "
+            "`create`, one of Ollama's) or without (its GGUF chat template applies)."
         ),
     ],
     prompt: Annotated[str, typer.Argument(help="The user's message.")],
@@ -155,15 +155,36 @@ def run(
         if v is not None
     }
     try:
-        model, om = library.load(name)
-        for piece in ollama.generate(
-            model, om, prompt, system=system, raw=raw, stream=True, **overrides
-        ):
+        try:
+            model, om = library.load(name)
+            pieces = ollama.generate(
+                model, om, prompt, system=system, raw=raw, stream=True, **overrides
+            )
+        except ModelNotFoundError as layered:
+            try:
+                pieces = _run_plain(name, prompt, system, raw, overrides)
+            except ModelNotFoundError:
+                raise layered from None
+        for piece in pieces:
             sys.stdout.write(piece)
             sys.stdout.flush()
     except LlamayError as exc:
         raise _fail(exc) from None
     sys.stdout.write("\n")
+
+
+def _run_plain(name: str, prompt: str, system: str | None, raw: bool, overrides: dict):
+    """A model without layers (a wheel-fetched default, a GGUF file): its GGUF chat
+    template formats the prompt, as `ollama run` does with the template a pull brings."""
+    import llamay
+
+    model = llamay.load(name)
+    if raw:
+        text = prompt
+    else:
+        head = [{"role": "system", "content": system}] if system else []
+        text = model.tokenizer.apply_chat_template([*head, {"role": "user", "content": prompt}])
+    return model.generate(text, stream=True, **overrides)
 
 
 def modelfile(

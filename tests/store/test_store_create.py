@@ -208,3 +208,19 @@ def test_modelfile_round_trip_and_run(env, tiny, tmp_path, monkeypatch) -> None:
     assert r.stdout == expected + "\n"
     r = CliRunner().invoke(app, ["run", "nothere:1", "hi"])
     assert r.exit_code == 1 and "'nothere:1' is not a model with layers" in r.stderr
+
+
+def test_run_a_model_without_layers(env, tiny, tmp_path, monkeypatch) -> None:
+    """`llamay run` of a model without layers (the wheel-fetched default, a GGUF path) uses
+    its GGUF chat template, as `ollama run` uses the template a pull brings (issue 19.10:
+    `llamay run smollm2:135m` was refused)."""
+    import llamay
+    from llamay_cli.main import app
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    r = CliRunner().invoke(app, ["run", str(tiny), "hi", "-n", "4", "--temperature", "0"])
+    assert r.exit_code == 0, r.output
+    m = llamay.load(tiny)
+    text = m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert "hi" in text and text != "hi"  # the template applied
+    assert r.stdout == m.generate(text, max_tokens=4, temperature=0.0) + "\n"
