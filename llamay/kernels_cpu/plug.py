@@ -3,11 +3,28 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 
+from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
-from llamay.quant import MixedQTensor
+from llamay.quant import MixedQTensor, QTensor
+
+#: Exact-numerics prefill of these types (x rows from this many on) stays with XLA's
+#: chunked dequantise-and-dot: a nibble unpacks cheaply there, and XLA's f32 GEMM beats
+#: our tiles (SmolLM2 Q4_1 pp128 471 -> 595 tok/s; Gemma 3's K-quants and Q5_0 are
+#: faster natively: 508 native vs 374 through XLA; load 1-2, `llamay bench -p 128`).
+XLA_PREFILL_TYPES = frozenset((GGMLType.Q4_0, GGMLType.Q4_1))
+XLA_PREFILL_ROWS = 64
+
+
+def _xla_prefill(x: jax.Array, w, numerics: str) -> bool:
+    if numerics != "exact" or math.prod(x.shape[:-1]) < XLA_PREFILL_ROWS:
+        return False
+    stacks = w.stacks if isinstance(w, MixedQTensor) else (w,)
+    return all(isinstance(s, QTensor) and s.ggml_type in XLA_PREFILL_TYPES for s in stacks)
 
 
 def available() -> bool:
@@ -23,6 +40,8 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
     if jax.default_backend() != "cpu":
         return None
     if targets() is None:  # not built: the XLA path (logged once)
+        return None
+    if _xla_prefill(x, w, numerics):
         return None
     if isinstance(w, MixedQTensor) and w.index.ndim == 0:
         # One layer of stacks closed over by the layer scan: each stack is read in place

@@ -163,3 +163,21 @@ def test_a_stack_read_in_place_under_a_layer_scan_equals_each_layer_alone(numeri
         np.testing.assert_array_equal(got[j], np.asarray(qmatmul_native(x, one, numerics)))
     with pytest.raises(Exception, match="layer index out of range"):
         np.asarray(qmatmul_native(x, stacks[0], numerics, layer=jnp.int32(layers)))
+
+
+def test_exact_nibble_prefill_is_left_to_xla():
+    """The plug point's one policy (`plug.XLA_PREFILL_TYPES`, measured): exact-numerics
+    Q4_0/Q4_1 products of 64 rows or more go to XLA's dequantise-and-dot (None here);
+    decode rows, other types and llamacpp numerics stay native."""
+    import llamay.kernels_cpu as kcpu
+    from llamay.kernels_cpu.plug import XLA_PREFILL_ROWS
+
+    k = 256
+    q41 = QTensor.from_raw(random_blocks(T.Q4_1, 16, k, 1), T.Q4_1, "exact")
+    q6k = QTensor.from_raw(random_blocks(T.Q6_K, 16, k, 2), T.Q6_K, "exact")
+    many, few = acts(XLA_PREFILL_ROWS, k, 3), acts(8, k, 4)
+    assert kcpu.matmul(many, q41, "exact") is None
+    assert kcpu.matmul(few, q41, "exact") is not None
+    assert kcpu.matmul(many, q6k, "exact") is not None
+    g41 = QTensor.from_raw(random_blocks(T.Q4_1, 16, k, 1), T.Q4_1, "llamacpp")
+    assert kcpu.matmul(many, g41, "llamacpp") is not None
