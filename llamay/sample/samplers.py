@@ -90,14 +90,15 @@ _F32_FIELDS = (
     "mirostat_eta",
 )
 _I32_FIELDS = ("top_k", "min_keep", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n")
-_INT32 = (-(2**31), 2**31 - 1)
+#: The int32 range the step packs integer fields into (the HTTP edge checks the same).
+INT32_RANGE = (-(2**31), 2**31 - 1)
 
 
 def _integer(name: str, v) -> int:
     """`v` as an int32 (an integral float too, as JSON clients send), else RequestError."""
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    if not isinstance(v, int | np.integer) or not _INT32[0] <= v <= _INT32[1]:
+    if not isinstance(v, int | np.integer) or not INT32_RANGE[0] <= v <= INT32_RANGE[1]:
         raise RequestError(
             f"invalid sampling parameters: {name} must be an integer in "
             f"[-2**31, 2**31 - 1], not {v!r}"

@@ -22,9 +22,10 @@ from typing import Any
 
 from llamay.errors import RequestError
 from llamay.sample import Sampler
+from llamay.sample.samplers import INT32_RANGE
 from llamay.serve.errors import ApiError
 
-I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+I32_MIN, I32_MAX = INT32_RANGE
 F32_MAX = 3.4028234663852886e38
 #: Strings in one list field (DRY breakers, the sampler order) and characters in each.
 MAX_STRINGS, MAX_STRING_CHARS = 64, 256
