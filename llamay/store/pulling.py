@@ -11,6 +11,7 @@ from typing import Any
 from llamay.errors import FetchError, InvalidModelNameError, ModelNotFoundError
 from llamay.files import atomic_write_bytes, atomic_write_json, unlink
 from llamay.store.blobs import (
+    blob_event,
     blob_path,
     emit,
     events_sink,
@@ -41,7 +42,9 @@ def _pull(
         entry = read_entry(root, ref)
         if entry is not None and entry.digest == f"sha256:{sha256}" and blob_ok(entry):
             return entry.path  # another process finished it while we waited
+        emit(status="pulling manifest")  # the catalogue's entry is this one's manifest
         blob, actual, created = fetch_blob(root, ref, sha256, size, source, progress)
+        emit(status="verifying sha256 digest")  # fetch_blob checked it as it wrote
         emit(status="writing manifest")
         manifest = {
             "schema_version": MANIFEST_SCHEMA,
@@ -102,6 +105,7 @@ def _pull_name(name: str, progress: bool, insecure: bool, update: bool) -> Path:
     root = store_dir()
     entry = read_entry(root, ref)
     if entry is not None and blob_ok(entry) and not (update and ref.host):
+        _present_events(entry)
         return entry.path
     if ref.host:
         path = _pull_registry(root, ref, progress, default_scheme(ref.host, insecure))
@@ -115,6 +119,24 @@ def _pull_name(name: str, progress: bool, insecure: bool, update: bool) -> Path:
         source = source_from_json(entry.source)
         return _pull(root, ref, entry.digest.removeprefix("sha256:"), entry.size, source, progress)
     raise ModelNotFoundError(unknown_message(ref, root))
+
+
+def _present_events(entry) -> None:
+    """The events of a pull that finds everything present, as `ollama pull` of a model
+    it has streams them: the manifest, each layer complete, verification, the manifest
+    written (nothing is fetched or rewritten here)."""
+    if events_sink.get() is None:
+        return
+    emit(status="pulling manifest")
+    layers = (
+        [(x.digest, x.size) for x in entry.manifest.blobs()]
+        if entry.manifest is not None
+        else [(entry.digest, entry.size)]
+    )
+    for digest, size in layers:
+        blob_event(digest, size, size)
+    emit(status="verifying sha256 digest")
+    emit(status="writing manifest")
 
 
 def _pull_registry(root: Path, ref: ModelRef, progress: bool, scheme: str) -> Path:

@@ -307,16 +307,36 @@ def test_progress_events_like_ollamas_pull_stream(env, registry, tiny_gguf) -> N
     # a second pull is a no-op that still says success
     again: list[dict] = []
     store.pull(f"{registry.host}/{repo}:latest", progress=False, events=again.append)
-    assert again == [{"status": "success"}]
+    # a second pull finds everything present and still streams Ollama's sequence
+    assert again[0] == {"status": "pulling manifest"}
+    assert again[1:-3] == [
+        {
+            "status": f"pulling {x.hex[:12]}",
+            "digest": x.digest,
+            "total": x.size,
+            "completed": x.size,
+        }
+        for x in pushed.blobs()
+    ]
+    assert [e["status"] for e in again[-3:]] == [
+        "verifying sha256 digest",
+        "writing manifest",
+        "success",
+    ]
 
 
 def test_progress_events_for_a_catalogue_pull(env, fake_model) -> None:
     m = fake_model()
     events: list[dict] = []
     store.pull(m.name, progress=False, events=events.append)
-    assert events[-2:] == [{"status": "writing manifest"}, {"status": "success"}]
-    assert events[0]["digest"] == f"sha256:{m.sha256}" and events[0]["completed"] == 0
-    assert events[-3]["completed"] == len(m.payload)
+    assert events[0] == {"status": "pulling manifest"}
+    assert [e["status"] for e in events[-3:]] == [
+        "verifying sha256 digest",
+        "writing manifest",
+        "success",
+    ]
+    assert events[1]["digest"] == f"sha256:{m.sha256}" and events[1]["completed"] == 0
+    assert events[-4]["completed"] == len(m.payload)
 
 
 def test_registry_layers_take_effect(env, registry, tiny_gguf, monkeypatch) -> None:
