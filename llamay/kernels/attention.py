@@ -3,8 +3,11 @@ page tables, the implementation chosen at trace time from the backend
 (`backend.backend()`), the numerics and the query block.
 
     cache   numerics   backend                          implementation
-    paged   any        CPU, auto                        `kernels_cpu.paged_attention` first;
-                                                        on None the rows below
+    paged   exact      CPU, auto, causal, f32/f16 pool  "native" (`kernels_cpu.paged_attention`:
+                                                        the pages read in place through the
+                                                        table, any query length); when it
+                                                        returns None (not built, another
+                                                        pool type), the rows below
     paged   exact      Pallas (GPU/TPU, interpret),     "pallas" (`kernels_pallas.
                        causal, T <= 16 query tokens     paged_attention_pallas`)
     paged   exact      anything else                    "paged-reference" (`kernels_pallas.
@@ -16,7 +19,10 @@ page tables, the implementation chosen at trace time from the backend
     dense   llamacpp   any                              "ggml" (`ggml_attention.attention`)
 
 The references live beside the Pallas kernel they are the oracle of; the CPU path runs
-exactly them. Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the
+exactly them. A quantised cache (q8_0, q4_0, ...: `llamay.kv.types`) takes neither the
+native nor the Pallas kernel: its pages are gathered, then read by the dense reference
+(exact: dequantised; llamacpp: `ggml_attention`'s emulation of llama.cpp's flash
+attention over that cache type). Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the
 reference: the kernel holds T·(H/K) query rows per kv head on chip.
 """
 
@@ -27,6 +33,7 @@ import jax
 from llamay import kernels_cpu
 from llamay.kernels import ggml_attention
 from llamay.kernels.backend import Backend, backend
+from llamay.quant import kv_cache
 from llamay.kernels_pallas.paged_attention import (
     attention_reference,
     gather_pages,
@@ -63,12 +70,13 @@ def attention(
     kw = dict(scale=scale, window=window, softcap=softcap, causal=causal, numerics=numerics,
               q_prescaled=q_prescaled)  # fmt: skip
     be = backend()
-    if page_table is not None and be.native:
+    quantised = kv_cache.is_quantised(k) or kv_cache.is_quantised(v)
+    if page_table is not None and be.native and not quantised:
         y = kernels_cpu.paged_attention(q, k, v, page_table, q_pos, layer, **kw)
         if y is not None:
             return y
     choice = attention_choice(q, paged=page_table is not None, causal=causal,
-                              numerics=numerics, be=be)  # fmt: skip
+                              numerics=numerics, be=be, quantised=quantised)  # fmt: skip
     if choice == "pallas":
         return paged_attention_pallas(
             q, k, v, page_table, q_pos, layer, scale=scale, window=window,
@@ -80,15 +88,15 @@ def attention(
 
 
 def attention_choice(q: jax.Array, *, paged: bool, causal: bool = True, numerics: str = "exact",
-                     be: Backend | None = None) -> str:  # fmt: skip
+                     be: Backend | None = None, quantised: bool = False) -> str:  # fmt: skip
     """The name of the implementation (module docstring) `attention` runs when no native
-    kernel takes the call."""
+    kernel takes the call (`quantised`: a block-type K or V cache)."""
     be = backend() if be is None else be
     if not paged:
         return "ggml" if numerics == "llamacpp" else "reference"
     if numerics == "llamacpp":
         return "paged-ggml"
-    if be.pallas and causal and q.shape[1] <= MAX_PAGED_QUERY_TOKENS:
+    if be.pallas and causal and q.shape[1] <= MAX_PAGED_QUERY_TOKENS and not quantised:
         return "pallas"
     return "paged-reference"
 
@@ -96,9 +104,13 @@ def attention_choice(q: jax.Array, *, paged: bool, causal: bool = True, numerics
 def dense_reference(
     q, k_cache, v_cache, q_pos, *, numerics: str = "exact", q_prescaled: bool = False, **kw
 ) -> jax.Array:
-    """Attention over a dense cache in either numerics (the keywords of `attention`)."""
+    """Attention over a dense cache in either numerics (the keywords of `attention`); a
+    quantised cache is read as llama.cpp's flash attention reads it (llamacpp) or
+    dequantised (exact)."""
     if numerics == "llamacpp":
         return ggml_attention.attention(q, k_cache, v_cache, q_pos, q_prescaled=q_prescaled, **kw)
+    D = q.shape[-1]
+    k_cache, v_cache = kv_cache.decode(k_cache, D), kv_cache.decode(v_cache, D)
     return attention_reference(q, k_cache, v_cache, q_pos, **kw)
 
 
@@ -107,7 +119,8 @@ def paged_reference(
 ) -> jax.Array:
     """Attention through page tables in either numerics (the arguments `attention` hands
     `kernels_cpu.paged_attention` too): exact is the Pallas kernel's reference itself."""
-    if numerics == "exact":
+    quantised = kv_cache.is_quantised(k_pages) or kv_cache.is_quantised(v_pages)
+    if numerics == "exact" and not quantised:
         return paged_attention_reference(q, k_pages, v_pages, page_table, q_pos, layer, **kw)
     k = gather_pages(k_pages, page_table, layer)
     v = gather_pages(v_pages, page_table, layer)

@@ -7,8 +7,9 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
 - `available()`: whether the kernels are built (on first use) and registered.
 - `matmul(x, w, numerics)`: x @ W.T for a GGUF-block `QTensor` W, or one layer of
   `MixedQTensor` stacks (read in place at its index).
-- `paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw)`: decode
-  attention through page tables, the arguments of `llamay.kernels.paged_reference`.
+- `paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw)`: exact
+  attention through page tables read in place (`attention.py`), the arguments of
+  `llamay.kernels.paged_reference`.
 """
 
 from llamay.kernels_cpu.plug import available, matmul, paged_attention

@@ -38,9 +38,13 @@ CHOICES = ("auto", "native", "xla")
 SRC = Path(__file__).parent / "src"
 # Each source with its own floating-point contraction: ggml's numerics need every f32
 # operation as written (explicit fmaf only); the exact kernels want FMAs wherever they fit.
-SOURCES = {"qmatmul_ggml.cc": ("-ffp-contract=off",), "qmatmul_exact.cc": ("-ffp-contract=fast",)}
+SOURCES = {
+    "qmatmul_ggml.cc": ("-ffp-contract=off",),
+    "qmatmul_exact.cc": ("-ffp-contract=fast",),
+    "paged_attention.cc": ("-ffp-contract=fast",),
+}
 HEADERS = ("blocks.h", "operands.h", "parallel.h")
-HANDLERS = ("LlamayQmmExact", "LlamayQmmQ8", "LlamayQmmQ8K")
+HANDLERS = ("LlamayQmmExact", "LlamayQmmQ8", "LlamayQmmQ8K", "LlamayPagedAttention")
 
 log = logging.getLogger("llamay.kernels_cpu")
 

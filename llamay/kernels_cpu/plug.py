@@ -8,6 +8,7 @@ import math
 import jax
 
 from llamay.gguf.constants import GGMLType
+from llamay.kernels_cpu.attention import paged_attention_native
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
 from llamay.quant import MixedQTensor, QTensor
@@ -59,6 +60,9 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
 
 
 def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw) -> jax.Array | None:
-    """Paged decode attention by a native kernel, or None when none applies."""
-    del q, k_pages, v_pages, page_table, q_pos, layer, kw
-    return None
+    """Attention through page tables by the native kernel (`attention.paged_attention_native`:
+    exact numerics, causal, f32/f16 pools, any query length), read in place; None when it
+    does not apply (llamacpp numerics, another pool dtype, not on CPU) or is not built."""
+    if jax.default_backend() != "cpu":
+        return None
+    return paged_attention_native(q, k_pages, v_pages, page_table, q_pos, layer, **kw)

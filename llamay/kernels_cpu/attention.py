@@ -1,0 +1,77 @@
+"""Native paged attention over the KV pool, read in place through the page tables.
+
+Reference: `llamay.kernels_pallas.paged_attention.paged_attention_reference` (gather each
+row's pages into a dense view, then `attention_reference`), which the XLA path runs: it
+copies every layer's pages into that dense view each step. The kernel
+(`src/paged_attention.cc`) walks the page table instead: per row, kv head and block of
+query tokens (one token decoding; a prefill or verify chunk in blocks), the scores of
+the visible keys (causal, sliding window, softcap as the reference), the softmax, the
+weighted values. Exact numerics, f32 or f16 pools, any query length; equal to the
+reference within f32 summation order (1e-5 relative). Queries whose output is unused
+differ: one that sees no key, or at a position outside the table (padding), gives 0
+(the reference: NaN, or attention over the padded table).
+
+Not handled here (None: the dispatcher's reference): numerics "llamacpp", non-causal
+attention, pools of other dtypes (quantised KV types), other shapes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from llamay.kernels_cpu.build import targets
+
+POOL_DTYPES = (jnp.float32, jnp.float16)
+
+
+def applies(q, k_pages, v_pages, page_table, q_pos, layer, *, causal=True, numerics="exact"):
+    """Whether the kernel computes this call (trace time; the build aside)."""
+    if numerics != "exact" or not causal:
+        return False
+    if not all(isinstance(a, jax.Array) for a in (k_pages, v_pages)):  # not a quantised pool
+        return False
+    q, page_table, q_pos = (jnp.asarray(a) for a in (q, page_table, q_pos))
+    if k_pages.dtype not in POOL_DTYPES or v_pages.dtype != k_pages.dtype:
+        return False
+    if k_pages.shape != v_pages.shape or k_pages.ndim != (4 if layer is None else 5):
+        return False
+    B, T, H, D = q.shape if q.ndim == 4 else (0, 0, 0, 0)
+    K = k_pages.shape[-2]
+    return (
+        q.ndim == 4
+        and k_pages.shape[-1] == D
+        and K > 0
+        and H % K == 0
+        and page_table.shape[:1] == (B,)
+        and page_table.ndim == 2
+        and q_pos.shape == (B, T)
+    )
+
+
+def paged_attention_native(
+    q, k_pages, v_pages, page_table, q_pos, layer=None, *, scale: float, window=None,
+    softcap: float | None = None, causal: bool = True, numerics: str = "exact",
+    q_prescaled: bool = False, variant: str = "native",
+) -> jax.Array | None:  # fmt: skip
+    """Attention of q [B, T, H, D] at q_pos [B, T] through page_table [B, M] over the
+    pages [P, ps, K, D] (or the pool [L, P, ps, K, D] and `layer`) -> [B, T, H, D] f32,
+    or None when the kernel does not apply or is not built. Arguments as
+    `llamay.kernels.paged_reference`'s (`q_prescaled` only matters to llamacpp numerics)."""
+    del q_prescaled
+    if not applies(q, k_pages, v_pages, page_table, q_pos, layer, causal=causal,
+                   numerics=numerics):  # fmt: skip
+        return None
+    prefix = targets(variant)
+    if prefix is None:
+        return None
+    q, page_table, q_pos = (jnp.asarray(a) for a in (q, page_table, q_pos))
+    layer = jnp.zeros((), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32)
+    w = jnp.asarray(0 if window is None else window, jnp.int32).reshape(())
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    call = jax.ffi.ffi_call(prefix + "LlamayPagedAttention", out, vmap_method="sequential")
+    return call(
+        q.astype(jnp.float32), k_pages, v_pages, layer, page_table.astype(jnp.int32),
+        q_pos.astype(jnp.int32), w, scale=np.float32(scale), softcap=np.float32(softcap or 0.0),
+    )  # fmt: skip
