@@ -1,4 +1,4 @@
-"""Ollama's model management: /api/tags, /api/ps, /api/show, /api/pull, /api/create,
+"""Ollama's model management: /api/tags, /api/ps, /api/show, /api/pull, /api/push, /api/create,
 /api/blobs/:digest, /api/delete, /api/copy, /api/version (generation and embeddings are
 `llamay.serve.ollama`)."""
 
@@ -159,6 +159,27 @@ async def pull(body: NameRequest, request: Request):
     from llamay.store import pull as store_pull
 
     name = body.target()
+    return await _progress(
+        body,
+        lambda events: store_pull(
+            name, progress=False, insecure=bool(body.insecure), events=events
+        ),
+    )
+
+
+@router.post("/api/push", summary="Push a model to its OCI registry (Ollama)")
+async def push(body: NameRequest, request: Request):
+    from llamay.store.pushing import push as store_push
+
+    name = body.target()
+    return await _progress(
+        body, lambda events: store_push(name, insecure=bool(body.insecure), events=events)
+    )
+
+
+async def _progress(body: NameRequest, work):
+    """Run `work(events)` off the loop: its events as Ollama's NDJSON progress stream, or
+    (`stream: false`) the last event, `{"status": "success"}`, or the error as a status."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -167,7 +188,7 @@ async def pull(body: NameRequest, request: Request):
 
     def run() -> None:
         try:
-            store_pull(name, progress=False, insecure=bool(body.insecure), events=events)
+            work(events)
         except Exception as e:  # reported in the stream (or as the status)
             loop.call_soon_threadsafe(queue.put_nowait, e)
         loop.call_soon_threadsafe(queue.put_nowait, None)
