@@ -106,6 +106,14 @@ def register_serve(app: typer.Typer) -> None:
                 "serve those with mean, cls or last).",
             ),
         ] = None,
+        slot_save_path: Annotated[
+            Path | None,
+            typer.Option(
+                "--slot-save-path",
+                help="Directory for llama-server's slot files (POST /slots/{id}?action=save|"
+                "restore with a filename); without it those actions are refused.",
+            ),
+        ] = None,
         no_warmup: Annotated[
             bool,
             typer.Option(
@@ -148,6 +156,8 @@ def register_serve(app: typer.Typer) -> None:
             models, api_key=api_key, max_tokens_limit=max_tokens, warm_up=not no_warmup
         )
         app_.state.llamay.extra["allow_local_files"] = allow_local_files
+        if slot_save_path is not None:
+            app_.state.llamay.extra["slot_save_path"] = str(slot_save_path)
         print(
             f"[llamay] serving {', '.join(configured) or 'the store'} on http://{host}:{port}",
             file=sys.stderr,

@@ -77,6 +77,7 @@ class Handle:
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self.usage = Usage(prompt_tokens=len(request.prompt_ids))
+        self.slot: int | None = None  # the engine slot it ran in (BatchEngine)
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled = threading.Event()
 

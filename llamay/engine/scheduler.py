@@ -298,6 +298,7 @@ class BatchEngine(StepWorker, Planner, Persistence):
             self.waiting.popleft()
             slot = self.slots.index(None)
             self.slots[slot] = a
+            a.handle.slot = slot
             self._sampler_plan = plan
             a.fresh = True
 

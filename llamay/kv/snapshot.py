@@ -58,7 +58,12 @@ class Snapshot:
         """Write `<directory>/<digest hex>.npz` atomically; returns its path."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / (self.digest.split(":", 1)[1] + ".kv.npz")
+        return self.write(directory / (self.digest.split(":", 1)[1] + ".kv.npz"))
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write the snapshot to `path` (any name; atomically); returns it."""
+        path = Path(path)
+        directory = path.parent
         meta = {"format": FORMAT, "model": self.model, "kv_dtype": self.kv_dtype}
         # locked while written: `llamay gc` removes a partial only once its writer is dead
         tmp = directory / f".{path.name}{PARTIAL_MARK}-{secrets.token_hex(6)}"
@@ -76,7 +81,9 @@ class Snapshot:
         return path
 
     @staticmethod
-    def load(path: str | os.PathLike) -> Snapshot:
+    def load(path: str | os.PathLike, named: bool = True) -> Snapshot:
+        """The snapshot in `path`; `named`: its file name must start with its digest (as
+        `save` names it), else any name (one given to `write`)."""
         try:
             with np.load(path) as z:
                 meta = json.loads(z["meta"].tobytes())
@@ -88,7 +95,7 @@ class Snapshot:
             raise SnapshotError(f"{path}: snapshot format {meta.get('format')}, expected {FORMAT}")
         dt = meta["kv_dtype"]
         snap = Snapshot(meta["model"], dt, tokens, _cooked(k, dt), _cooked(v, dt))
-        if not Path(path).name.startswith(snap.digest.split(":", 1)[1]):
+        if named and not Path(path).name.startswith(snap.digest.split(":", 1)[1]):
             raise SnapshotError(f"{path}: its contents do not match its name (corrupt?)")
         return snap
 

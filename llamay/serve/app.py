@@ -177,11 +177,13 @@ def create_app(
         anthropic,
         chat_page,
         context,
+        infill,
         llamacpp,
         ollama,
         ollama_models,
         openai,
         responses,
+        slots,
     )
 
     for module in (
@@ -191,6 +193,8 @@ def create_app(
         ollama,
         ollama_models,
         llamacpp,
+        slots,
+        infill,
         context,
         chat_page,
     ):

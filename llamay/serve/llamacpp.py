@@ -1,5 +1,6 @@
 """llama.cpp's server API: /completion, /tokenize, /detokenize, /apply-template, /health,
-/metrics (Prometheus text), /slots, /embedding(s) and rerank (/v1/rerank, /rerank)."""
+/metrics (Prometheus text), /props, /embedding(s) and rerank (/v1/rerank, /rerank); /slots
+in llamay.serve.slots, /infill in llamay.serve.infill."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pydantic import Field
 
 from llamay import __version__
 from llamay.errors import RequestError
-from llamay.serve import readiness
+from llamay.serve import post_probs, readiness
 from llamay.serve import tools as T
 from llamay.serve.context import live_contexts
 from llamay.serve.core import (
@@ -23,6 +24,7 @@ from llamay.serve.core import (
     check_ids,
     embed_all,
     encode_prompt,
+    merged,
     off_loop,
     primed,
     sse,
@@ -38,7 +40,9 @@ router = APIRouter(tags=["llama.cpp"])
 
 class CompletionRequest(OpenModel):
     model: str | None = None
-    prompt: str | list[int | str] = ""
+    # a string, token ids, both mixed, {"prompt_string": ...}, or a list of those (then
+    # one result per prompt)
+    prompt: str | list[Any] | dict[str, Any] = ""
     n_predict: int = -1
     stream: bool = False
     stop: list[str] | None = None
@@ -49,7 +53,10 @@ class CompletionRequest(OpenModel):
     cache_prompt: bool = True
     ignore_eos: bool = False
     samplers: list[str] | None = None
-    logit_bias: list[list[Any]] | dict[str, float] | None = None
+    logit_bias: list[list[Any]] | dict[str, Any] | None = None
+    return_tokens: bool = False
+    post_sampling_probs: bool = False
+    id_slot: int = -1  # accepted; the engine places each request in a free slot
 
 
 class TokenizeRequest(OpenModel):
@@ -101,10 +108,36 @@ def _prompt_ids(lm: Loaded, prompt: str | list[int | str]) -> list[int]:
     return ids
 
 
-def _timings(g: TextGen) -> dict[str, float]:
+def _subprompt(lm: Loaded, p: Any) -> list[int]:
+    if isinstance(p, dict):
+        if p.get("multimodal_data"):
+            raise ApiError(400, f"model {lm.name!r} takes no multimodal_data", param="prompt")
+        p = p.get("prompt_string")
+        if not isinstance(p, (str, list)):
+            raise ApiError(400, "a prompt object needs a prompt_string", param="prompt")
+    if isinstance(p, list) and not all(isinstance(x, (int, str)) for x in p):
+        raise ApiError(400, "a prompt list holds token ids and strings", param="prompt")
+    return _prompt_ids(lm, p)
+
+
+def prompt_list(lm: Loaded, prompt: Any) -> list[list[int]]:
+    """The token ids of each prompt, split as llama-server's tokenize_input_prompts
+    splits them: a list with a token id at its top level is one prompt (ids, or ids and
+    strings mixed); any other list is several."""
+    if isinstance(prompt, list) and not any(isinstance(x, int) for x in prompt):
+        if not prompt:
+            raise ApiError(400, "the prompt list is empty", param="prompt")
+        return [_subprompt(lm, p) for p in prompt]
+    return [_subprompt(lm, prompt)]
+
+
+def timings(g: TextGen) -> dict[str, float]:
+    """llama-server's `timings`: cache_n prompt tokens reused from the cache, prompt_n
+    computed, predicted_n generated."""
     pm, dm = g.prompt_seconds * 1e3, g.decode_seconds * 1e3
-    pn, dn = g.prompt_tokens, g.completion_tokens
+    pn, dn = g.prompt_tokens - g.cached_tokens, g.completion_tokens
     return {
+        "cache_n": g.cached_tokens,
         "prompt_n": pn,
         "prompt_ms": pm,
         "prompt_per_token_ms": pm / pn if pn else 0.0,
@@ -122,7 +155,10 @@ def _stop_type(g: TextGen) -> str:
     return "limit" if g.finish_reason == "length" else "eos"
 
 
-def _bias(raw) -> tuple:
+def _bias(lm: Loaded, raw) -> tuple:
+    """llama-server's logit_bias: [[token, bias], ...] or {token: bias}, a token given as
+    an id or as a string (every token of the string, tokenised without special tokens,
+    gets the bias; an object key that is all digits is an id), a bias of false bans it."""
     if raw is None:
         return ()
     items = raw.items() if isinstance(raw, dict) else raw
@@ -130,10 +166,20 @@ def _bias(raw) -> tuple:
     for item in items:
         try:
             tok, b = item
+            if isinstance(b, bool) and b:
+                raise TypeError
             b = -float("inf") if b is False else float(b)
-            out.append((int(tok), b))
         except (TypeError, ValueError):
-            raise ApiError(400, f"logit_bias entry {item!r} is not [token_id, bias]") from None
+            raise ApiError(
+                400, f"logit_bias entry {item!r} is not [token, bias]", param="logit_bias"
+            ) from None
+        if isinstance(tok, str) and not (isinstance(raw, dict) and tok.isdigit()):
+            ids = lm.model.tokenize(tok, add_special=False, parse_special=False)
+            out += [(i, b) for i in ids]
+        elif isinstance(tok, (int, str)) and not isinstance(tok, bool):
+            out.append((int(tok), b))
+        else:
+            raise ApiError(400, f"logit_bias token {tok!r} is not an id or a string")
     return tuple(out)
 
 
@@ -142,31 +188,53 @@ def _bias(raw) -> tuple:
 async def completion(body: CompletionRequest, request: Request):
     st: ServerState = state(request)
     lm = await st.models.get(body.model, lenient=True)
-    ids = await off_loop(_prompt_ids, lm, body.prompt)
+    prompts = await off_loop(prompt_list, lm, body.prompt)
+    return await complete(st, lm, body, prompts, request)
+
+
+async def complete(
+    st: ServerState, lm: Loaded, body: CompletionRequest, prompts: list[list[int]], request
+):
+    """llama-server's /completion (and /infill) of `prompts`: one result object, or a
+    list of them (each with its `index`) when several prompts were sent."""
     params = extra_params(body.model_extra)
     if body.seed is not None and body.seed >= 0:
         params["seed"] = body.seed % (2**32)
     if body.samplers:
         params["samplers"] = tuple(body.samplers)
     if body.logit_bias:
-        params["logit_bias"] = _bias(body.logit_bias)
+        params["logit_bias"] = await off_loop(_bias, lm, body.logit_bias)
     sampler = make_sampler(**params)
-    con = await st.constraint(lm, json_schema=body.json_schema, grammar=body.grammar)
+    post = body.post_sampling_probs and body.n_probs > 0
+    if post:
+        post_probs.check(sampler, body.grammar is not None or body.json_schema is not None)
     stop_ids = frozenset() if body.ignore_eos else None
-    g = st.textgen(lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids)
-    if body.n_probs:
-        g.logprobs = min(body.n_probs, 64)
+    gens = []
+    for ids in prompts:
+        con = await st.constraint(lm, json_schema=body.json_schema, grammar=body.grammar)
+        g = st.textgen(lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids)
+        if body.n_probs:
+            g.logprobs = post_probs.WIDTH if post else min(body.n_probs, 64)
+        gens.append(g)
+    several = len(gens) > 1
 
-    def final(content: str) -> dict[str, Any]:
-        return {
+    def probs(g: TextGen, rows) -> list[dict[str, Any]]:
+        if post:
+            return _post_probs(lm, g.sampler, rows, body.n_probs)
+        return _probs(lm, rows)
+
+    def final(i: int, content: str, tokens: list[int]) -> dict[str, Any]:
+        g = gens[i]
+        out = {
+            "index": i,
             "content": content,
-            "tokens": [],
-            "id_slot": 0,
+            "tokens": tokens,
+            "id_slot": g.handle.slot if g.handle is not None and g.handle.slot is not None else -1,
             "stop": True,
             "model": lm.name,
             "tokens_predicted": g.completion_tokens,
             "tokens_evaluated": g.prompt_tokens,
-            "prompt": lm.model.detokenize(ids),
+            "prompt": lm.model.detokenize(g.prompt_ids),
             # llama-server's flag for a generation the context cut short
             "truncated": g.finish_reason == "length"
             and g.prompt_tokens + g.completion_tokens >= lm.model.n_ctx,
@@ -174,27 +242,60 @@ async def completion(body: CompletionRequest, request: Request):
             "stopping_word": g.stop_sequence or "",
             "tokens_cached": g.cached_tokens,
             "has_new_line": "\n" in g.text,
-            "timings": _timings(g),
+            "timings": timings(g),
         }
-
-    if not body.stream:
-        out = final(await g.collect(request))
-        if body.n_probs:
-            out["completion_probabilities"] = _probs(lm, g.logprob_rows())
         return out
 
-    async def events():
-        async for delta in g.stream():
-            out = {"content": delta, "tokens": [], "stop": False, "id_slot": 0}
+    if not body.stream:
+        texts = await asyncio.gather(*(g.collect(request) for g in gens))
+        outs = []
+        for i, (g, text) in enumerate(zip(gens, texts, strict=True)):
+            out = final(i, text, list(g.token_ids) if body.return_tokens else [])
             if body.n_probs:
-                out["completion_probabilities"] = _probs(lm, g.take_logprobs())
+                out["completion_probabilities"] = probs(g, g.logprob_rows())
+            outs.append(out)
+        return outs if several else outs[0]
+
+    sent = [0] * len(gens)
+
+    def new_tokens(i: int) -> list[int]:
+        g = gens[i]
+        out = g.token_ids[sent[i] :]
+        sent[i] = len(g.token_ids)
+        return list(out)
+
+    async def events():
+        async for i, delta in merged(gens):
+            g = gens[i]
+            if delta is None:
+                end = final(i, "", new_tokens(i))
+                if body.n_probs and (rest := g.take_logprobs()):
+                    end["completion_probabilities"] = probs(g, rest)
+                yield sse(end)
+                continue
+            out = {"index": i, "content": delta, "tokens": new_tokens(i), "stop": False}
+            out["id_slot"] = g.handle.slot if g.handle is not None else -1
+            if body.n_probs:
+                out["completion_probabilities"] = probs(g, g.take_logprobs())
             yield sse(out)
-        end = final("")
-        if body.n_probs and (rest := g.take_logprobs()):
-            end["completion_probabilities"] = _probs(lm, rest)
-        yield sse(end)
 
     return sse_response(await primed(events()), "llamacpp")
+
+
+def _post_probs(lm: Loaded, sampler, rows, n_probs: int) -> list[dict[str, Any]]:
+    """llama-server's completion_probabilities with post_sampling_probs: `prob` and
+    `top_probs` after the sampler chain (`llamay.serve.post_probs`)."""
+    tok = lm.model.tokenizer
+
+    def entry(i: int, p: float) -> dict[str, Any]:
+        raw = tok.token_to_piece(i)
+        return {"id": i, "token": raw.decode("utf-8", "replace"), "bytes": list(raw), "prob": p}
+
+    out = []
+    for t, _, alts in rows:
+        p, top = post_probs.post_sampling(sampler, t, alts, n_probs)
+        out.append({**entry(t, p), "top_probs": [entry(i, q) for i, q in top]})
+    return out
 
 
 def _probs(lm: Loaded, rows) -> list[dict[str, Any]]:
@@ -334,21 +435,6 @@ async def props(request: Request, model: str | None = None):
         "modalities": {"vision": False, "audio": False},
         "build_info": f"llamay {__version__}",
     }
-
-
-@router.get("/slots", summary="Engine state per loaded model (llama.cpp)")
-async def slots(request: Request):
-    st: ServerState = state(request)
-    return [
-        {
-            "id": i,
-            "model": name,
-            "n_ctx": st.models.loaded[name].model.n_ctx if name in st.models.loaded else None,
-            "is_processing": bool(s.get("active")),
-            **s,
-        }
-        for i, (name, s) in enumerate(_engine_stats(st))
-    ]
 
 
 @router.post("/embedding", summary="Embeddings (llama.cpp's own form)")

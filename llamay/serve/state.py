@@ -41,6 +41,7 @@ class MeteredGen(TextGen):
     """A TextGen that adds itself to the server's metrics when it ends."""
 
     metrics: Metrics
+    slot_tokens: dict[tuple[str, int], list[int]]
 
     async def stream(self):
         self.metrics.in_flight += 1
@@ -50,6 +51,9 @@ class MeteredGen(TextGen):
         finally:
             self.metrics.in_flight -= 1
             self.metrics.record(self)
+            slot = getattr(self.handle, "slot", None)
+            if slot is not None:  # what that engine slot last held (llama-server's slot cache)
+                self.slot_tokens[(self.lm.name, slot)] = self.prompt_ids + self.token_ids
 
 
 @dataclass
@@ -65,6 +69,9 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     started: float = field(default_factory=time.time)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: (model, engine slot) -> the tokens of the last generation that ran in that slot:
+    #: llama-server's per-slot prompt cache, which /slots/{id}?action=save writes out.
+    slot_tokens: dict[tuple[str, int], list[int]] = field(default_factory=dict)
 
     def textgen(
         self,
@@ -89,6 +96,7 @@ class ServerState:
             start=start,
         )
         gen.metrics = self.metrics
+        gen.slot_tokens = self.slot_tokens
         return gen
 
     async def constraint(self, lm: Loaded, **kw: Any):

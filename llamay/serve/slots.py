@@ -1,0 +1,230 @@
+"""llama-server's slots over llamay's engine slots.
+
+    GET  /slots[?model=M][&fail_on_no_slot=1]     one object per engine slot of the model
+    POST /slots/{id}?action=save     {"filename"}  the slot's last sequence, K/V and tokens
+    POST /slots/{id}?action=restore  {"filename"}  back into the engine's prefix cache
+    POST /slots/{id}?action=erase                  forget what the slot held
+
+A slot "holds" the tokens of the last generation the engine ran in it (prompt and
+completion: `ServerState.slot_tokens`), as a llama-server slot keeps its prompt cache.
+Saving recomputes nothing that the prefix cache still has: the sequence is prefilled
+with `keep=True` (the cached prefix is reused) and its K/V written as a llamay KV
+snapshot (`llamay.kv.snapshot`) under the name the client gave, inside the server's
+slot-save directory (`llamay serve --slot-save-path DIR`, llama-server's flag; without
+it these actions are refused as llama-server refuses them, 501). Restoring loads the
+K/V into the engine and hands the pages to the prefix cache, so the next request that
+begins with those tokens starts past them (`tokens_cached`, `timings.cache_n`); the
+slot then holds those tokens. llamay's prefix cache is shared by every slot: erase
+forgets the slot's sequence (its pages stay cached until the pool needs them), where
+llama-server clears that slot's KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+
+from llamay.errors import LlamayError, SnapshotError
+from llamay.kv.snapshot import Snapshot
+from llamay.serve import kept
+from llamay.serve.core import OpenModel
+from llamay.serve.errors import ApiError
+from llamay.serve.models import Loaded
+from llamay.serve.sampling import make_sampler
+from llamay.serve.state import ServerState, state
+
+router = APIRouter(tags=["llama.cpp"])
+
+#: llama.cpp's LLAMA_DEFAULT_SEED: what llama-server shows for "no seed" (random).
+DEFAULT_SEED = 0xFFFFFFFF
+#: Seconds a save/restore waits for its slot to finish the request it runs (llama-server
+#: defers the action until the slot is idle).
+WAIT_IDLE_S = 60.0
+_BAD_CHARS = set(':*?"<>|/\\') | {"\ufeff", "\ufffd", "\uff0e", "\u2215", "\u2216"}
+
+
+class SlotFile(OpenModel):
+    filename: str | None = None
+
+
+def valid_filename(name: str) -> bool:
+    """llama.cpp's fs_validate_filename (no subdirectories): a plain file name that
+    cannot leave the directory it is joined to."""
+    if not name or len(name.encode("utf-8", "surrogatepass")) > 255:
+        return False
+    for ch in name:
+        c = ord(ch)
+        if c <= 0x1F or c == 0x7F or 0x80 <= c <= 0x9F or 0xD800 <= c <= 0xDFFF:
+            return False
+        if ch in _BAD_CHARS:
+            return False
+    return not (name[0] == " " or name[-1] in " ." or ".." in name or name == ".")
+
+
+def slot_save_dir(st: ServerState) -> Path:
+    d = st.extra.get("slot_save_path")
+    if not d:
+        raise ApiError(
+            501,
+            "This server does not support slots action. Start it with `--slot-save-path`",
+            kind="not_supported_error",
+        )
+    return Path(d)
+
+
+def _file_in(directory: Path, name: str | None) -> Path:
+    if not isinstance(name, str) or not valid_filename(name):
+        raise ApiError(400, "Invalid filename", param="filename", kind="invalid_request_error")
+    path = directory / name
+    if path.resolve().parent != directory.resolve():  # a symlinked name, say
+        raise ApiError(400, "Invalid filename", param="filename", kind="invalid_request_error")
+    return path
+
+
+def _params(lm: Loaded, active: Any) -> dict[str, Any]:
+    """A slot's `params` with llama-server's names (the default settings when idle)."""
+    sampler = active.sampler if active is not None else make_sampler()
+    p = dataclasses.asdict(sampler)
+    p["seed"] = DEFAULT_SEED if p["seed"] is None else p["seed"]
+    p["samplers"] = list(p["samplers"])
+    p["dry_sequence_breakers"] = list(p["dry_sequence_breakers"])
+    p["logit_bias"] = [list(b) for b in p["logit_bias"]]
+    request = active.handle.request if active is not None else None
+    n_predict = request.max_tokens if request is not None else -1
+    p.update(
+        n_predict=n_predict,
+        max_tokens=n_predict,
+        n_probs=(active.logprobs or 0) if active is not None else 0,
+        ignore_eos=bool(request is not None and request.stop_ids == frozenset()),
+        post_sampling_probs=False,
+        lora=[],
+    )
+    return p
+
+
+def _slot_json(st: ServerState, lm: Loaded, i: int, active: Any) -> dict[str, Any]:
+    busy = active is not None
+    n_decoded = active.handle.usage.completion_tokens if busy else 0
+    has_new_line = False
+    if busy and n_decoded and active.seq is not None:
+        tail = list(active.seq.tokens[-n_decoded:])
+        has_new_line = "\n" in lm.model.detokenize(tail)
+    task = active.handle.id if busy else None
+    return {
+        "id": i,
+        "id_task": int(task.rsplit("-", 1)[-1]) if task and task[-1].isdigit() else -1,
+        "n_ctx": lm.model.n_ctx,
+        "speculative": False,
+        "is_processing": busy,
+        "params": _params(lm, active),
+        "next_token": {
+            "has_next_token": busy,
+            "has_new_line": has_new_line,
+            "n_remain": active.budget if busy else -1,
+            "n_decoded": n_decoded,
+        },
+        # llamay's: which model, and how many tokens the slot holds (for save)
+        "model": lm.name,
+        "n_cached": len(st.slot_tokens.get((lm.name, i), ())),
+    }
+
+
+def _occupants(st: ServerState, lm: Loaded) -> list[Any]:
+    slots = getattr(lm.engine, "slots", None)
+    return list(slots) if slots is not None else [None] * max(1, st.models.parallel)
+
+
+@router.get("/slots", summary="Each slot's state (llama.cpp)")
+async def slots(request: Request, model: str | None = None, fail_on_no_slot: str | None = None):
+    """One object per engine slot of the default (or `?model=`) model, as llama-server's
+    /slots: id, n_ctx, is_processing, params, next_token. `?fail_on_no_slot=1`: 503 when
+    every slot is busy."""
+    st = state(request)
+    lm = await st.models.get(model, lenient=True)
+    occupants = _occupants(st, lm)
+    if fail_on_no_slot and all(a is not None for a in occupants):
+        raise ApiError(503, "no slot available", kind="unavailable_error")
+    return [_slot_json(st, lm, i, a) for i, a in enumerate(occupants)]
+
+
+async def _wait_idle(st: ServerState, lm: Loaded, i: int) -> None:
+    deadline = time.monotonic() + WAIT_IDLE_S
+    while _occupants(st, lm)[i] is not None:
+        if time.monotonic() > deadline:
+            raise ApiError(503, f"slot {i} stayed busy", kind="unavailable_error")
+        await asyncio.sleep(0.05)
+
+
+@router.post("/slots/{id_slot}", summary="Save, restore or erase a slot's cache (llama.cpp)")
+async def slot_action(
+    id_slot: str,
+    request: Request,
+    action: str = Query(""),
+    model: str | None = None,
+    body: SlotFile | None = None,
+):
+    """llama-server's slot actions; `filename` names a file in --slot-save-path."""
+    st = state(request)
+    directory = slot_save_dir(st)
+    lm = await st.models.get(model, lenient=True)
+    try:
+        i = int(id_slot)
+    except ValueError:
+        raise ApiError(400, "Invalid slot ID", kind="invalid_request_error") from None
+    if not 0 <= i < len(_occupants(st, lm)):
+        raise ApiError(400, "Invalid slot ID", kind="invalid_request_error")
+    if action == "erase":
+        n = len(st.slot_tokens.pop((lm.name, i), ()))
+        return {"id_slot": i, "n_erased": n}
+    if action not in ("save", "restore"):
+        raise ApiError(400, "Invalid action", kind="invalid_request_error")
+    path = _file_in(directory, body.filename if body is not None else None)
+    if not kept.supports_kv(lm.engine):
+        raise ApiError(501, "this engine keeps no KV to save", kind="not_supported_error")
+    await _wait_idle(st, lm, i)
+    t0 = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    if action == "save":
+        tokens = st.slot_tokens.get((lm.name, i), [])
+        if len(tokens) < 2:
+            raise ApiError(400, f"slot {i} holds no sequence to save", kind="invalid_request_error")
+        # the last token was sampled, never fed: its K/V does not exist (llama.cpp's too)
+        seq = await kept.prefill(lm.engine, tokens[:-1])
+        try:
+            snap = await kept.snapshot_of(seq)
+        finally:
+            seq.drop()
+        snap = dataclasses.replace(snap, tokens=list(tokens))
+        directory.mkdir(parents=True, exist_ok=True)
+        await loop.run_in_executor(None, snap.write, path)
+        return {
+            "id_slot": i,
+            "filename": path.name,
+            "n_saved": len(tokens),
+            "n_written": path.stat().st_size,
+            "timings": {"save_ms": (time.perf_counter() - t0) * 1e3},
+        }
+    if not path.is_file():
+        raise ApiError(400, f"Unable to restore slot, no file {path.name!r}", param="filename")
+    try:
+        snap: Snapshot = await loop.run_in_executor(None, lambda: Snapshot.load(path, named=False))
+        # into the engine, then its pages to the prefix cache (release caches them)
+        seq = await kept.prefill(lm.engine, snap.tokens[: snap.n_cached], snapshot=snap)
+    except SnapshotError as exc:
+        raise ApiError(400, f"Unable to restore slot: {exc}", param="filename") from None
+    except LlamayError:
+        raise
+    seq.drop()
+    st.slot_tokens[(lm.name, i)] = list(snap.tokens)
+    return {
+        "id_slot": i,
+        "filename": path.name,
+        "n_restored": len(snap.tokens),
+        "n_read": path.stat().st_size,
+        "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3},
+    }
