@@ -43,6 +43,10 @@ class Request:
     # for none, 0 for the token's own, N (<= 64) for its top N alternatives too.
     # Default: the sampler's n_probs when set.
     logprobs: int | None = None
+    # LoRA adapters (BatchEngine over a model loaded with some): {adapter id: scale}, the
+    # others off (llama-server's per-request `lora`), or one scale per adapter; None: the
+    # engine's global scales (`BatchEngine.set_lora_scales`)
+    lora: Any = None
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
 

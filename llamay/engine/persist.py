@@ -11,6 +11,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from llamay.engine.adapters import RESTORED
 from llamay.engine.api import Handle, Request
 from llamay.engine.planning import Active
 from llamay.errors import KVCacheFullError, RequestError, SnapshotError
@@ -137,7 +138,8 @@ class Persistence:
         tokens = list(snap.tokens) + list(request.prompt_ids)
         n = min(snap.n_cached, len(tokens) - 1)
         with self._lock:
-            seq = self.mgr.adopt(tokens, n, len(request.prompt_ids) + request.max_tokens + 1)
+            budget = len(request.prompt_ids) + request.max_tokens + 1
+            seq = self.mgr.adopt(tokens, n, budget, salt=RESTORED)
         if seq is None:
             raise KVCacheFullError("the KV pool cannot hold the snapshot now; retry later")
         if n:

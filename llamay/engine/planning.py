@@ -53,6 +53,7 @@ class Active:
     seq: SeqKV | None = None
     fresh: bool = True  # sampler state not yet seeded in its slot
     prompt_cached: bool = False
+    lora: tuple[float, ...] = ()  # its scale per loaded adapter (`llamay.engine.adapters`)
     extra: dict = field(default_factory=dict)
 
 
@@ -74,6 +75,7 @@ class Plan:
     local: tuple[np.ndarray, np.ndarray] | None = None
     state: SamplerState | None = None  # the sampler state the step returned
     mask: Any = None  # packed allowed-token masks [R, W] on device (constraints) or None
+    lora: np.ndarray | None = None  # [R, N] each row's adapter scales (None: no adapters)
 
 
 class RequestFailed(Exception):
@@ -120,6 +122,8 @@ class Planner:
                 p.local[0][j, : len(pages)] = pages
                 p.local[1][j] = first * ps
             p.last[j] = n - 1
+            if p.lora is not None:
+                p.lora[j] = a.lora
             p.sampling[j] = after is not None or n == len(s.pending)
         p.mask = self._masks(p)
         return p
@@ -130,10 +134,12 @@ class Planner:
         local = None
         if self.mgr.local is not None:
             local = (np.zeros((R, self._local_width(T, M)), np.int32), np.zeros(R, np.int32))
+        n_lora = getattr(self, "n_adapters", 0)
         return Plan(
             [],
             [],
             [],
+            lora=np.zeros((R, n_lora), np.float32) if n_lora else None,
             tokens=np.zeros((R, T), np.int32),
             positions=np.full((R, T), PAD_POSITION, np.int32),
             table=np.zeros((R, M), np.int32),

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from llamay.arch.decoder import local_layers
+from llamay.engine import adapters
 from llamay.engine.api import Handle, Request
 from llamay.engine.generate import check_prompt
 from llamay.engine.paged_steps import set_rows
@@ -86,6 +87,10 @@ class BatchEngine(StepWorker, Planner, Persistence):
         self.model = model
         cfg = model.config
         self.cfg, self.weights = cfg, model.weights
+        # LoRA adapters loaded with the model: each request picks its scales
+        # (`Request.lora`, `llamay.engine.adapters`); these apply when it names none
+        self.n_adapters = adapters.adapter_count(self.weights)
+        self.lora_scales = adapters.global_scales(self.weights)
         self.n_ctx = model.n_ctx
         self.n_slots, self.page_size, self.chunk = slots, page_size, chunk
         self.gather_s = gather_s
@@ -181,6 +186,13 @@ class BatchEngine(StepWorker, Planner, Persistence):
         """Drop the KV a `keep=True` request kept after it finished."""
         self._call("release", handle)
 
+    def set_lora_scales(self, scales) -> None:
+        """The scales of the loaded adapters for requests that name none (llama-server's
+        POST /lora-adapters): {adapter id: scale} (the others 0) or one per adapter.
+        Requests already admitted keep theirs."""
+        new = adapters.request_scales(scales, self.n_adapters, self.lora_scales)
+        self.lora_scales = np.asarray(new, np.float32)
+
     def on_worker(self, fn):
         """`fn(engine)` run on the worker thread between steps (it may use the device
         state); its result, or its exception, comes back here."""
@@ -214,12 +226,28 @@ class BatchEngine(StepWorker, Planner, Persistence):
         except Exception as exc:
             raise RequestError(f"the request's sampling parameters cannot be used: {exc}") from exc
         a = Active(handle, sampler, stop, budget, seq=seq, logprobs=logprobs)
+        a.lora = self._lora_of(r, seq)
         if seq is None and not self.mgr.fits_ever(n + budget + 1):
             raise self.mgr.never_fits(
                 f"a request of {n} prompt + {budget} new tokens", n + budget + 1
             )
         self.waiting.append(a)
         return a
+
+    def _lora_of(self, r: Request, seq: SeqKV | None) -> tuple[float, ...]:
+        """The request's scale per adapter (a fork naming none: its parent's). A sequence
+        it continues (fork, restore) keeps its prefix key when the scales agree; K/V made
+        under two settings get a key of their own, shared with nothing."""
+        default = self.lora_scales
+        if r.lora is None and seq is not None and seq.salt != adapters.RESTORED:
+            if seq.salt is None:
+                default = np.zeros(self.n_adapters, np.float32)
+            elif seq.salt[0] == "lora":
+                default = np.asarray(seq.salt[1], np.float32)
+        scales = adapters.request_scales(r.lora, self.n_adapters, default)
+        if seq is not None and seq.salt != adapters.salt(scales):
+            seq.salt = ("lora-mixed", seq.id)
+        return scales
 
     def _check_ids(self, ids: list[int]) -> None:
         """Prompt token ids must be integers in the vocabulary: a bad one would break the
@@ -289,7 +317,8 @@ class BatchEngine(StepWorker, Planner, Persistence):
                 continue
             if a.seq is None:
                 with self._lock:
-                    seq = self.mgr.open(list(a.handle.request.prompt_ids), a.budget + 1)
+                    salt = adapters.salt(a.lora)  # K/V of other adapter settings: not shared
+                    seq = self.mgr.open(list(a.handle.request.prompt_ids), a.budget + 1, salt)
                 if seq is None:
                     return  # the pool is full for now; FIFO: later requests wait too
                 a.seq = seq

@@ -13,6 +13,7 @@ import time
 import jax
 import numpy as np
 
+from llamay.engine.adapters import row_weights
 from llamay.engine.paged_steps import paged_sample, paged_step
 from llamay.engine.planning import Plan, RequestFailed
 from llamay.kv.pages import grow_paged_kv
@@ -156,7 +157,7 @@ class StepWorker:
         fed = fed if tokens is None else tokens
         step = (
             self.cfg,
-            self.weights,
+            row_weights(self.weights, plan.lora),  # each row's LoRA scales, if any
             self.kv,
             fed,
             positions,

@@ -16,6 +16,10 @@ allocator; 0 when the sequences that computed it had already released it). A pre
 ending at a node is reusable only where the nodes of the window before it all have
 their local page (`KVManager.open`). `evict_local` drops unshared local pages alone,
 least recently used first; the node keeps its global page.
+
+A `salt` (any hashable, e.g. the LoRA adapter setting the K/V were computed with) keys
+a separate set of prefixes: it joins the first page's key, so prefixes computed under
+different salts never match one another (None: the unsalted prefixes).
 """
 
 from __future__ import annotations
@@ -49,15 +53,19 @@ class PrefixTree:
         self.root = Node((), 0, None)
         self.n_nodes = 0
 
-    def _chunks(self, tokens: Sequence[int], limit: int | None = None):
+    def _chunks(self, tokens: Sequence[int], limit: int | None = None, salt=None):
         ps = self.page_size
         n = len(tokens) // ps if limit is None else min(limit, len(tokens) // ps)
-        return [tuple(tokens[i * ps : (i + 1) * ps]) for i in range(n)]
+        out = [tuple(tokens[i * ps : (i + 1) * ps]) for i in range(n)]
+        if salt is not None and out:  # a tuple in the key: never equal to a token id
+            out[0] = ((salt,), *out[0])
+        return out
 
-    def match_nodes(self, tokens: Sequence[int]) -> list[Node]:
-        """The nodes of the longest cached page-aligned prefix of `tokens` (marked used)."""
+    def match_nodes(self, tokens: Sequence[int], salt=None) -> list[Node]:
+        """The nodes of the longest cached page-aligned prefix of `tokens` (marked used)
+        under `salt`."""
         node, nodes, now = self.root, [], next(_clock)
-        for key in self._chunks(tokens):
+        for key in self._chunks(tokens, salt=salt):
             child = node.children.get(key)
             if child is None:
                 break
@@ -66,18 +74,21 @@ class PrefixTree:
             node = child
         return nodes
 
-    def match(self, tokens: Sequence[int]) -> list[int]:
+    def match(self, tokens: Sequence[int], salt=None) -> list[int]:
         """Pages of the longest cached page-aligned prefix of `tokens` (marked used).
         The caller takes its own references (`alloc.incref`) if it keeps them."""
-        return [n.page for n in self.match_nodes(tokens)]
+        return [n.page for n in self.match_nodes(tokens, salt)]
 
-    def insert(self, tokens: Sequence[int], pages: Sequence[int], local: Sequence[int] = ()) -> int:
+    def insert(
+        self, tokens: Sequence[int], pages: Sequence[int], local: Sequence[int] = (), salt=None
+    ) -> int:
         """Cache the full pages of a sequence: `pages[i]` holds tokens[i·ps : (i+1)·ps],
         `local[i]` (if given and not 0) the local layers' K/V of the same positions.
         Prefixes already cached keep their pages (a node without a local page takes the
         one offered). Returns how many pages were added."""
         node, added, now = self.root, 0, next(_clock)
-        for i, (key, page) in enumerate(zip(self._chunks(tokens, len(pages)), pages, strict=False)):
+        chunks = self._chunks(tokens, len(pages), salt)
+        for i, (key, page) in enumerate(zip(chunks, pages, strict=False)):
             child = node.children.get(key)
             if child is None:
                 self.alloc.incref([page])

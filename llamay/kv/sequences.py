@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from llamay.errors import KVCacheFullError
 from llamay.kv.pages import NULL_PAGE, PageAllocator
@@ -68,6 +69,7 @@ class SeqKV:
     id: int = field(default_factory=lambda: next(_ids))
     local: list[int] = field(default_factory=list)  # local-pool page per entry of pages
     local_bound: int = 0  # the most local pages it may hold at once
+    salt: Any = None  # its prefixes' key in the tree (the LoRA setting its K/V were made with)
 
     @property
     def pending(self) -> list[int]:
@@ -209,17 +211,18 @@ class KVManager:
                 return d
         return 0
 
-    def open(self, tokens: list[int], budget: int) -> SeqKV | None:
+    def open(self, tokens: list[int], budget: int, salt: Any = None) -> SeqKV | None:
         """A sequence for `tokens` that may grow by `budget` tokens, sharing the longest
         cached prefix (at least one token is left to compute, for its logits; with a
         local pool, ending where the window before it is cached too). None when the
-        pool cannot reserve its pages now; KVCacheFullError when it never could."""
+        pool cannot reserve its pages now; KVCacheFullError when it never could. `salt`:
+        the prefixes it shares and offers are those cached under that key only."""
         total = len(tokens) + budget
         if not self.fits_ever(total):
             raise self.never_fits(f"a request of {len(tokens)} prompt + {budget} new tokens", total)
         nodes = []
         if self.prefix_cache:
-            nodes = self.tree.match_nodes(tokens)[: (len(tokens) - 1) // self.page_size]
+            nodes = self.tree.match_nodes(tokens, salt)[: (len(tokens) - 1) // self.page_size]
             nodes = nodes[: self._usable_hit(nodes)]
         shared = [n.page for n in nodes]
         lo = self.needed_from(len(nodes) * self.page_size)
@@ -235,7 +238,7 @@ class KVManager:
                 self.local.decref([p for p in local if p])
             return None
         n = len(shared) * self.page_size
-        seq = SeqKV(list(tokens), list(shared), n, need, cached_hit=n, local=local)
+        seq = SeqKV(list(tokens), list(shared), n, need, cached_hit=n, local=local, salt=salt)
         seq.local_bound = bound
         self.live[seq.id] = seq
         return seq
@@ -272,7 +275,7 @@ class KVManager:
             alone = sum(1 for p in local if p and self.local.refcount[p] == 1)
             if not ending and alone > self.available_local():
                 local = []  # sharing them would eat into live sequences' reservations
-        self.tree.insert(seq.tokens[: full * self.page_size], seq.pages[:full], local)
+        self.tree.insert(seq.tokens[: full * self.page_size], seq.pages[:full], local, seq.salt)
 
     def fork(
         self, seq: SeqKV, budget: int, at: int | None = None
@@ -298,7 +301,7 @@ class KVManager:
             return None
         shared = seq.pages[:full]
         self.alloc.incref(shared)
-        child = SeqKV(list(seq.tokens), list(shared), at, need, local_bound=bound)
+        child = SeqKV(list(seq.tokens), list(shared), at, need, local_bound=bound, salt=seq.salt)
         self.live[child.id] = child
         local_copies = []
         if self.local is not None:
@@ -314,7 +317,9 @@ class KVManager:
             copies.append((seq.pages[full], child.pages[full]))
         return child, copies, local_copies
 
-    def adopt(self, tokens: list[int], n_cached: int, budget: int) -> SeqKV | None:
+    def adopt(
+        self, tokens: list[int], n_cached: int, budget: int, salt: Any = None
+    ) -> SeqKV | None:
         """A sequence whose first n_cached positions' K/V the caller writes into its
         (fresh) pages, e.g. a restored snapshot (the local layers': into its local pages,
         those of the window before n_cached); None if the pool cannot reserve now."""
@@ -325,7 +330,7 @@ class KVManager:
         bound = self.local_bound(total) if self.local is not None else 0
         if not (self._room(need) and self._room_local(bound)):
             return None
-        seq = SeqKV(list(tokens), [], n_cached, need, local_bound=bound)
+        seq = SeqKV(list(tokens), [], n_cached, need, local_bound=bound, salt=salt)
         self.live[seq.id] = seq
         self.ensure(seq, n_cached)
         return seq
