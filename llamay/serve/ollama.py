@@ -31,6 +31,8 @@ from llamay.serve.core import (
     primed,
 )
 from llamay.serve.errors import ApiError
+from llamay.serve.fim import fim_ids
+from llamay.serve.logprobs import piece
 from llamay.serve.models import Known, Loaded
 from llamay.serve.sampling import EXTRA_FIELDS, make_sampler
 from llamay.serve.state import ServerState, state
@@ -52,6 +54,8 @@ class GenerateRequest(OpenModel):
     options: dict[str, Any] | None = None
     keep_alive: str | float | None = None
     think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class ChatMessage(OpenModel):
@@ -71,6 +75,8 @@ class ChatRequest(OpenModel):
     options: dict[str, Any] | None = None
     keep_alive: str | float | None = None
     think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class EmbedRequest(OpenModel):
@@ -191,6 +197,33 @@ def _timings(g: TextGen, lm: Loaded, t0: float, load_s: float) -> dict[str, Any]
     }
 
 
+def _want_logprobs(body: GenerateRequest | ChatRequest) -> int | None:
+    """How many alternatives per token the request asks for (None: no logprobs)."""
+    top = body.top_logprobs
+    if top is not None and (isinstance(top, bool) or not 0 <= top <= 20):
+        raise ApiError(400, f"top_logprobs must be between 0 and 20, not {top!r}")
+    if not body.logprobs:  # top_logprobs counts only with logprobs on (api.md)
+        return None
+    return top or 0
+
+
+def _logprobs(lm: Loaded, g: TextGen, want: int | None) -> dict[str, Any]:
+    """`{"logprobs": [...]}` of the tokens since the last call, in Ollama's shape
+    (`{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`), or {}."""
+    if want is None:
+        return {}
+    out = []
+    for tok, lp, alts in g.take_logprobs():
+        text, raw = piece(lm, tok)
+        row: dict[str, Any] = {"token": text, "logprob": lp, "bytes": raw}
+        if want:
+            row["top_logprobs"] = [
+                dict(zip(("token", "bytes"), piece(lm, i), strict=True), logprob=a) for i, a in alts
+            ]
+        out.append(row)
+    return {"logprobs": out}
+
+
 def _reason(g: TextGen) -> str:
     return "length" if g.finish_reason == "length" else "stop"
 
@@ -215,6 +248,8 @@ def _generate_ids(lm: Loaded, body: GenerateRequest, system: str | None, templat
     """The prompt's token ids: raw, through a Go template (the request's or the model's
     own), or through the model's chat template; after `context`'s ids when given."""
     prompt = body.prompt or ""
+    if body.suffix:  # fill in the middle, with the model's FIM tokens (as llama.cpp's /infill)
+        return list(body.context or []) + fim_ids(lm, prompt, body.suffix)
     if body.raw:
         text = prompt
     elif template:
@@ -233,11 +268,10 @@ async def generate(body: GenerateRequest, request: Request):
     t0 = time.perf_counter()
     if body.images:
         raise ApiError(400, "images are not supported (text models only)")
-    if body.suffix:
-        raise ApiError(400, "suffix (fill-in-the-middle) is not supported")
     _no_thinking(body.think)
+    want_lp = _want_logprobs(body)
     ka = keep_alive_seconds(body.keep_alive)
-    if not body.prompt and not body.context:
+    if not body.prompt and not body.context and not body.suffix:
         # Ollama: an empty prompt loads (or, with keep_alive 0, unloads) the model.
         if ka == 0:
             known = st.models.find(body.model)
@@ -264,6 +298,7 @@ async def generate(body: GenerateRequest, request: Request):
     ids = await off_loop(_generate_ids, lm, body, system, body.template or own_template)
     con = await st.constraint(lm, **_format(body.format))
     g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con)
+    g.logprobs = want_lp
 
     def final() -> dict[str, Any]:
         out = {
@@ -274,6 +309,7 @@ async def generate(body: GenerateRequest, request: Request):
             "done_reason": _reason(g),
             "context": g.prompt_ids + g.token_ids,
             **_timings(g, lm, t0, load_s),
+            **_logprobs(lm, g, want_lp),
         }
         if body.raw:  # "raw mode will not return a context" (Ollama's api.md)
             del out["context"]
@@ -287,7 +323,13 @@ async def generate(body: GenerateRequest, request: Request):
     async def lines():
         async for delta in g.stream():
             yield ndjson(
-                {"model": lm.name, "created_at": now_iso(), "response": delta, "done": False}
+                {
+                    "model": lm.name,
+                    "created_at": now_iso(),
+                    "response": delta,
+                    "done": False,
+                    **_logprobs(lm, g, want_lp),
+                }
             )
         st.models.touch(lm, ka)
         yield ndjson(final())
@@ -317,6 +359,7 @@ async def chat(body: ChatRequest, request: Request):
     st: ServerState = state(request)
     t0 = time.perf_counter()
     _no_thinking(body.think)
+    want_lp = _want_logprobs(body)
     ka = keep_alive_seconds(body.keep_alive)
     if not body.messages:
         if ka == 0:
@@ -344,6 +387,7 @@ async def chat(body: ChatRequest, request: Request):
     ids = await off_loop(T.chat_ids, lm, messages, tools)
     con = await st.constraint(lm, **_format(body.format))
     g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con)
+    g.logprobs = want_lp
 
     def message(content: str) -> dict[str, Any]:
         calls = T.parse_calls(content, names) if names else None
@@ -365,6 +409,7 @@ async def chat(body: ChatRequest, request: Request):
             "done": True,
             "done_reason": _reason(g),
             **_timings(g, lm, t0, load_s),
+            **_logprobs(lm, g, want_lp),
         }
 
     if not body.stream:
@@ -373,7 +418,15 @@ async def chat(body: ChatRequest, request: Request):
         return final(content)
 
     def line(msg: dict[str, Any]) -> str:
-        return ndjson({"model": lm.name, "created_at": now_iso(), "message": msg, "done": False})
+        return ndjson(
+            {
+                "model": lm.name,
+                "created_at": now_iso(),
+                "message": msg,
+                "done": False,
+                **_logprobs(lm, g, want_lp),
+            }
+        )
 
     async def lines():
         # Text streams as it comes; with tools, an answer that starts like a tool call is

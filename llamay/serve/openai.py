@@ -20,6 +20,7 @@ from pydantic import Field
 
 from llamay.errors import RequestError
 from llamay.serve import tools as T
+from llamay.serve.best_of import best_candidates
 from llamay.serve.core import (
     OpenModel,
     TextGen,
@@ -33,6 +34,7 @@ from llamay.serve.core import (
     sse_response,
 )
 from llamay.serve.errors import ApiError, not_found
+from llamay.serve.fim import fim_ids
 from llamay.serve.logprobs import chat_logprobs, legacy_logprobs, prompt_logprobs
 from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
@@ -398,7 +400,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     return sse_response(await primed(events()), "openai")
 
 
-def _prompts(lm, prompt) -> list[list[int]]:
+def _prompts(lm, prompt, suffix: str | None = None) -> list[list[int]]:
+    if suffix:  # fill in the middle: each text prompt is the prefix (llamay.serve.fim)
+        texts = [prompt] if isinstance(prompt, str) else prompt
+        if not texts or not all(isinstance(p, str) for p in texts):
+            raise ApiError(400, "suffix needs a text prompt (not token ids)", param="suffix")
+        return [fim_ids(lm, p, suffix) for p in texts]
     if isinstance(prompt, str):
         return [encode_prompt(lm, prompt)]
     if not prompt:
@@ -413,24 +420,27 @@ def _prompts(lm, prompt) -> list[list[int]]:
 @router.post("/v1/completions", summary="Create a text completion")
 async def completions(body: CompletionRequest, request: Request):
     st: ServerState = state(request)
-    if body.suffix:
-        raise ApiError(400, "suffix (fill-in-the-middle) is not supported", param="suffix")
-    if body.best_of not in (None, body.n):
-        raise ApiError(400, "best_of other than n is not supported", param="best_of")
+    best_of = body.best_of or body.n
+    if best_of < body.n:
+        raise ApiError(400, "best_of must be greater than or equal to n", param="best_of")
+    if best_of > body.n and body.stream:
+        raise ApiError(400, "best_of greater than n cannot be streamed", param="best_of")
     lp = body.logprobs
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
         raise ApiError(400, "logprobs must be an integer in [0, 20]", param="logprobs")
     lm = await st.models.get(body.model, lenient=True)
-    prompts = await off_loop(_prompts, lm, body.prompt)
+    prompts = await off_loop(_prompts, lm, body.prompt, body.suffix)
     check_ids(lm, prompts)
     ckw = _llama_constraint(body.model_extra)  # llama-server's OAI completions take them too
     gens = []
     for p in prompts:
-        for i in range(body.n):
+        for i in range(best_of):
             con = await st.constraint(lm, **ckw) if ckw else None
             g = st.textgen(lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop), con)
-            g.logprobs = lp
+            # best_of ranks candidates by their tokens' log-probabilities
+            g.logprobs = lp if lp is not None or best_of == body.n else 0
             gens.append(g)
+    candidates = gens
     # echo with logprobs: the prompt's own tokens come first (OpenAI's legacy behaviour)
     echoed = [[] for _ in gens]
     if body.echo and lp is not None:
@@ -440,16 +450,24 @@ async def completions(body: CompletionRequest, request: Request):
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
 
-    def usage() -> dict:
+    def usage() -> dict:  # every candidate's tokens count (OpenAI's best_of bills them)
         p = sum(len(x) for x in prompts)
-        c = sum(g.completion_tokens for g in gens)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        c = sum(g.completion_tokens for g in candidates)
+        cached = sum(g.cached_tokens for g in candidates[::best_of])
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": c,
+            "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     def echo(g: TextGen) -> str:
         return tok.decode(g.prompt_ids) if body.echo else ""
 
     if not body.stream:
         texts = await asyncio.gather(*(g.collect(request) for g in gens))
+        if best_of > body.n:  # per prompt, the n with the highest mean logprob per token
+            gens, texts = best_candidates(gens, texts, best_of, body.n)
         choices = [
             {
                 "index": i,

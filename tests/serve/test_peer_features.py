@@ -1,0 +1,263 @@
+"""Issue 19's missing features, as the peers' clients send them over real loopback:
+Ollama's `logprobs`/`top_logprobs` (generate and chat, streamed and not) and `suffix`;
+OpenAI's `best_of`, `suffix` and `usage.prompt_tokens_details.cached_tokens`.
+
+Oracles: log-probabilities are a float64 log-softmax of the model's own logits; fill in the
+middle is llama.cpp's /infill layout (`[BOS] <fim_pre> prefix <fim_suf> suffix <fim_mid>`,
+tools/server's format_infill) decoded greedily by the model directly; best_of is OpenAI's
+rule (of best_of candidates, the one with the highest mean log-probability per token),
+with each candidate regenerated alone. Responses validate as the clients' typed models,
+strictly (`model_validate_json(..., strict=True)`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import ollama
+import openai
+import pytest
+from ollama._types import ChatResponse, GenerateResponse
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from llamay.sample import GREEDY
+from tests.serve.conftest import chat_prompt, running
+
+FIM = {"fim_pre": 8, "fim_suf": 9, "fim_mid": 10}  # <issue_start> ... as FIM tokens
+
+
+@pytest.fixture(scope="module")
+def fim_path(tiny_paths, tmp_path_factory):
+    """The tiny llama with FIM tokens named in its GGUF (tokenizer.ggml.fim_*_token_id)."""
+    from llamay.gguf.values import GGUFValueType
+    from llamay.gguf.writer import copy_gguf
+
+    dst = tmp_path_factory.mktemp("fim") / "tiny-fim.gguf"
+    meta = {f"tokenizer.ggml.{k}_token_id": v for k, v in FIM.items()}
+    types = dict.fromkeys(meta, GGUFValueType.UINT32)
+    return copy_gguf(tiny_paths["tiny"], dst, metadata=meta, types=types)
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_paths, fim_path, serve_home):
+    from llamay.serve import create_app
+    from llamay.serve.models import Models
+
+    models = Models(
+        {"tiny": tiny_paths["tiny"], "fim": fim_path}, use_store=False, default_keep_alive=-1
+    )
+    with running(create_app(models, max_tokens_limit=256)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def http(srv):
+    with httpx.Client(base_url=srv.url, timeout=300) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def fim_model(fim_path):
+    import llamay
+
+    return llamay.load(fim_path)
+
+
+def _want(tiny, prompt_ids, n):
+    """Greedy tokens after prompt_ids and float64 log-softmax rows at each."""
+    toks = list(tiny.generation(prompt_ids, n, GREEDY))
+    rows = np.asarray(tiny.logits(prompt_ids + toks)[len(prompt_ids) - 1 : -1], np.float64)
+    rows = rows - rows.max(-1, keepdims=True)
+    return toks, rows - np.log(np.exp(rows).sum(-1, keepdims=True))
+
+
+def _piece(model, i) -> str:
+    return model.tokenizer.token_to_piece(i).decode("utf-8", "replace")
+
+
+def _check_ollama_logprobs(tiny, lps, prompt_ids, n, top):
+    toks, want = _want(tiny, prompt_ids, n)
+    assert [lp["token"] for lp in lps] == [_piece(tiny, t) for t in toks]
+    for lp, t, row in zip(lps, toks, want, strict=True):
+        assert lp["logprob"] == pytest.approx(row[t], abs=1e-4)
+        if "bytes" in lp:  # the raw answer has them (the client's typed model drops them)
+            assert lp["bytes"] == list(tiny.tokenizer.token_to_piece(t))
+        best = np.argsort(-row, kind="stable")[:top]
+        if top:
+            assert [a["token"] for a in lp["top_logprobs"]] == [_piece(tiny, i) for i in best]
+            np.testing.assert_allclose(
+                [a["logprob"] for a in lp["top_logprobs"]], row[best], atol=1e-4
+            )
+        else:
+            assert not lp.get("top_logprobs")
+
+
+@pytest.mark.parametrize("top", [0, 3])
+def test_ollama_generate_logprobs(http, srv, tiny, top):
+    body = {
+        "model": "tiny",
+        "prompt": "Why is the sky blue?",
+        "stream": False,
+        "logprobs": True,
+        "top_logprobs": top,
+        "options": {"temperature": 0, "num_predict": 5},
+    }
+    r = http.post("/api/generate", content=json.dumps(body))  # curl -d: no Content-Type
+    assert r.status_code == 200, r.text
+    typed = GenerateResponse.model_validate_json(r.text, strict=True)
+    ids = tiny.tokenize(
+        chat_prompt(tiny, [{"role": "user", "content": body["prompt"]}]), parse_special=True
+    )
+    lps = r.json()["logprobs"]
+    assert all("bytes" in lp for lp in lps)
+    assert len(typed.logprobs) == 5 and "".join(x["token"] for x in lps) == typed.response
+    _check_ollama_logprobs(tiny, lps, ids, 5, top)
+    # streamed through the official client: each chunk carries its own tokens' rows
+    client = ollama.Client(host=srv.url)
+    parts = list(
+        client.generate(
+            model="tiny",
+            prompt=body["prompt"],
+            stream=True,
+            logprobs=True,
+            top_logprobs=top,
+            options=body["options"],
+        )
+    )
+    rows = [lp.model_dump(exclude_none=True) for p in parts for lp in p.logprobs or []]
+    assert sum(1 for p in parts if p.logprobs) > 1
+    _check_ollama_logprobs(tiny, rows, ids, 5, top)
+    # without logprobs: none
+    assert "logprobs" not in http.post("/api/generate", json={**body, "logprobs": False}).json()
+
+
+def test_ollama_chat_logprobs_and_range(http, srv, tiny):
+    msgs = [{"role": "user", "content": "Hi there"}]
+    client = ollama.Client(host=srv.url)
+    r = client.chat(
+        model="tiny",
+        messages=msgs,
+        logprobs=True,
+        top_logprobs=2,
+        options={"temperature": 0, "num_predict": 4},
+    )
+    ChatResponse.model_validate_json(r.model_dump_json(exclude_none=True), strict=True)
+    ids = tiny.tokenize(chat_prompt(tiny, msgs), parse_special=True)
+    rows = [lp.model_dump(exclude_none=True) for lp in r.logprobs]
+    _check_ollama_logprobs(tiny, rows, ids, 4, 2)
+    assert "".join(x["token"] for x in rows) == r.message.content
+    parts = list(
+        client.chat(
+            model="tiny",
+            messages=msgs,
+            stream=True,
+            logprobs=True,
+            top_logprobs=2,
+            options={"temperature": 0, "num_predict": 4},
+        )
+    )
+    assert [lp.model_dump(exclude_none=True) for p in parts for lp in p.logprobs or []] == rows
+    bad = {"model": "tiny", "messages": msgs, "logprobs": True, "top_logprobs": 21}
+    r = http.post("/api/chat", json=bad)
+    assert r.status_code == 400 and "top_logprobs" in r.json()["error"]
+
+
+def _fim_oracle(model, prefix, suffix, n):
+    ids = [
+        FIM["fim_pre"],
+        *model.tokenize(prefix, add_special=False),
+        FIM["fim_suf"],
+        *model.tokenize(suffix, add_special=False),
+        FIM["fim_mid"],
+    ]
+    assert not model.tokenizer.vocab.add_bos  # SmolLM2's tokenizer: no BOS
+    toks = list(model.generation(ids, n, GREEDY))
+    return ids, model.detokenize(toks)
+
+
+PREFIX, SUFFIX = "def add(a, b):\n    ", "\n    return c\n"
+
+
+def test_ollama_suffix_fills_in_the_middle(http, srv, fim_model):
+    ids, want = _fim_oracle(fim_model, PREFIX, SUFFIX, 6)
+    client = ollama.Client(host=srv.url)
+    r = client.generate(
+        model="fim",
+        prompt=PREFIX,
+        suffix=SUFFIX,
+        options={"temperature": 0, "num_predict": 6},
+        stream=False,
+    )
+    assert r.response == want
+    assert r.prompt_eval_count == len(ids) and list(r.context[: len(ids)]) == ids
+    streamed = client.generate(
+        model="fim", prompt=PREFIX, suffix=SUFFIX, options={"temperature": 0, "num_predict": 6}
+    )
+    assert streamed.response == want
+    # a model without FIM tokens: a clear 400, never a prompt that drops the suffix
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model="tiny", prompt=PREFIX, suffix=SUFFIX, options={"num_predict": 2})
+    assert e.value.status_code == 400 and "fill-in-the-middle" in e.value.error
+
+
+def test_openai_suffix_fills_in_the_middle(http, srv, fim_model):
+    ids, want = _fim_oracle(fim_model, PREFIX, SUFFIX, 6)
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+    r = client.completions.create(
+        model="fim", prompt=PREFIX, suffix=SUFFIX, max_tokens=6, temperature=0
+    )
+    Completion.model_validate_json(r.model_dump_json(), strict=True)
+    assert r.choices[0].text == want and r.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError, match="fill-in-the-middle"):
+        client.completions.create(model="tiny", prompt=PREFIX, suffix=SUFFIX, max_tokens=2)
+
+
+def test_openai_best_of_returns_the_best_candidate(http, srv):
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", prompt="Once upon a time", max_tokens=6, temperature=1.0)
+    # each candidate alone: best_of's candidate i samples with seed + i
+    alone = []
+    for i in range(3):
+        c = client.completions.create(seed=40 + i, logprobs=0, **kw)
+        lps = c.choices[0].logprobs.token_logprobs
+        alone.append((float(np.mean(lps)), c.choices[0].text, c.usage.completion_tokens))
+    assert len({t for _, t, _ in alone}) > 1  # the candidates differ
+    best = max(alone, key=lambda a: a[0])
+    raw = http.post("/v1/completions", json={**kw, "seed": 40, "best_of": 3, "n": 1, "logprobs": 0})
+    assert raw.status_code == 200, raw.text
+    r = Completion.model_validate_json(raw.text, strict=True)
+    assert len(r.choices) == 1 and r.choices[0].text == best[1]
+    assert np.mean(r.choices[0].logprobs.token_logprobs) == pytest.approx(best[0], abs=1e-5)
+    assert r.usage.completion_tokens == sum(a[2] for a in alone)  # all three billed
+    # n=2 of best_of=3: the two best, best first; no logprobs asked, none returned
+    r = client.completions.create(seed=40, best_of=3, n=2, **kw)
+    ranked = sorted(alone, key=lambda a: -a[0])
+    assert [c.text for c in r.choices] == [ranked[0][1], ranked[1][1]]
+    assert [c.index for c in r.choices] == [0, 1] and r.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        client.completions.create(best_of=1, n=2, **kw)
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.completions.create(best_of=2, stream=True, **kw)
+
+
+def test_cached_tokens_from_the_prefix_cache(srv, tiny):
+    """usage.prompt_tokens_details.cached_tokens: what the prefix cache reused: little of
+    a new prompt, most of a repeated one (chat and completions)."""
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "A prompt no other test sends, to count the cache. " * 4}]
+    first = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
+    second = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
+    for r in (first, second):
+        ChatCompletion.model_validate_json(r.model_dump_json(), strict=True)
+    n = first.usage.prompt_tokens
+    # the first shares only the template's system preamble with earlier requests
+    c1, c2 = (r.usage.prompt_tokens_details.cached_tokens for r in (first, second))
+    assert c1 < n // 2 and n // 2 < c2 < n and c2 > c1
+    prompt = "Another prompt of its own, long enough to fill a page or two. " * 4
+    a = client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    b = client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    assert a.usage.prompt_tokens_details.cached_tokens == 0
+    assert 0 < b.usage.prompt_tokens_details.cached_tokens < b.usage.prompt_tokens
