@@ -76,6 +76,16 @@ class AdapterError(ModelFormatError):
     """A LoRA adapter file that is not one, or does not fit the model it is loaded on."""
 
 
+class ProjectorError(ModelFormatError):
+    """A multimodal projector (mmproj) file llamay cannot use: not one, an unsupported
+    `clip.projector_type`, a missing tensor or key, or a width that does not fit the model."""
+
+
+class DraftModelError(ModelFormatError):
+    """A draft model for speculative decoding that cannot draft for its target (another
+    tokenizer, layers the drafter does not support)."""
+
+
 class ModelNotFoundError(LlamayError):
     """A model name is neither a file nor a name the store knows or can fetch."""
 
@@ -116,6 +126,11 @@ class ContextOverflowError(RequestError):
 
 class KVCacheFullError(RequestError):
     """The KV page pool cannot hold a request (now, or ever: then make the pool larger)."""
+
+
+class ImageError(RequestError):
+    """An image input that cannot be used: undecodable bytes, an http(s) URL (there is no
+    network fetch), a model without a projector, or more images than markers."""
 
 
 class SnapshotError(RequestError):

@@ -49,6 +49,7 @@ ROOM_OF = {
     "llamay.eval.lm_eval_hook": "lm-eval plugin",
     "llamay.serve": "serve",
     "llamay.ocr": "ocr",
+    "llamay.vision": "vision",
     "llamay_cli": "cli",
 }
 
@@ -71,7 +72,8 @@ MAY_IMPORT = {
     "store": {"gguf"},
     "ollama": {"store"},  # Ollama's manifests are llamay.store.manifest's format
     "eval": {"model", "kv", "sample"},
-    "api": {"engine", "eval", "store", "ollama"},
+    "vision": {"gguf", "quant", "arch"},  # mmproj files, image preprocessing, the vision tower
+    "api": {"engine", "eval", "store", "ollama", "vision"},
     "library": {"store", "ollama", "api"},
     "lm-eval plugin": {"api", "eval"},
     "serve": {"engine", "tok", "store", "library", "api"},

@@ -1,0 +1,139 @@
+"""The vision tower and projectors: one pure function over the weight pytree, batched.
+
+`encode(cfg, w, pixels)` maps (B, S, S, 3) normalised tiles to (B, tokens_per_image,
+n_text) embeddings, as clip.cpp's graphs compute them (models/siglip.cpp for gemma3 and
+idefics3, models/llava.cpp for mlp):
+
+- patch embedding: a stride-p convolution with bias, patches in row-major order; ggml's
+  CPU conv_2d (im2col then matmul) rounds the pixels and the kernel to f16 and sums in
+  f32; mlp appends the class embedding *after* the patches (ggml_concat along the
+  sequence) before adding the learned positions;
+- optional pre-LN; pre-LN blocks (LayerNorm, q/k/v with bias, softmax(q k^T / sqrt(d)),
+  output projection, residual; LayerNorm, up, GELU, down, residual) under `lax.scan`;
+  optional post-LN;
+- gemma3: k x k average pooling of the patch grid, RMS norm x soft_emb_norm, x @ proj;
+  idefics3: pixel shuffle (each k x k block of patches concatenated, x fastest within a
+  row of the block, then rows) and a bias-free linear; mlp: the rows after the first
+  (clip.cpp's `patches` are i + 1 when there is a class embedding), linear, GELU, linear.
+
+GELU is ggml's: `ggml_gelu` and `ggml_gelu_quick` look up f16(x) in f16 tables
+(GGML_GELU_FP16, GGML_GELU_QUICK_FP16), which `llamay.arch.ggml_ops` reproduces.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from llamay.arch import ggml_ops
+from llamay.vision.mmproj import VisionConfig
+
+F32 = jnp.float32
+
+
+@functools.cache
+def _gelu_quick_table() -> np.ndarray:
+    """ggml_table_gelu_quick_f16: f16(x · 1/(1 + expf(-1.702·x))) for every f16 x."""
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        e = np.exp((np.float32(-1.702) * x).astype(np.float32)).astype(np.float32)
+        y = (x * (np.float32(1.0) / (np.float32(1.0) + e)).astype(np.float32)).astype(np.float32)
+    return y.astype(np.float16).astype(np.float32)
+
+
+def gelu_quick(x: jax.Array) -> jax.Array:
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float16), jnp.uint16).astype(jnp.int32)
+    return jnp.take(jnp.asarray(_gelu_quick_table()), bits)
+
+
+def _act(name: str):
+    return ggml_ops.gelu if name == "gelu" else gelu_quick
+
+
+def _layer_norm(x, w, b, eps):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    y = x - mean
+    var = jnp.mean(y * y, axis=-1, keepdims=True)
+    return y * jax.lax.rsqrt(var + eps) * w + b
+
+
+def _linear(x, w, b=None):
+    y = jnp.einsum("...i,oi->...o", x, w, precision=jax.lax.Precision.HIGHEST)
+    return y if b is None else y + b
+
+
+def _block(cfg: VisionConfig, x, lw):
+    B, N, E = x.shape
+    H = cfg.n_head
+    D = E // H
+    h = _layer_norm(x, lw["ln1.weight"], lw["ln1.bias"], cfg.eps)
+    q = _linear(h, lw["attn_q.weight"], lw["attn_q.bias"]).reshape(B, N, H, D)
+    k = _linear(h, lw["attn_k.weight"], lw["attn_k.bias"]).reshape(B, N, H, D)
+    v = _linear(h, lw["attn_v.weight"], lw["attn_v.bias"]).reshape(B, N, H, D)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=jax.lax.Precision.HIGHEST) * jnp.asarray(
+        1.0 / np.sqrt(D), x.dtype
+    )
+    p = jax.nn.softmax(s, axis=-1)
+    a = jnp.einsum("bhqk,bkhd->bqhd", p, v, precision=jax.lax.Precision.HIGHEST).reshape(B, N, E)
+    x = x + _linear(a, lw["attn_out.weight"], lw["attn_out.bias"])
+    h = _layer_norm(x, lw["ln2.weight"], lw["ln2.bias"], cfg.eps)
+    h = _act(cfg.act)(_linear(h, lw["ffn_up.weight"], lw["ffn_up.bias"]))
+    return x + _linear(h, lw["ffn_down.weight"], lw["ffn_down.bias"])
+
+
+def encode(cfg: VisionConfig, w: dict, pixels: jax.Array) -> jax.Array:
+    """(B, S, S, 3) f32 normalised tiles -> (B, cfg.tokens_per_image, cfg.n_text) f32."""
+    B, S, _, _ = pixels.shape
+    p = cfg.patch_size
+    g = S // p
+    x = (
+        pixels.astype(F32)
+        .reshape(B, g, p, g, p, 3)
+        .transpose(0, 1, 3, 5, 2, 4)
+        .reshape(B, g * g, 3 * p * p)
+    )
+    # ggml_conv_2d runs as im2col + matmul in f16: pixels and kernel rounded to f16, f32 sums
+    f16 = jnp.float16
+    x = _linear(
+        x.astype(f16).astype(F32),
+        w["patch_w"].reshape(cfg.n_embd, 3 * p * p).astype(f16).astype(F32),
+        w["patch_b"],
+    )
+    if cfg.has_class:
+        cls = jnp.broadcast_to(w["class"], (B, 1, cfg.n_embd))
+        x = jnp.concatenate([x, cls], axis=1)
+    x = x + w["pos"][None]
+    if cfg.has_pre_ln:
+        x = _layer_norm(x, w["pre_ln_w"], w["pre_ln_b"], cfg.eps)
+    layers = {k[4:]: v for k, v in w.items() if k.startswith("blk.")}
+    if cfg.n_layer:
+        x, _ = jax.lax.scan(lambda c, lw: (_block(cfg, c, lw), None), x, layers)
+    if cfg.has_post_ln:
+        x = _layer_norm(x, w["post_ln_w"], w["post_ln_b"], cfg.eps)
+    E, k = cfg.n_embd, cfg.n_merge
+    if cfg.projector == "gemma3":
+        x = x.reshape(B, g // k, k, g // k, k, E).mean(axis=(2, 4)).reshape(B, (g // k) ** 2, E)
+        x = (
+            x
+            * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + cfg.eps)
+            * w["soft_emb_norm"]
+        )
+        return jnp.einsum("bte,eo->bto", x, w["proj"], precision=jax.lax.Precision.HIGHEST)
+    if cfg.projector == "idefics3":
+        x = (
+            x.reshape(B, g // k, k, g // k, k, E)
+            .transpose(0, 1, 3, 2, 4, 5)
+            .reshape(B, (g // k) ** 2, k * k * E)
+        )
+        return _linear(x, w["fc"])
+    x = x[:, 1 : 1 + g * g] if cfg.has_class else x
+    x = ggml_ops.gelu(_linear(x, w["mm0_w"], w["mm0_b"]))
+    return _linear(x, w["mm2_w"], w["mm2_b"])
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def encode_jit(cfg: VisionConfig, w: dict, pixels: jax.Array) -> jax.Array:
+    return encode(cfg, w, pixels)
