@@ -2,7 +2,8 @@
 
 Input items (messages, function calls and their outputs) become chat messages for the
 model's template; function tools are offered through it, and a forced tool choice is a
-JSON-schema constraint on the call. The server keeps no responses.
+JSON-schema constraint on the call. Responses are stored (unless `store: false`) for
+`previous_response_id`, retrieve and delete: `llamay.serve.stored_responses`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from llamay.serve.core import OpenModel, off_loop, primed, sse, sse_response
 from llamay.serve.errors import ApiError
 from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
+from llamay.serve.stored_responses import output_messages, previous, response_store
+from llamay.serve.stored_responses import router as stored_router
 
 router = APIRouter(tags=["OpenAI"])
+router.include_router(stored_router)  # GET and DELETE /v1/responses/{id}
 
 
 class ResponsesRequest(OpenModel):
@@ -101,13 +105,6 @@ def _responses_messages(body: ResponsesRequest) -> list[dict]:
 
 def _responses_tools(body: ResponsesRequest):
     """(tools for the template, forced functions or None)."""
-    if body.previous_response_id:
-        raise ApiError(
-            400,
-            "previous_response_id is not supported (the server keeps no "
-            "responses); send the conversation as input",
-            param="previous_response_id",
-        )
     fns = []
     for t in body.tools or []:
         if t.get("type") != "function" or not t.get("name"):
@@ -143,7 +140,14 @@ async def responses(body: ResponsesRequest, request: Request):
     lm = await st.models.get(body.model, lenient=True)
     tools, forced = _responses_tools(body)
     names = {t["function"]["name"] for t in tools or []}
-    ids = await off_loop(T.chat_ids, lm, _responses_messages(body), tools)
+    # The conversation: a previous response's turns (without its instructions, as OpenAI
+    # documents), then this input; this request's instructions lead.
+    messages = _responses_messages(body)
+    system, own = (messages[:1], messages[1:]) if body.instructions else ([], messages)
+    history = previous(st, body.previous_response_id) if body.previous_response_id else []
+    history += own
+    messages = system + history
+    ids = await off_loop(T.chat_ids, lm, messages, tools)
     fmt = (body.text or {}).get("format") or {}
     if forced is not None:
         ckw: dict[str, Any] = {"json_schema": T.call_schema(forced)}
@@ -211,20 +215,33 @@ async def responses(body: ResponsesRequest, request: Request):
             "tools": body.tools or [],
             "text": body.text or {"format": {"type": "text"}},
             "metadata": body.metadata or {},
+            "previous_response_id": body.previous_response_id,
+            "store": body.store is not False,
             "usage": None
             if status == "in_progress"
             else {
                 "input_tokens": g.prompt_tokens,
                 "output_tokens": g.completion_tokens,
                 "total_tokens": g.prompt_tokens + g.completion_tokens,
-                "input_tokens_details": {"cached_tokens": g.cached_tokens},
+                "input_tokens_details": {
+                    "cached_tokens": g.cached_tokens,
+                    # the rest was computed and entered the prefix cache
+                    "cache_write_tokens": g.prompt_tokens - g.cached_tokens,
+                },
                 "output_tokens_details": {"reasoning_tokens": 0},
             },
         }
 
+    def finished(status: str, items: list[dict]) -> dict:
+        """The final response object, stored (unless `store: false`) with its turn."""
+        out = response(status, items)
+        if body.store is not False:
+            response_store(st).put(out, history + output_messages(items))
+        return out
+
     if not body.stream:
         text = await g.collect(request)
-        return response("completed", output_items(text))
+        return finished("completed", output_items(text))
 
     seq = iter(range(1 << 30))
 
@@ -281,7 +298,7 @@ async def responses(body: ResponsesRequest, request: Request):
         item = {**item, "arguments": args, "status": "completed"}
         yield ev({"type": "response.output_item.done", "output_index": 0, "item": item})
         done = "response.incomplete" if g.finish_reason == "length" else "response.completed"
-        yield ev({"type": done, "response": response("completed", [item])})
+        yield ev({"type": done, "response": finished("completed", [item])})
 
     async def events():
         yield ev({"type": "response.created", "response": response("in_progress", [])})
@@ -295,7 +312,7 @@ async def responses(body: ResponsesRequest, request: Request):
             for i, item in enumerate(items):
                 yield ev({"type": "response.output_item.added", "output_index": i, "item": item})
                 yield ev({"type": "response.output_item.done", "output_index": i, "item": item})
-            yield ev({"type": "response.completed", "response": response("completed", items)})
+            yield ev({"type": "response.completed", "response": finished("completed", items)})
             return
         empty = {
             "type": "message",
@@ -349,6 +366,6 @@ async def responses(body: ResponsesRequest, request: Request):
         items = output_items(text)
         yield ev({"type": "response.output_item.done", "output_index": 0, "item": items[0]})
         done = "response.incomplete" if g.finish_reason == "length" else "response.completed"
-        yield ev({"type": done, "response": response("completed", items)})
+        yield ev({"type": done, "response": finished("completed", items)})
 
     return sse_response(await primed(events()), "openai")

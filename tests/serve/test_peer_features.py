@@ -261,3 +261,76 @@ def test_cached_tokens_from_the_prefix_cache(srv, tiny):
     b = client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
     assert a.usage.prompt_tokens_details.cached_tokens == 0
     assert 0 < b.usage.prompt_tokens_details.cached_tokens < b.usage.prompt_tokens
+
+
+def test_stored_responses_continue_retrieve_and_delete(srv, tiny):
+    """The Responses API's `store` (on by default), `previous_response_id` (the earlier
+    turns without their instructions), `responses.retrieve` and `responses.delete`; the
+    store is bounded in number and idle time."""
+    from openai.types.responses import Response
+
+    from llamay.serve.stored_responses import response_store
+
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", max_output_tokens=6, temperature=0)
+    q1, q2 = "Name three colours.", "And three more?"
+    r1 = client.responses.create(input=q1, instructions="Be brief.", **kw)
+    raw = httpx.get(f"{srv.url}/v1/responses/{r1.id}")
+    got = Response.model_validate_json(raw.text, strict=True)
+    assert got.id == r1.id and got.output_text == r1.output_text and got.store is True
+    assert client.responses.retrieve(r1.id).output_text == r1.output_text
+    # continuing: the earlier turn and its answer, not its instructions
+    r2 = client.responses.create(input=q2, previous_response_id=r1.id, **kw)
+    turns = [
+        {"role": "user", "content": q1},
+        {"role": "assistant", "content": r1.output_text},
+        {"role": "user", "content": q2},
+    ]
+    assert r2.output_text == tiny.generate(chat_prompt(tiny, turns), max_tokens=6, temperature=0)
+    assert r2.previous_response_id == r1.id
+    assert r2.usage.input_tokens == len(tiny.tokenize(chat_prompt(tiny, turns), parse_special=True))
+    # a chain of three, streamed, with this turn's own instructions
+    events = list(
+        client.responses.create(
+            input="Last one.", previous_response_id=r2.id, instructions="Answer.", stream=True, **kw
+        )
+    )
+    r3 = events[-1].response
+    chain = [
+        {"role": "system", "content": "Answer."},
+        *turns,
+        {"role": "assistant", "content": r2.output_text},
+        {"role": "user", "content": "Last one."},
+    ]
+    assert r3.output_text == tiny.generate(chat_prompt(tiny, chain), max_tokens=6, temperature=0)
+    assert client.responses.retrieve(r3.id).output_text == r3.output_text
+    # store: false keeps nothing
+    r4 = client.responses.create(input=q1, store=False, **kw)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r4.id)
+    # delete; then neither retrieve nor previous_response_id finds it
+    assert client.responses.delete(r1.id) is None
+    assert httpx.delete(f"{srv.url}/v1/responses/{r1.id}").status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r1.id)
+    with pytest.raises(openai.BadRequestError, match="previous_response_id|not found"):
+        client.responses.create(input=q2, previous_response_id=r1.id, **kw)
+    # bounded: the least recently used go beyond the cap, and all after the TTL unused
+    store = response_store(srv.state)
+    cap, ttl = store.max_items, store.ttl_s
+    try:
+        store.max_items = 2
+        ids = [client.responses.create(input=f"n{i}", **kw).id for i in range(3)]
+        assert len(store) == 2
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(ids[0])
+        assert client.responses.retrieve(ids[2]).id == ids[2]
+        store.ttl_s = 0.0
+        import time
+
+        time.sleep(0.01)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(ids[2])
+        assert len(store) == 0
+    finally:
+        store.max_items, store.ttl_s = cap, ttl
