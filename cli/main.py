@@ -17,6 +17,7 @@ import typer
 
 from llamay.errors import LlamayError
 from llamay_cli import eval_cmds, ocr, serve_cmds, store_cmds, warmup_cmds
+from llamay_cli.serve_cmds import lora_arg
 
 DEFAULT_MODEL = "smollm2:135m"
 
@@ -39,17 +40,6 @@ def _err(msg: str) -> None:
 def _fail(exc: LlamayError) -> typer.Exit:
     _err(f"error: {exc}")
     return typer.Exit(code=1)
-
-
-def lora_arg(spec: str) -> tuple[str, float]:
-    """--lora PATH or PATH:SCALE (scale 1 when absent, as llama.cpp's --lora)."""
-    path, sep, scale = spec.rpartition(":")
-    if sep:
-        try:
-            return path, float(scale)
-        except ValueError:
-            pass
-    return spec, 1.0
 
 
 @app.command()

@@ -12,6 +12,33 @@ import typer
 DEFAULT_PORT = 11435
 
 
+def lora_arg(spec: str) -> tuple[str, float]:
+    """--lora PATH or PATH:SCALE (scale 1 when absent, as llama.cpp's --lora)."""
+    path, sep, scale = spec.rpartition(":")
+    if sep:
+        try:
+            return path, float(scale)
+        except ValueError:
+            pass
+    return spec, 1.0
+
+
+def lora_list(
+    lora: list[str] | None, scaled: list[str] | None, without_apply: bool
+) -> list[tuple[str, float]]:
+    """The adapters of --lora (PATH or PATH:SCALE) and --lora-scaled (PATH:SCALE), each
+    repeatable or comma-separated as llama-server takes them, --lora first; every scale
+    0 with --lora-init-without-apply (POST /lora-adapters sets them later)."""
+    out = [lora_arg(p) for a in lora or () for p in a.split(",") if p]
+    for a in scaled or ():
+        for p in (p for p in a.split(",") if p):
+            path, scale = lora_arg(p)
+            if path == p:
+                raise typer.BadParameter(f"{p!r} is not PATH:SCALE", param_hint="--lora-scaled")
+            out.append((path, scale))
+    return [(p, 0.0) for p, _ in out] if without_apply else out
+
+
 def parse_models(specs: list[str]) -> dict[str, str]:
     """`-m` values → {name: path or store name}: `NAME=PATH`, a path (named by its file
     stem), or a store name (named as itself)."""
@@ -114,6 +141,32 @@ def register_serve(app: typer.Typer) -> None:
                 "restore with a filename); without it those actions are refused.",
             ),
         ] = None,
+        lora: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--lora",
+                help="A GGUF LoRA adapter for the (first) --model, PATH or PATH:SCALE "
+                "(repeatable or comma-separated; llama-server's --lora). Requests pick "
+                'adapters and scales with their "lora" field; GET/POST /lora-adapters list '
+                "them and set the defaults.",
+            ),
+        ] = None,
+        lora_scaled: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--lora-scaled",
+                help="GGUF LoRA adapters with their scales, PATH:SCALE[,PATH:SCALE...] "
+                "(llama-server's form; after the --lora ones).",
+            ),
+        ] = None,
+        lora_init_without_apply: Annotated[
+            bool,
+            typer.Option(
+                "--lora-init-without-apply",
+                help="Load the adapters at scale 0 (off until POST /lora-adapters or a "
+                'request\'s "lora" field turns them on).',
+            ),
+        ] = False,
         no_warmup: Annotated[
             bool,
             typer.Option(
@@ -146,6 +199,7 @@ def register_serve(app: typer.Typer) -> None:
                 use_store=not no_store,
                 mesh=mesh,
                 pooling=pooling,
+                lora=lora_list(lora, lora_scaled, lora_init_without_apply),
             )
         except LlamayError as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -128,6 +128,7 @@ class TextGen:
         self.start = start
         self.token_ids: list[int] = []
         self.logprobs: int | None = None  # None: no log-probabilities
+        self.lora: dict[int, float] | None = None  # per-request adapter scales (lora_adapters)
         self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self._logprobs_taken = 0
         self.text = ""
@@ -183,6 +184,7 @@ class TextGen:
             stop_ids=self.stop_ids,
             constraint=self.constraint,
             logprobs=self.logprobs,
+            lora=self.lora,
         )
         try:
             if self.start is not None:

@@ -31,6 +31,7 @@ from llamay.serve.core import (
     sse_response,
 )
 from llamay.serve.errors import ApiError
+from llamay.serve.lora_adapters import request_lora
 from llamay.serve.models import Loaded
 from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
@@ -215,6 +216,7 @@ async def complete(
         g = st.textgen(lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids)
         if body.n_probs:
             g.logprobs = post_probs.WIDTH if post else min(body.n_probs, 64)
+        g.lora = request_lora(lm, body.model_extra)
         gens.append(g)
     several = len(gens) > 1
 

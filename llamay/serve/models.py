@@ -53,6 +53,9 @@ class Known:
     digest: str = ""
     #: The store manifest's extra layers by media type (template, system, params) → blob.
     layers: dict[str, Path] = field(default_factory=dict)
+    #: LoRA adapters it loads with, [(path, scale)]: its ADAPTER layers (Ollama applies
+    #: them at scale 1), and `llamay serve --lora` for the default model.
+    adapters: tuple[tuple[Path, float], ...] = ()
 
     @property
     def created(self) -> int:
@@ -88,10 +91,10 @@ def _path_digest(path: Path) -> str:
     return "sha256:" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()
 
 
-def default_loader(path: Path, n_ctx: int | None, numerics: str):
+def default_loader(path: Path, n_ctx: int | None, numerics: str, lora=()):
     import llamay
 
-    model = llamay.load(path, n_ctx=n_ctx, numerics=numerics, progress=False)
+    model = llamay.load(path, n_ctx=n_ctx, numerics=numerics, progress=False, lora=lora)
     # A server outlives the tokenizer's per-text engines: build the full one while
     # loading rather than stall a request on it later (it holds the GIL for seconds).
     model.tokenizer.warm()
@@ -126,11 +129,14 @@ class Models:
         engine_factory: Callable[..., Any] | None = None,
         mesh: str | None = None,
         pooling: str | None = None,
+        lora: list[tuple[str | os.PathLike, float]] | None = None,
     ):
         """`mesh`: shard every model over devices, "dp=N,tp=M" (llamay.model.sharding's
         rules, as `llamay eval --mesh`); checked against the visible devices here.
         `pooling`: every model's embedding pooling (llama-server's --pooling), else each
-        GGUF's own."""
+        GGUF's own. `lora`: LoRA adapters [(path, scale)] the default model loads with
+        (llama-server's --lora; `/lora-adapters` lists them and sets their scales)."""
+        self.lora = tuple((Path(p), float(s)) for p, s in lora or ())
         self.pooling = pooling
         self.mesh = _make_mesh(mesh)
         self.configured = {k: Path(v) for k, v in (configured or {}).items()}
@@ -157,6 +163,9 @@ class Models:
         for name, path in self.configured.items():
             size, modified = _file_info(path)
             out[name] = Known(name, path, size, modified, _path_digest(path))
+        if self.lora and out:
+            first = next(iter(out.values()))
+            first.adapters = self.lora
         if self.use_store:
             from llamay.store import list_models
 
@@ -172,7 +181,10 @@ class Models:
                     p = e.layer_path(mt)
                     if p is not None:
                         layers[mt] = p
-                out.setdefault(e.name, Known(e.name, e.path, e.size, e.modified, e.digest, layers))
+                adapters = tuple((p, 1.0) for p in e.adapter_paths())
+                out.setdefault(
+                    e.name, Known(e.name, e.path, e.size, e.modified, e.digest, layers, adapters)
+                )
         return list(out.values())
 
     def find(self, name: str | None, lenient: bool = False) -> Known:
@@ -215,7 +227,7 @@ class Models:
             if lm is None:
                 t0 = time.perf_counter()
                 loop = asyncio.get_running_loop()
-                model = await loop.run_in_executor(None, self._load, known.path)
+                model = await loop.run_in_executor(None, self._load, known.path, known.adapters)
                 engine = self.engine_factory(model, self.parallel)
                 lm = Loaded(known, model, engine, load_seconds=time.perf_counter() - t0)
                 self.loaded[known.name] = lm
@@ -223,8 +235,9 @@ class Models:
             lm.last_get = time.time()
             return lm
 
-    def _load(self, path: Path):
-        model = self.loader(path, self.n_ctx, self.numerics)
+    def _load(self, path: Path, adapters=()):
+        lora = {"lora": list(adapters)} if adapters else {}  # custom loaders may take none
+        model = self.loader(path, self.n_ctx, self.numerics, **lora)
         if self.pooling is not None:
             model.pooling = self.pooling
         if self.mesh is not None:

@@ -36,6 +36,7 @@ from llamay.serve.core import (
 from llamay.serve.errors import ApiError, not_found
 from llamay.serve.fim import fim_ids
 from llamay.serve.logprobs import chat_logprobs, legacy_logprobs, prompt_logprobs
+from llamay.serve.lora_adapters import request_lora
 from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
 
@@ -308,6 +309,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         con = await st.constraint(lm, **ckw) if ckw else None
         g = st.textgen(lm, ids, max_tokens, _sampler(body, i), _stops(body.stop), con)
         g.logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        g.lora = request_lora(lm, body.model_extra)
         gens.append(g)
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -439,6 +441,7 @@ async def completions(body: CompletionRequest, request: Request):
             g = st.textgen(lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop), con)
             # best_of ranks candidates by their tokens' log-probabilities
             g.logprobs = lp if lp is not None or best_of == body.n else 0
+            g.lora = request_lora(lm, body.model_extra)
             gens.append(g)
     candidates = gens
     # echo with logprobs: the prompt's own tokens come first (OpenAI's legacy behaviour)

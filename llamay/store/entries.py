@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from llamay.errors import LlamayError
+from llamay.store import manifest as media
 from llamay.store.blobs import blob_path, manifests_dir, store_dir
 from llamay.store.catalog import known_names, suggest
 from llamay.store.manifest import Manifest
@@ -39,6 +40,16 @@ class ModelEntry:
             return None
         layer = self.manifest.layer(media_type)
         return None if layer is None else self.path.parent / f"sha256-{layer.hex}"
+
+    def adapter_paths(self) -> list[Path]:
+        """The blobs of its LoRA adapter layers (Modelfile `ADAPTER`), in manifest order."""
+        if self.manifest is None:
+            return []
+        return [
+            self.path.parent / f"sha256-{x.hex}"
+            for x in self.manifest.layers
+            if x.media_type == media.ADAPTER
+        ]
 
 
 def _parse_manifest(path: Path, ref: ModelRef, root: Path) -> ModelEntry:
