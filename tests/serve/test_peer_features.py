@@ -41,14 +41,35 @@ def fim_path(tiny_paths, tmp_path_factory):
     return copy_gguf(tiny_paths["tiny"], dst, metadata=meta, types=types)
 
 
+#: A ChatML template that renders `tools` itself (SmolLM2's has no place for them).
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
+    "Tools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n"
+    "{{ messages[0].content }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
-def srv(tiny_paths, fim_path, serve_home):
+def tools_path(tiny_paths, tmp_path_factory):
+    """The tiny llama with a chat template that renders tools."""
+    from llamay.gguf.writer import copy_gguf
+
+    dst = tmp_path_factory.mktemp("tools") / "tiny-tools.gguf"
+    return copy_gguf(tiny_paths["tiny"], dst, metadata={"tokenizer.chat_template": TOOLS_TEMPLATE})
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_paths, fim_path, tools_path, serve_home):
     from llamay.serve import create_app
     from llamay.serve.models import Models
 
-    models = Models(
-        {"tiny": tiny_paths["tiny"], "fim": fim_path}, use_store=False, default_keep_alive=-1
-    )
+    paths = {"tiny": tiny_paths["tiny"], "fim": fim_path, "tools": tools_path}
+    models = Models(paths, use_store=False, default_keep_alive=-1)
     with running(create_app(models, max_tokens_limit=256)) as s:
         yield s
 
@@ -334,3 +355,70 @@ def test_stored_responses_continue_retrieve_and_delete(srv, tiny):
         assert len(store) == 0
     finally:
         store.max_items, store.ttl_s = cap, ttl
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather of a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+def test_anthropic_count_tokens_counts_tools_system_and_thinking(srv, tools_path, tiny):
+    """count_tokens counts the prompt the template renders: the system prompt and the
+    tools (here a template that renders them; the oracle renders it directly), the same
+    count messages.create reports; earlier turns' thinking blocks stay out of the prompt,
+    as Anthropic strips them."""
+    import anthropic
+    from anthropic.types import MessageTokensCount
+
+    import llamay
+
+    model = llamay.load(tools_path)
+    client = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    kw = dict(model="tools", messages=msgs, system="Be brief.", tools=[WEATHER])
+    raw = httpx.post(f"{srv.url}/v1/messages/count_tokens", json=kw)
+    n = MessageTokensCount.model_validate_json(raw.text, strict=True).input_tokens
+    fn = {
+        "name": WEATHER["name"],
+        "description": WEATHER["description"],
+        "parameters": WEATHER["input_schema"],
+    }
+    text = model.tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, *msgs],
+        tools=[{"type": "function", "function": fn}],
+        add_generation_prompt=True,
+    )
+    assert "get_weather" in text
+    assert n == len(model.tokenize(text, parse_special=True))
+    created = client.messages.create(max_tokens=1, **kw)
+    assert created.usage.input_tokens == n
+    without = client.messages.count_tokens(model="tools", messages=msgs, system="Be brief.")
+    assert without.input_tokens < n
+    # SmolLM2's template has no tools: they are described in the system prompt, counted
+    tiny_kw = {**kw, "model": "tiny"}
+    n_tiny = client.messages.count_tokens(**tiny_kw).input_tokens
+    bare = client.messages.count_tokens(model="tiny", messages=msgs, system="Be brief.")
+    assert n_tiny > bare.input_tokens + len(tiny.tokenize(json.dumps(WEATHER["input_schema"])))
+    assert client.messages.create(max_tokens=1, **tiny_kw).usage.input_tokens == n_tiny
+    # thinking blocks in the history: accepted, and not part of the prompt
+    history = [
+        *msgs,
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Call the tool? " * 20, "signature": "s"},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "Sunny."},
+            ],
+        },
+        {"role": "user", "content": "Thanks."},
+    ]
+    plain = [*history[:1], {"role": "assistant", "content": "Sunny."}, history[2]]
+    with_thinking = client.messages.count_tokens(model="tiny", messages=history).input_tokens
+    assert with_thinking == client.messages.count_tokens(model="tiny", messages=plain).input_tokens
