@@ -47,6 +47,13 @@ class Request:
     # others off (llama-server's per-request `lora`), or one scale per adapter; None: the
     # engine's global scales (`BatchEngine.set_lora_scales`)
     lora: Any = None
+    # Speculative decoding (BatchEngine with `speculative=`): the most draft tokens per
+    # step (0: none for this request), the fewest worth verifying, and the draft model's
+    # confidence floor (llama.cpp's --draft-max/--draft-min/--draft-p-min); None: the
+    # engine's
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_p_min: float | None = None
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
 
@@ -63,6 +70,8 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    draft_n: int = 0  # speculative decoding: draft tokens proposed, and accepted
+    draft_n_accepted: int = 0
 
 
 _DONE = object()

@@ -43,6 +43,7 @@ from llamay.engine.generate import check_prompt
 from llamay.engine.paged_steps import set_rows
 from llamay.engine.persist import Persistence, model_digest
 from llamay.engine.planning import MIN_VIEW, Active, Plan, Planner, RequestFailed
+from llamay.engine.speculative import Speculating, Speculation
 from llamay.engine.worker import GATHER_MAX_S, StepWorker
 from llamay.errors import LlamayError, RequestError
 from llamay.kv import bucket
@@ -59,7 +60,7 @@ __all__ = ["GATHER_MAX_S", "MIN_VIEW", "BatchEngine", "Plan", "model_digest"]
 LOGPROB_WIDTH, LOGPROB_WIDTH_MAX = 20, 64
 
 
-class BatchEngine(StepWorker, Planner, Persistence):
+class BatchEngine(StepWorker, Planner, Persistence, Speculating):
     """The continuous-batching scheduler (see the module docstring)."""
 
     def __init__(
@@ -73,6 +74,7 @@ class BatchEngine(StepWorker, Planner, Persistence):
         max_pages: int | None = None,
         local_pages: int | None = None,
         gather_s: float = 0.0,
+        speculative: Speculation | None = None,
     ):
         """`n_pages` pages in the pool (default: `slots` sequences of up to 1024
         tokens); with `max_pages` above it the pool grows on demand up to that, so a
@@ -83,7 +85,9 @@ class BatchEngine(StepWorker, Planner, Persistence):
         by a request waits for more while they keep arriving within `gather_s` of each
         other (at most `GATHER_MAX_S`), so a burst reaching it one by one (a server's
         clients) starts as one batch: one prefill step and one row count, not a step
-        per straggler, each a program of its own to compile (5-7 s each on a CPU)."""
+        per straggler, each a program of its own to compile (5-7 s each on a CPU).
+        `speculative`: draft and verify several tokens per decode step
+        (`llamay.engine.speculative`)."""
         self.model = model
         cfg = model.config
         self.cfg, self.weights = cfg, model.weights
@@ -122,6 +126,7 @@ class BatchEngine(StepWorker, Planner, Persistence):
         self.waiting: deque[Active] = deque()
         self.kept: dict[str, Active] = {}
         self.counters = {"computed_tokens": 0, "cache_hit_tokens": 0, "steps": 0, "served": 0}
+        self._spec_init(speculative)
         self._vocab = getattr(cfg, "vocab", None)
         self._params: SamplingParams | None = None
         self._state: SamplerState | None = None

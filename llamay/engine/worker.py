@@ -89,6 +89,8 @@ class StepWorker:
         busy = [i for i, a in enumerate(self.slots) if a is not None]
         decode = [i for i in busy if len(self.slots[i].seq.pending) == 1]
         prefill = [i for i in busy if len(self.slots[i].seq.pending) > 1]
+        if decode and self.spec is not None and self._speculate(decode, prefill):
+            return  # a verify step over the drafts (`llamay.engine.speculative`)
         plans = [self._plan(g) for g in (decode, prefill) if g]
         outs = [self._dispatch(p) for p in plans]
         if len(plans) == 2 or not decode:
@@ -112,6 +114,7 @@ class StepWorker:
     def _steady(self, plan: Plan) -> bool:
         return (
             plan.tokens.shape[1] == 1
+            and self.spec is None  # speculation drafts anew each step
             and not self._inbox.qsize()
             and not self.waiting
             and all(
