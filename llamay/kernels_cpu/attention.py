@@ -3,13 +3,15 @@
 Reference: `llamay.kernels_pallas.paged_attention.paged_attention_reference` (gather each
 row's pages into a dense view, then `attention_reference`), which the XLA path runs: it
 copies every layer's pages into that dense view each step. The kernel
-(`src/paged_attention.cc`) walks the page table instead: per row, kv head and block of
-query tokens (one token decoding; a prefill or verify chunk in blocks), the scores of
-the visible keys (causal, sliding window, softcap as the reference), the softmax, the
-weighted values. Exact numerics, f32 or f16 pools, any query length; equal to the
-reference within f32 summation order (1e-5 relative). Queries whose output is unused
-differ: one that sees no key, or at a position outside the table (padding), gives 0
-(the reference: NaN, or attention over the padded table).
+(`src/paged_attention.cc`) walks the page table instead: per row, block of query
+tokens (one token decoding; a prefill or verify chunk in blocks) and page-aligned chunk
+of the visible keys (so one row's decode step spreads over the threads), the scores of
+every kv head's rows (causal, sliding window, softcap as the reference), the chunk's
+softmax state, the weighted values; the chunks merged as flash-decoding does. Exact
+numerics, f32 or f16 pools, any query length; equal to the reference up to the f32
+summation order (1e-5 relative). Queries whose output is unused differ: one that sees
+no key, or at a position outside the table (padding), gives 0 (the reference: NaN, or
+attention over the padded table).
 
 Not handled here (None: the dispatcher's reference): numerics "llamacpp", non-causal
 attention, pools of other dtypes (quantised KV types), other shapes.

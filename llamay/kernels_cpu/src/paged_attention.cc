@@ -9,19 +9,28 @@
 // m: the page holding positions m*ps .. m*ps+ps-1); q_pos s32 [B, T]; the window (s32
 // scalar, <= 0: global). Attributes: scale, softcap (0: none). Result f32 [B, T, H, D].
 //
-// Per (row, kv head, block of query tokens): the scores of the block's G*T query heads
-// over the keys the block can see (key j visible from position i iff j <= i and, with a
-// window w > 0, i - j < w), scaled then softcapped, as the reference; then per query the
-// softmax as jax.nn.softmax (exp(s - max), divided by the sum) and the probabilities
-// times V. Only the summation order differs from the reference (and the two cases
-// whose outputs are unused: a query that sees no key gives 0, where the reference gives
-// NaN, and a query at a position outside [0, M*ps) -- padding -- gives 0).
+// Tasks: a block of query tokens of one row (a decode step: its one token; a prefill or
+// verify chunk: blocks of at most QUERY_HEADS_PER_BLOCK query heads) times a page-aligned
+// chunk of the keys the block can see (key j visible from position i iff j <= i and,
+// with a window w > 0, i - j < w), so that one row decoding still spreads over XLA's
+// threads (parallel.h). A task reads its pages' rows in memory order, every kv head
+// (GQA: the G query heads of a kv head share its rows), computes the scores (scaled,
+// then softcapped, as the reference), and keeps per query head the chunk's max m, the
+// sum l of exp(score - m) and the sum of exp(score - m) * value; the chunks of a block
+// are then merged (flash-decoding's split-K). Only the order of the f32 roundings
+// differs from the reference (1e-5 relative), and the two cases whose outputs are
+// unused: a query that sees no key gives 0, where the reference gives NaN, and a query
+// at a position outside [0, M*ps) -- padding -- gives 0.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "blocks.h"
 #include "parallel.h"
@@ -33,8 +42,41 @@ namespace llamay {
 namespace {
 
 constexpr int64_t LANES = 16;
-constexpr int64_t QUERY_HEADS_PER_BLOCK = 32;  // query heads (tokens x group) per task
+constexpr int64_t QUERY_HEADS_PER_BLOCK = 64;  // query heads (tokens x heads) per block
 
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+inline float dot(const float* a, const float* b, int64_t d) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= d; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i + 16 <= d; i += 16)
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  for (; i < d; ++i) s += a[i] * b[i];
+  return s;
+}
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(LLAMAY_SCALAR)
+inline float dot(const float* a, const float* b, int64_t d) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= d; i += 8)
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  __m256 v = _mm256_add_ps(acc0, acc1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  float s = _mm_cvtss_f32(h);
+  for (; i < d; ++i) s += a[i] * b[i];
+  return s;
+}
+#else
 inline float dot(const float* a, const float* b, int64_t d) {
   float acc[LANES] = {0};
   int64_t i = 0;
@@ -42,16 +84,23 @@ inline float dot(const float* a, const float* b, int64_t d) {
     for (int64_t l = 0; l < LANES; ++l) acc[l] += a[i + l] * b[i + l];
   float s = 0.0f;
   for (; i < d; ++i) s += a[i] * b[i];
-  for (int64_t l = 0; l < LANES; ++l) s += acc[l];
-  return s;
+  for (int64_t w = LANES / 2; w >= 1; w /= 2)
+    for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return s + acc[0];
 }
+#endif
 
 // One key or value row of the pool as f32: the row itself (f32 pool) or converted into
 // `buf` (f16 pool).
 inline const float* row_f32(const uint8_t* base, bool f16, int64_t index, int64_t d, float* buf) {
   if (!f16) return reinterpret_cast<const float*>(base) + index * d;
   const uint16_t* h = reinterpret_cast<const uint16_t*>(base) + index * d;
-  for (int64_t i = 0; i < d; ++i) buf[i] = f16_to_f32(h[i]);
+  int64_t i = 0;
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  for (; i + 16 <= d; i += 16)
+    _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+#endif
+  for (; i < d; ++i) buf[i] = f16_to_f32(h[i]);
   return buf;
 }
 
@@ -68,10 +117,14 @@ struct Problem {
   float scale, softcap;
 };
 
-// The queries of row b, kv head kh, tokens t0..t1-1.
-void block(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1) {
-  const int64_t D = p.D, G = p.G, S = p.M * p.ps;
-  const int64_t nq = (t1 - t0) * G;
+// A block of query tokens t0..t1-1 of row b: the keys any of them sees, j0..hi (hi < 0:
+// none), split into `n_chunks` page-aligned chunks, one task each.
+struct Block {
+  int64_t b, t0, t1, j0, hi;
+};
+
+Block block_of(const Problem& p, int64_t b, int64_t t0, int64_t t1) {
+  const int64_t S = p.M * p.ps;
   int64_t lo = S, hi = -1;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t i = p.qpos[b * p.T + t];
@@ -79,68 +132,110 @@ void block(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1) {
     lo = std::min(lo, i);
     hi = std::max(hi, i);
   }
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t g = 0; g < G; ++g)
-      std::memset(p.out + ((b * p.T + t) * p.H + kh * G + g) * D, 0, D * sizeof(float));
-  if (hi < 0) return;
-  const int64_t j0 = p.window > 0 ? std::max<int64_t>(lo - p.window + 1, 0) : 0;
-  const int64_t n = hi - j0 + 1;  // keys j0..hi
+  const int64_t j0 = hi < 0 ? 0 : p.window > 0 ? std::max<int64_t>(lo - p.window + 1, 0) : 0;
+  return Block{b, t0, t1, j0, hi};
+}
+
+// Keys k0..k1 of a block (every kv head: the pool's rows are read in memory order):
+// per query head r of the block, the running max m[r] of its visible scores, l[r] the
+// sum of exp(score - m[r]) and acc[r] [D] the sum of exp(score - m[r]) * value.
+void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m, float* l,
+           float* acc) {
+  const int64_t D = p.D, G = p.G, H = p.H, S = p.M * p.ps;
+  const int64_t nt = blk.t1 - blk.t0, nq = nt * H, n = k1 - k0 + 1;
   const float NEG = -std::numeric_limits<float>::infinity();
-  std::vector<float> scores(nq * n, NEG), acc(nq * D, 0.0f), buf(D);
-  std::vector<const float*> qs(nq);
-  std::vector<int64_t> pos(nq);
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t r = (t - t0) * G + g;
-      qs[r] = p.q + ((b * p.T + t) * p.H + kh * G + g) * D;
-      pos[r] = p.qpos[b * p.T + t];
+  std::fill(m, m + nq, NEG);
+  std::fill(l, l + nq, 0.0f);
+  std::fill(acc, acc + nq * D, 0.0f);
+  if (n <= 0) return;
+  std::vector<float> scores(nq * n, NEG), kbuf(D), vbuf(D);
+  std::vector<int64_t> pos(nt);
+  for (int64_t t = 0; t < nt; ++t) pos[t] = p.qpos[blk.b * p.T + blk.t0 + t];
+  const float* q = p.q + (blk.b * p.T + blk.t0) * H * D;  // [nt, H, D]: query head r at r*D
+  const int32_t* table = p.table + blk.b * p.M;
+  // f(j, row): every key k0..k1 and its first row (kv head 0) in the pool, page by page
+  auto walk = [&](auto&& f) {
+    for (int64_t pg = k0 / p.ps; pg <= k1 / p.ps; ++pg) {
+      int64_t page = table[pg];
+      page = std::min<int64_t>(std::max<int64_t>(page, 0), p.P - 1);  // as a jnp gather clamps
+      const int64_t first = std::max(k0, pg * p.ps), last = std::min(k1, pg * p.ps + p.ps - 1);
+      for (int64_t j = first; j <= last; ++j) f(j, (page * p.ps + j - pg * p.ps) * p.K);
     }
-  const int32_t* table = p.table + b * p.M;
-  auto slot_of = [&](int64_t j) {
-    int64_t page = table[j / p.ps];
-    page = std::min<int64_t>(std::max<int64_t>(page, 0), p.P - 1);  // as a jnp gather clamps
-    return (page * p.ps + j % p.ps) * p.K + kh;
   };
-  auto visible = [&](int64_t r, int64_t j) {
-    const int64_t i = pos[r];
+  auto sees = [&](int64_t t, int64_t j) {
+    const int64_t i = pos[t];
     return i >= 0 && i < S && j <= i && (p.window <= 0 || i - j < p.window);
   };
-  for (int64_t j = j0; j <= hi; ++j) {
-    const float* kr = row_f32(p.k, p.f16, slot_of(j), D, buf.data());
-    for (int64_t r = 0; r < nq; ++r) {
-      if (!visible(r, j)) continue;
-      float s = dot(qs[r], kr, D) * p.scale;
-      if (p.softcap != 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-      scores[r * n + (j - j0)] = s;
+  walk([&](int64_t j, int64_t row) {
+    for (int64_t kh = 0; kh < p.K; ++kh) {
+      const float* kr = nullptr;
+      for (int64_t t = 0; t < nt; ++t) {
+        if (!sees(t, j)) continue;
+        if (!kr) kr = row_f32(p.k, p.f16, row + kh, D, kbuf.data());
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = t * H + kh * G + g;
+          float sc = dot(q + r * D, kr, D) * p.scale;
+          if (p.softcap != 0.0f) sc = p.softcap * std::tanh(sc / p.softcap);
+          scores[r * n + (j - k0)] = sc;
+        }
+      }
     }
-  }
-  for (int64_t r = 0; r < nq; ++r) {  // the softmax, as jax.nn.softmax
-    float* s = scores.data() + r * n;
+  });
+  for (int64_t r = 0; r < nq; ++r) {
+    float* sr = scores.data() + r * n;
     float mx = NEG;
-    for (int64_t c = 0; c < n; ++c) mx = std::max(mx, s[c]);
-    if (mx == NEG) continue;  // sees no key (padding): 0
+    for (int64_t c = 0; c < n; ++c) mx = std::max(mx, sr[c]);
+    m[r] = mx;
+    if (mx == NEG) continue;
     float sum = 0.0f;
     for (int64_t c = 0; c < n; ++c) {
-      s[c] = s[c] == NEG ? 0.0f : std::exp(s[c] - mx);
-      sum += s[c];
+      sr[c] = sr[c] == NEG ? 0.0f : std::exp(sr[c] - mx);
+      sum += sr[c];
     }
-    for (int64_t c = 0; c < n; ++c) s[c] = s[c] / sum;
+    l[r] = sum;
   }
-  for (int64_t j = j0; j <= hi; ++j) {
-    const float* vr = nullptr;
-    for (int64_t r = 0; r < nq; ++r) {
-      const float w = scores[r * n + (j - j0)];
-      if (w == 0.0f || w == NEG) continue;
-      if (!vr) vr = row_f32(p.v, p.f16, slot_of(j), D, buf.data());
-      float* a = acc.data() + r * D;
-      for (int64_t d = 0; d < D; ++d) a[d] += w * vr[d];
+  walk([&](int64_t j, int64_t row) {
+    for (int64_t kh = 0; kh < p.K; ++kh) {
+      const float* vr = nullptr;
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = t * H + kh * G + g;
+          if (m[r] == NEG) continue;
+          const float w = scores[r * n + (j - k0)];
+          if (w == 0.0f) continue;
+          if (!vr) vr = row_f32(p.v, p.f16, row + kh, D, vbuf.data());
+          float* __restrict a = acc + r * D;
+          for (int64_t d = 0; d < D; ++d) a[d] += w * vr[d];
+        }
     }
-  }
+  });
+}
+
+// The output of a block from its chunks' states (m, l, acc of chunk c at c*nq, c*nq*D):
+// sum over chunks of exp(m_c - M) * acc_c over the same of l_c; 0 where no key is seen.
+void merge(const Problem& p, const Block& blk, int64_t n_chunks, const float* m, const float* l,
+           const float* acc) {
+  const int64_t D = p.D, H = p.H, nq = (blk.t1 - blk.t0) * H;
+  const float NEG = -std::numeric_limits<float>::infinity();
+  float* out = p.out + (blk.b * p.T + blk.t0) * H * D;
+  std::vector<float> o(D);
   for (int64_t r = 0; r < nq; ++r) {
-    const int64_t t = t0 + r / G, g = r % G;
-    if (pos[r] < 0 || pos[r] >= S) continue;
-    std::memcpy(p.out + ((b * p.T + t) * p.H + kh * G + g) * D, acc.data() + r * D,
-                D * sizeof(float));
+    float mx = NEG;
+    for (int64_t c = 0; c < n_chunks; ++c) mx = std::max(mx, m[c * nq + r]);
+    if (mx == NEG) {
+      std::memset(out + r * D, 0, D * sizeof(float));
+      continue;
+    }
+    float sum = 0.0f;
+    std::fill(o.begin(), o.end(), 0.0f);
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      if (m[c * nq + r] == NEG) continue;
+      const float f = std::exp(m[c * nq + r] - mx);
+      sum += f * l[c * nq + r];
+      const float* a = acc + (c * nq + r) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] += f * a[d];
+    }
+    for (int64_t d = 0; d < D; ++d) out[r * D + d] = o[d] / sum;
   }
 }
 
@@ -186,11 +281,37 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::An
   p.scale = scale;
   p.softcap = softcap;
   if (p.B * p.T * p.H * p.D == 0) return ffi::Error::Success();
-  const int64_t tb = std::max<int64_t>(1, QUERY_HEADS_PER_BLOCK / p.G);  // tokens per task
-  const int64_t nb = (p.T + tb - 1) / tb;
-  parallel_for(pool, p.B * p.K * nb, [&](int64_t task) {
-    const int64_t b = task / (p.K * nb), kh = task / nb % p.K, t0 = task % nb * tb;
-    block(p, b, kh, t0, std::min(p.T, t0 + tb));
+  // Tasks: blocks of query tokens (at most QUERY_HEADS_PER_BLOCK query heads) of each row,
+  // each block's keys split into chunks so that there are about 2 tasks per thread
+  // (one row decoding still spreads over the threads).
+  const int64_t tb = std::max<int64_t>(1, QUERY_HEADS_PER_BLOCK / p.H);
+  const int64_t nb = (p.T + tb - 1) / tb, n_blocks = p.B * nb;
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t n_chunks = std::max<int64_t>(1, (2 * threads + n_blocks - 1) / n_blocks);
+  std::vector<Block> blocks(n_blocks);
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const int64_t b = i / nb, t0 = i % nb * tb;
+    blocks[i] = block_of(p, b, t0, std::min(p.T, t0 + tb));
+  }
+  const int64_t nq = tb * p.H;  // per block, at most
+  std::vector<float> ms(n_blocks * n_chunks * nq), ls(ms.size()), accs(ms.size() * p.D);
+  parallel_for(pool, n_blocks * n_chunks, [&](int64_t task) {
+    const Block& blk = blocks[task / n_chunks];
+    const int64_t c = task % n_chunks, nqb = (blk.t1 - blk.t0) * p.H;
+    float* m = ms.data() + (task / n_chunks * n_chunks) * nq + c * nqb;
+    float* l = ls.data() + (m - ms.data());
+    float* acc = accs.data() + (m - ms.data()) * p.D;
+    // page-aligned chunk c of keys j0..hi
+    const int64_t pg0 = blk.j0 / p.ps, pages = blk.hi < 0 ? 0 : blk.hi / p.ps - pg0 + 1;
+    const int64_t per = (pages + n_chunks - 1) / n_chunks;
+    const int64_t k0 = std::max(blk.j0, (pg0 + c * per) * p.ps);
+    const int64_t k1 = std::min(blk.hi, (pg0 + (c + 1) * per) * p.ps - 1);
+    chunk(p, blk, k0, k1, m, l, acc);
+  });
+  parallel_for(pool, n_blocks, [&](int64_t i) {
+    const Block& blk = blocks[i];
+    const int64_t off = i * n_chunks * nq;
+    merge(p, blk, n_chunks, ms.data() + off, ls.data() + off, accs.data() + off * p.D);
   });
   return ffi::Error::Success();
 }
