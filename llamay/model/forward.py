@@ -15,7 +15,7 @@ import numpy as np
 
 from llamay.arch import architecture_of
 from llamay.arch.decoder import local_layers
-from llamay.arch.paged import PagedLayer, SplitPagedLayer
+from llamay.arch.paged import DenseLayer, PagedLayer, SplitPagedLayer
 from llamay.quant.matrix import scan_split
 
 
@@ -37,8 +37,13 @@ def forward(
     page_table=None,
     local_table=None,
     local_base=None,
+    embeds=None,
 ):
     """Run all blocks over tokens [B, T] at positions [B, T].
+
+    `embeds`, a pair (values [B, T, E], mask [B, T] bool), puts input embeddings (an
+    image's, from `llamay.vision`) where the mask is set, in place of those tokens' own
+    (unscaled: llama.cpp applies a family's embedding scale to token batches only).
 
     `kv` is a `DenseKV`, or a `PagedKV` pool read and written through `page_table`
     [B, M] (each block sees it as a `llamay.arch.paged.PagedLayer` of its layer); a
@@ -49,6 +54,9 @@ def forward(
     """
     arch = architecture_of(cfg)
     x = arch.embed(cfg, weights, tokens, positions)
+    if embeds is not None:
+        values, mask = embeds
+        x = jnp.where(mask[..., None], values.astype(x.dtype), x)
     scanned, rebuild = _split_layers(weights["layers"])
 
     def layer_weights(lw_scanned):
@@ -71,21 +79,15 @@ def forward(
         (x, k, v), hs = jax.lax.scan(paged_body, (x, kv.k, kv.v), (scanned, layer_ids))
         return x, dataclasses.replace(kv, k=k, v=v), hs
 
-    # The dense cache rides in the carry too: scanned as xs/ys, every step copied the
-    # whole cache out and back (measured: SmolLM2 decode 1.6x faster at batch 1, 1.9x
-    # at batch 8). Each layer writes back only this step's rows; the block's updated
-    # layer view is what its attention read.
-    rows = jnp.arange(tokens.shape[0])[:, None]
-
+    # The dense cache rides in the carry too (scanned as xs/ys, every step copied the
+    # whole cache out and back: SmolLM2 decode 1.6x slower at batch 1), written and read
+    # in place through a `DenseLayer` view of the stack.
     def dense_body(carry, xs):
         x, kc, vc = carry
         lw_scanned, layer = xs
-        k, v = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False) for c in (kc, vc))
+        k, v = DenseLayer(kc, layer), DenseLayer(vc, layer)
         x, k, v = arch.block(cfg, layer_weights(lw_scanned), x, positions, k, v, layer)
-        # positions past the cache (padding) are dropped, as `write_kv` drops them
-        kc = kc.at[layer, rows, positions].set(k[rows, positions], mode="drop")
-        vc = vc.at[layer, rows, positions].set(v[rows, positions], mode="drop")
-        return (x, kc, vc), x if hidden else None
+        return (x, k.stack, v.stack), x if hidden else None
 
     (x, k, v), hs = jax.lax.scan(dense_body, (x, kv.k, kv.v), (scanned, layer_ids))
     return x, dataclasses.replace(kv, k=k, v=v), hs
@@ -112,8 +114,9 @@ def _split_paged(cfg, arch, kv, x, positions, scanned, layer_weights, hidden, ta
 
 
 @partial(jax.jit, static_argnames=("cfg", "hidden"), donate_argnames=("kv",))
-def logits_step(cfg, weights, kv, tokens, positions, hidden: bool = False):
-    """Logits at every position [B, T, V] (and per-layer hidden states if asked)."""
+def logits_step(cfg, weights, kv, tokens, positions, hidden: bool = False, embeds=None):
+    """Logits at every position [B, T, V] (and per-layer hidden states if asked);
+    `embeds` as `forward` takes them."""
     arch = architecture_of(cfg)
-    x, kv, hs = forward(cfg, weights, kv, tokens, positions, hidden=hidden)
+    x, kv, hs = forward(cfg, weights, kv, tokens, positions, hidden=hidden, embeds=embeds)
     return arch.head(cfg, weights, x), hs, kv
