@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -90,9 +91,23 @@ class Handle:
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self.usage = Usage(prompt_tokens=len(request.prompt_ids))
-        self.slot: int | None = None  # the engine slot it ran in (BatchEngine)
+        # when it was submitted, and when an engine slot took it (the queue wait between)
+        self.t_submitted = time.perf_counter()
+        self.t_admitted: float | None = None
+        self._slot: int | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled = threading.Event()
+
+    @property
+    def slot(self) -> int | None:
+        """The engine slot it ran in (BatchEngine); setting it marks the admission."""
+        return self._slot
+
+    @slot.setter
+    def slot(self, value: int | None) -> None:
+        if value is not None and self.t_admitted is None:
+            self.t_admitted = time.perf_counter()
+        self._slot = value
 
     # -- producer side (the engine) -------------------------------------------------
 

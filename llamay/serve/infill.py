@@ -12,7 +12,8 @@ where `extra` is the repo-level pattern when the model has FIM_REP and FIM_SEP
 `input_extra` chunk after llama.cpp's "--- snippet ---" separator. The prefix keeps its
 last 3/4 of a batch (n_batch 2048, llama-server's default) of tokens, the suffix its first
 batch/4 - 2 - len(prompt), the extra chunks the room the context has left
-(n_ctx - n_batch - 2 * n_predict), their last tokens. A model without the three FIM
+(n_ctx - n_batch - 2 * n_predict, with the server's n_predict, -1: llama-server's
+default), their last tokens. A model without the three FIM
 tokens gets llama-server's 501 "Infill is not supported by this model".
 """
 
@@ -32,6 +33,8 @@ router = APIRouter(tags=["llama.cpp"])
 
 #: llama-server's default --batch-size, which bounds the prefix and suffix kept.
 N_BATCH = 2048
+#: llama-server's default -n (the server's, not the request's, sizes the extra context).
+SERVER_N_PREDICT = -1
 #: llama.cpp's chunk separator when the model has no FIM_SEP token.
 SNIPPET = "\n\n--- snippet ---\n\n"
 
@@ -65,7 +68,7 @@ def infill_prompt(
     suffix: str | list,
     extra: list[dict[str, Any]],
     prompt: str,
-    n_predict: int,
+    n_predict: int = SERVER_N_PREDICT,
     n_batch: int = N_BATCH,
 ) -> list[int]:
     """The token ids of an infill request (llama.cpp's format_prompt_infill, not SPM)."""
@@ -143,6 +146,5 @@ async def infill(body: InfillRequest, request: Request):
         body.input_suffix,
         extra,
         body.prompt,
-        body.n_predict,
     )
     return await complete(st, lm, body, [ids], request)

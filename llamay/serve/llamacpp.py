@@ -15,7 +15,7 @@ from pydantic import Field
 
 from llamay import __version__
 from llamay.errors import RequestError
-from llamay.serve import post_probs, readiness
+from llamay.serve import kept, post_probs, readiness, slots
 from llamay.serve import tools as T
 from llamay.serve.context import live_contexts
 from llamay.serve.core import (
@@ -213,7 +213,11 @@ async def complete(
     gens = []
     for ids in prompts:
         con = await st.constraint(lm, json_schema=body.json_schema, grammar=body.grammar)
-        g = st.textgen(lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids)
+        start = slots.restored_for(st, lm, ids)  # a restored slot's K/V, when they fit
+        g = st.textgen(
+            lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids, start=start
+        )
+        g.keeps = start is not None  # its K/V are kept (a fork): released when it ends
         if body.n_probs:
             g.logprobs = post_probs.WIDTH if post else min(body.n_probs, 64)
         g.lora = request_lora(lm, body.model_extra)
@@ -248,8 +252,17 @@ async def complete(
         }
         return out
 
+    async def release() -> None:  # the forks of restored slots keep K/V: let them go
+        for g in gens:
+            if g.keeps and g.handle is not None:
+                await kept.discard(lm.engine, g.handle)
+                g.keeps = False
+
     if not body.stream:
-        texts = await asyncio.gather(*(g.collect(request) for g in gens))
+        try:
+            texts = await asyncio.gather(*(g.collect(request) for g in gens))
+        finally:
+            await release()
         outs = []
         for i, (g, text) in enumerate(zip(gens, texts, strict=True)):
             out = final(i, text, list(g.token_ids) if body.return_tokens else [])
@@ -267,6 +280,13 @@ async def complete(
         return list(out)
 
     async def events():
+        try:
+            async for item in _events():
+                yield item
+        finally:
+            await release()
+
+    async def _events():
         async for i, delta in merged(gens):
             g = gens[i]
             if delta is None:
@@ -408,7 +428,8 @@ async def metrics(request: Request):
     for name, kind, doc, value in rows:
         lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name} {float(value):g}"]
     return PlainTextResponse(
-        "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
+        "\n".join(lines) + "\n" + m.latency.render(),  # and the latency histograms
+        media_type="text/plain; version=0.0.4; charset=utf-8",
     )
 
 
@@ -469,6 +490,8 @@ async def embedding(body: EmbeddingContentRequest, request: Request):
 
 @router.post("/v1/rerank", summary="Rerank documents against a query")
 @router.post("/rerank", include_in_schema=False)
+@router.post("/reranking", include_in_schema=False)  # llama-server's name and alias
+@router.post("/v1/reranking", include_in_schema=False)
 async def rerank(body: RerankRequest, request: Request):
     """A cross-encoder reranker (llama.cpp's pooling_type 4, RANK, with the `cls.*` head:
     bge-reranker, jina-reranker) scores each query/document pair as one input, made as

@@ -12,11 +12,13 @@ with `keep=True` (the cached prefix is reused) and its K/V written as a llamay K
 snapshot (`llamay.kv.snapshot`) under the name the client gave, inside the server's
 slot-save directory (`llamay serve --slot-save-path DIR`, llama-server's flag; without
 it these actions are refused as llama-server refuses them, 501). Restoring loads the
-K/V into the engine and hands the pages to the prefix cache, so the next request that
-begins with those tokens starts past them (`tokens_cached`, `timings.cache_n`); the
-slot then holds those tokens. llamay's prefix cache is shared by every slot: erase
-forgets the slot's sequence (its pages stay cached until the pool needs them), where
-llama-server clears that slot's KV.
+K/V into the engine and the slot keeps them (a `kept.Kept`): the next /completion or
+/infill whose prompt begins with all of those tokens continues from them
+(`tokens_cached`, `timings.cache_n`), as a llama-server slot reuses its cache (llama-server
+also reuses a common prefix shorter than the slot's tokens; here that is left to the
+shared prefix cache). Erase drops the slot's
+kept K/V and forgets its tokens (pages the shared prefix cache also holds stay there
+until the pool needs them).
 """
 
 from __future__ import annotations
@@ -101,6 +103,9 @@ def _params(lm: Loaded, active: Any) -> dict[str, Any]:
         max_tokens=n_predict,
         n_probs=(active.logprobs or 0) if active is not None else 0,
         ignore_eos=bool(request is not None and request.stop_ids == frozenset()),
+        n_keep=0,
+        n_discard=0,
+        timings_per_token=False,
         post_sampling_probs=False,
         lora=[],
     )
@@ -121,6 +126,8 @@ def _slot_json(st: ServerState, lm: Loaded, i: int, active: Any) -> dict[str, An
         "n_ctx": lm.model.n_ctx,
         "speculative": False,
         "is_processing": busy,
+        "n_prompt_tokens": active.handle.usage.prompt_tokens if busy else 0,
+        "n_prompt_tokens_cache": active.handle.usage.cached_tokens if busy else 0,
         "params": _params(lm, active),
         "next_token": {
             "has_next_token": busy,
@@ -152,6 +159,24 @@ async def slots(request: Request, model: str | None = None, fail_on_no_slot: str
     return [_slot_json(st, lm, i, a) for i, a in enumerate(occupants)]
 
 
+def _kept(st: ServerState) -> dict[tuple[str, int], kept.Kept]:
+    """(model, slot) -> the K/V a restore left in that slot."""
+    return st.extra.setdefault("slot_kept", {})
+
+
+def restored_for(st: ServerState, lm: Loaded, ids: list[int]):
+    """How to start a generation of `ids` from a restored slot's K/V when they begin with
+    its tokens (a `TextGen` start function), else None."""
+    for (name, _), kv in list(_kept(st).items()):
+        if name == lm.name and len(kv.tokens) < len(ids) and kv.usable_for(lm.engine, ids):
+
+            async def start(request, kv=kv):
+                return await kept.start(lm.engine, request, kv)
+
+            return start
+    return None
+
+
 async def _wait_idle(st: ServerState, lm: Loaded, i: int) -> None:
     deadline = time.monotonic() + WAIT_IDLE_S
     while _occupants(st, lm)[i] is not None:
@@ -180,6 +205,9 @@ async def slot_action(
         raise ApiError(400, "Invalid slot ID", kind="invalid_request_error")
     if action == "erase":
         n = len(st.slot_tokens.pop((lm.name, i), ()))
+        held = _kept(st).pop((lm.name, i), None)
+        if held is not None:
+            held.drop()
         return {"id_slot": i, "n_erased": n}
     if action not in ("save", "restore"):
         raise ApiError(400, "Invalid action", kind="invalid_request_error")
@@ -214,12 +242,15 @@ async def slot_action(
     try:
         snap: Snapshot = await loop.run_in_executor(None, lambda: Snapshot.load(path, named=False))
         # into the engine, then its pages to the prefix cache (release caches them)
-        seq = await kept.prefill(lm.engine, snap.tokens[: snap.n_cached], snapshot=snap)
+        seq = await kept.prefill(lm.engine, list(snap.tokens), snapshot=snap)
     except SnapshotError as exc:
         raise ApiError(400, f"Unable to restore slot: {exc}", param="filename") from None
     except LlamayError:
         raise
-    seq.drop()
+    old = _kept(st).pop((lm.name, i), None)
+    if old is not None:
+        old.drop()
+    _kept(st)[(lm.name, i)] = seq
     st.slot_tokens[(lm.name, i)] = list(snap.tokens)
     return {
         "id_slot": i,

@@ -11,6 +11,7 @@ from fastapi import Request as HttpRequest
 
 from llamay.sample import Sampler
 from llamay.serve.core import TextGen
+from llamay.serve.latency import Latency
 from llamay.serve.models import Loaded, Models
 
 
@@ -27,8 +28,11 @@ class Metrics:
     decode_seconds: float = 0.0
     in_flight: int = 0
     contexts_expired: int = 0
+    #: time to first token, per output token, queue wait: histograms per model
+    latency: Latency = field(default_factory=Latency)
 
     def record(self, gen: TextGen) -> None:
+        self.latency.record(gen)
         self.requests += 1
         self.prompt_tokens += gen.prompt_tokens
         self.completion_tokens += gen.completion_tokens

@@ -422,3 +422,153 @@ def test_anthropic_count_tokens_counts_tools_system_and_thinking(srv, tools_path
     plain = [*history[:1], {"role": "assistant", "content": "Sunny."}, history[2]]
     with_thinking = client.messages.count_tokens(model="tiny", messages=history).input_tokens
     assert with_thinking == client.messages.count_tokens(model="tiny", messages=plain).input_tokens
+
+
+# --- /metrics: latency histograms, read with a strict parser of the exposition format ---
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+_VALUE = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|Inf|NaN)"
+
+
+def parse_exposition(text: str) -> dict[str, dict]:
+    """Prometheus's text format (version 0.0.4), strictly: {family: {"type", "help",
+    "samples": [(name, {label: value}, float)]}}. Raises AssertionError on any line that
+    is not a HELP, TYPE or sample line of a declared family, on a repeated series, and on
+    a histogram whose buckets are not cumulative up to le="+Inf" == _count."""
+    import re
+
+    sample = re.compile(rf"^({_NAME})(?:\{{((?:{_LABEL})(?:,{_LABEL})*)?\}})? ({_VALUE})$")
+    label = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
+    families: dict[str, dict] = {}
+    seen: set = set()
+    assert text.endswith("\n"), "the exposition must end with a line feed"
+    for line in text[:-1].split("\n"):
+        if line.startswith("# HELP "):
+            name, _, doc = line[7:].partition(" ")
+            assert re.fullmatch(_NAME, name), line
+            fam = families.setdefault(name, {"samples": []})
+            assert "help" not in fam, f"second HELP for {name}"
+            fam["help"] = doc
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[7:].partition(" ")
+            assert kind in ("counter", "gauge", "histogram", "summary", "untyped"), line
+            fam = families.setdefault(name, {"samples": []})
+            assert "type" not in fam and not fam["samples"], f"TYPE of {name} late or twice"
+            fam["type"] = kind
+        else:
+            m = sample.match(line)
+            assert m, f"not a sample line: {line!r}"
+            name, labels_text, value = m.groups()
+            labels = dict(label.findall(labels_text or ""))
+            fam_name = name
+            for suffix in ("_bucket", "_sum", "_count"):
+                base = name.removesuffix(suffix)
+                if base != name and families.get(base, {}).get("type") == "histogram":
+                    fam_name = base
+            assert fam_name in families and "type" in families[fam_name], f"undeclared {name}"
+            key = (name, tuple(sorted(labels.items())))
+            assert key not in seen, f"repeated series {key}"
+            seen.add(key)
+            families[fam_name]["samples"].append((name, labels, float(value.replace("Inf", "inf"))))
+    for fam_name, fam in families.items():
+        if fam.get("type") != "histogram":
+            continue
+        series: dict = {}
+        for name, labels, v in fam["samples"]:
+            rest = tuple(sorted((k, x) for k, x in labels.items() if k != "le"))
+            series.setdefault(rest, {"buckets": []})
+            if name.endswith("_bucket"):
+                series[rest]["buckets"].append((float(labels["le"].replace("Inf", "inf")), v))
+            else:
+                series[rest][name.rsplit("_", 1)[1]] = v
+        for rest, s in series.items():
+            les = [le for le, _ in s["buckets"]]
+            counts = [c for _, c in s["buckets"]]
+            assert les == sorted(les) and les[-1] == float("inf"), (fam_name, rest, les)
+            assert counts == sorted(counts), f"{fam_name}{rest}: buckets not cumulative"
+            assert counts[-1] == s["count"] and "sum" in s, (fam_name, rest)
+    return families
+
+
+def _histograms(http) -> dict[str, dict[str, dict]]:
+    """{family: {model: {"count", "sum", "buckets": {le: n}}}} of the latency families."""
+    r = http.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    fams = parse_exposition(r.text)
+    out: dict[str, dict[str, dict]] = {}
+    for fam in LATENCY:
+        assert fams[fam]["type"] == "histogram" and fams[fam]["help"]
+        per: dict[str, dict] = {}
+        for name, labels, v in fams[fam]["samples"]:
+            d = per.setdefault(labels["model"], {"buckets": {}})
+            if name.endswith("_bucket"):
+                d["buckets"][labels["le"]] = v
+            else:
+                d[name.rsplit("_", 1)[1]] = v
+        out[fam] = per
+    return out
+
+
+LATENCY = (
+    "llamay_time_to_first_token_seconds",
+    "llamay_time_per_output_token_seconds",
+    "llamay_request_queue_time_seconds",
+)
+
+
+def test_metrics_latency_histograms_per_model(http, srv):
+    import time
+
+    from tests.serve.conftest import wait_idle
+
+    wait_idle(srv.state)
+    before = _histograms(http)
+    walls = {"tiny": [], "fim": []}
+    for model, n in (("tiny", 3), ("fim", 1)):
+        for _ in range(n):
+            t = time.perf_counter()
+            body = {"model": model, "prompt": "Once upon", "max_tokens": 4, "temperature": 0}
+            r = http.post("/v1/completions", json=body)
+            walls[model].append(time.perf_counter() - t)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    wait_idle(srv.state)
+    after = _histograms(http)
+
+    def delta(fam, model, key):
+        return after[fam][model][key] - before.get(fam, {}).get(model, {}).get(key, 0.0)
+
+    for model, ws in walls.items():
+        for fam in LATENCY:
+            assert delta(fam, model, "count") == len(ws), (fam, model)
+        # each request's first token and its queue wait came within its wall time
+        ttft = delta("llamay_time_to_first_token_seconds", model, "sum")
+        queue = delta("llamay_request_queue_time_seconds", model, "sum")
+        assert 0 < ttft <= sum(ws) and 0 <= queue <= ttft
+        # 3 tokens after the first, in what was left of the wall time
+        tpot = delta("llamay_time_per_output_token_seconds", model, "sum")
+        assert 0 < tpot <= (sum(ws) - ttft) / 3 + 1e-6
+    # the label sets are exactly the models that generated
+    assert set(after["llamay_time_to_first_token_seconds"]) <= {"tiny", "fim", "tools"}
+
+
+def test_exposition_parser_refuses_malformed_text():
+    """The parser the metrics test relies on fails on what the format forbids."""
+    ok = (
+        "# HELP h_seconds x\n# TYPE h_seconds histogram\n"
+        'h_seconds_bucket{model="a",le="1.0"} 1\nh_seconds_bucket{model="a",le="+Inf"} 2\n'
+        'h_seconds_sum{model="a"} 1.5\nh_seconds_count{model="a"} 2\n'
+    )
+    assert parse_exposition(ok)["h_seconds"]["type"] == "histogram"
+    bad = [
+        ok.replace('le="+Inf"} 2', 'le="+Inf"} 0'),  # not cumulative
+        ok.replace('h_seconds_count{model="a"} 2', 'h_seconds_count{model="a"} 3'),
+        ok.replace('le="+Inf"', 'le="2.0"'),  # no +Inf bucket
+        ok + "undeclared_total 1\n",
+        ok + 'h_seconds_sum{model="a"} 1.5\n',  # a repeated series
+        ok.replace('model="a"', "model=a"),
+        ok[:-1],  # no final line feed
+    ]
+    for text in bad:
+        with pytest.raises(AssertionError):
+            parse_exposition(text)
