@@ -149,6 +149,14 @@ class GuidanceConstraint:
                 f"{self.what}: token {token} is not allowed here ({self._m.get_error()})"
             )
 
+    def rollback(self, n: int) -> None:
+        """Undo the last `n` tokens advanced (speculative decoding advances over a draft
+        for its masks, then rolls back)."""
+        if n and not self._m.rollback(int(n)):
+            raise ConstraintError(
+                f"{self.what}: cannot roll back {n} tokens ({self._m.get_error()})"
+            )
+
     def consume_bytes(self, data: bytes, tokenize) -> bool:
         """Feed text through the tokenizer (tests); False if it is rejected."""
         return self._m.consume_tokens(list(tokenize(data)))

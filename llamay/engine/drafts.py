@@ -30,6 +30,7 @@ from llamay.errors import DraftModelError
 from llamay.kv import bucket
 from llamay.kv.pages import grow_paged_kv, new_paged_kv
 from llamay.kv.sequences import KVManager, SeqKV
+from llamay.sample.chain import unpack_mask
 
 NGRAM_MAX = 4  # the longest suffix n-gram looked up
 NGRAM_MIN = 1
@@ -77,9 +78,13 @@ def same_vocabulary(target, draft) -> None:
 
 
 @jax.jit
-def _greedy(logits):
-    """(argmax [R], its probability [R]) of logits [R, V]."""
-    lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+def _greedy(logits, mask=None):
+    """(argmax [R], its probability [R]) of logits [R, V], among the tokens packed
+    `mask` [R, W] allows (constraints) when given."""
+    logits = logits.astype(jnp.float32)
+    if mask is not None:
+        logits = jnp.where(unpack_mask(mask, logits.shape[-1]), logits, -jnp.inf)
+    lp = jax.nn.log_softmax(logits, axis=-1)
     tok = jnp.argmax(lp, axis=-1).astype(jnp.int32)
     return tok, jnp.exp(jnp.take_along_axis(lp, tok[:, None], -1)[:, 0])
 
@@ -118,11 +123,13 @@ class ModelDrafter:
             self.mgr.release(self.seqs.pop(hid))
 
     def propose(self, rows: list, p_min: float) -> dict[int, list[int]]:
-        """rows: (key, confirmed tokens, k, reserve) each: up to k greedy draft tokens
-        per row (by its index in rows); a row the draft pool cannot take drafts nothing."""
+        """rows: (key, confirmed tokens, k, reserve, constraint or None) each: up to k
+        greedy draft tokens per row (by its index in rows), each allowed by the row's
+        constraint (advanced over the draft, then rolled back); a row the draft pool
+        cannot take drafts nothing."""
         out: dict[int, list[int]] = {j: [] for j in range(len(rows))}
         got: list[tuple[int, SeqKV, int]] = []  # (row, its sequence, k)
-        for j, (key, toks, k, reserve) in enumerate(rows):
+        for j, (key, toks, k, reserve, _) in enumerate(rows):
             s = self.seqs.get(key)
             if s is None:
                 s = self.mgr.open(list(toks), reserve)
@@ -137,31 +144,66 @@ class ModelDrafter:
             got.append((j, s, k))
         if not got:
             return out
+        cons = {r: rows[j][4] for r, (j, _, _) in enumerate(got) if rows[j][4] is not None}
+        advanced = dict.fromkeys(cons, 0)
+        try:
+            self._draft(got, out, p_min, cons, advanced)
+        finally:
+            for r, n in advanced.items():
+                if n:
+                    cons[r].rollback(n)
+        return out
+
+    def _draft(self, got, out, p_min, cons, advanced) -> None:
         nxt, prob = np.zeros(len(got), np.int64), np.zeros(len(got))
         # catch up: feed what each has not seen, in chunks; its last chunk's logits draft
         live = list(range(len(got)))
         while live:
             feed = [min(len(got[r][1].pending), self.chunk) for r in live]
-            tok, p = self._forward([got[r][1] for r in live], feed)
+            ending = [r for q, r in enumerate(live) if feed[q] == len(got[r][1].pending)]
+            masks = self._masks(live, ending, cons)
+            tok, p = self._forward([got[r][1] for r in live], feed, masks)
             for q, r in enumerate(live):
                 self.mgr.commit(got[r][1], feed[q])
                 nxt[r], prob[r] = tok[q], p[q]
             live = [r for r in live if got[r][1].pending]
         drafting = list(range(len(got)))
         while True:
+            drafting = [r for r in drafting if prob[r] > 0]  # a constraint allowing nothing
             for r in drafting:
                 out[got[r][0]].append(int(nxt[r]))
             drafting = [r for r in drafting if len(out[got[r][0]]) < got[r][2] and prob[r] >= p_min]
+            for r in [r for r in drafting if r in cons]:
+                cons[r].advance(int(nxt[r]))
+                advanced[r] += 1
+                if cons[r].done:
+                    drafting.remove(r)
             if not drafting:
-                return out
+                return
             for r in drafting:
                 got[r][1].tokens.append(int(nxt[r]))
-            tok, p = self._forward([got[r][1] for r in drafting], [1] * len(drafting))
+            masks = self._masks(drafting, drafting, cons)
+            tok, p = self._forward([got[r][1] for r in drafting], [1] * len(drafting), masks)
             for q, r in enumerate(drafting):
                 self.mgr.commit(got[r][1], 1)
                 nxt[r], prob[r] = tok[q], p[q]
 
-    def _forward(self, seqs: list[SeqKV], feed: list[int]):
+    @staticmethod
+    def _masks(rows: list[int], drawing: list[int], cons: dict):
+        """Packed masks [R, W] for a draft step over `rows`: the constraint's mask now for
+        those in `drawing` that have one, everything allowed for the others; or None."""
+        own = {q: cons[r] for q, r in enumerate(rows) if r in cons and r in drawing}
+        if not own:
+            return None
+        got = {q: np.asarray(c.mask(), np.uint32) for q, c in own.items()}
+        W = max(m.shape[-1] for m in got.values())
+        out = np.full((bucket(len(rows), 1), W), 0xFFFFFFFF, np.uint32)
+        for q, m in got.items():
+            out[q] = 0
+            out[q, : m.shape[-1]] = m
+        return out
+
+    def _forward(self, seqs: list[SeqKV], feed: list[int], masks=None):
         """Feed each seq its next feed[i] pending tokens; (greedy token, its
         probability) after each one's last, on the host."""
         ps = self.page_size
@@ -183,5 +225,6 @@ class ModelDrafter:
             last[j] = n - 1
         args = jax.device_put((tokens, positions, table, last))
         logits, self.kv = paged_step(self.cfg, self.weights, self.kv, *args)
-        tok, p = jax.device_get(_greedy(logits))
+        mask = None if masks is None else jax.device_put(masks)
+        tok, p = jax.device_get(_greedy(logits, mask))
         return tok[: len(seqs)], p[: len(seqs)]

@@ -212,7 +212,8 @@ class Speculating:
         asks = []
         for i in order:
             a = self.slots[i]
-            asks.append((a.handle.id, a.seq.tokens, rows[i], a.budget + self.spec.draft_max + 2))
+            reserve = a.budget + self.spec.draft_max + 2
+            asks.append((a.handle.id, a.seq.tokens, rows[i], reserve, a.handle.request.constraint))
         p_min = self.spec.p_min
         # one p_min per step (the first row's override, else the engine's)
         for i in order:

@@ -132,6 +132,7 @@ def test_constraint_masks_drafts_and_draws(tiny, self_draft):
     h = self_draft.submit(Request([11, 29, 301], 12, GREEDY, constraint=con))
     text = tiny.detokenize(ids(h))
     assert text and set(text) <= set("abcd"), text
+    assert h.usage.draft_n > 0  # drafts were cut to the grammar and verified under it
     con2 = tiny.constraint(regex="(ab|cd)+")
     plain = BatchEngine(tiny, slots=2, page_size=8, chunk=32, n_pages=64)
     try:
