@@ -479,6 +479,10 @@ def load(
     GGUF LoRA adapters [(path, scale), ...] applied unmerged (`Model.with_lora`)."""
     from llamay.ollama import find_blob
     from llamay.store import resolve
+    from llamay.store.entries import adapter_paths
+
+    if not Path(path_or_name).is_file():  # a store model's ADAPTER layers, at scale 1
+        lora = [*((p, 1.0) for p in adapter_paths(str(path_or_name))), *lora]
 
     return Model(
         resolve(str(path_or_name), progress=progress, elsewhere=find_blob)

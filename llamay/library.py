@@ -81,7 +81,9 @@ def load(
     defaults = om.sampler_defaults()
     if load_kwargs.get("n_ctx") is None and defaults.n_ctx is not None:
         load_kwargs["n_ctx"] = defaults.n_ctx
-    return llamay.load(om.model_path, **load_kwargs), om
+    # its ADAPTER layers at scale 1 (Ollama's), before any the caller adds
+    lora = [*((p, 1.0) for p in om.adapters), *load_kwargs.pop("lora", ())]
+    return llamay.load(om.model_path, lora=lora, **load_kwargs), om
 
 
 def create(

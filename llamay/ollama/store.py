@@ -90,8 +90,10 @@ class OllamaModel:
     system: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     license: tuple[str, ...] = ()
-    #: Layers llamay does not use (adapters, projectors, ...): their media types.
+    #: Layers llamay does not use (projectors, ...): their media types.
     ignored_layers: tuple[str, ...] = ()
+    #: Its LoRA adapter blobs (`ADAPTER` layers), applied at scale 1 as Ollama does.
+    adapters: tuple[Path, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -194,6 +196,7 @@ def from_manifest(root: Path, name: FullName, short: str, man: Manifest, path: P
         if x.media_type == media.LICENSE
     )
     used = {media.MODEL, media.TEMPLATE, media.PROMPT, media.SYSTEM, media.PARAMS, media.LICENSE}
+    used.add(media.ADAPTER)
     return OllamaModel(
         name=short,
         full_name=name,
@@ -206,6 +209,7 @@ def from_manifest(root: Path, name: FullName, short: str, man: Manifest, path: P
         params=params,
         license=licenses,
         ignored_layers=tuple(x.media_type for x in man.layers if x.media_type not in used),
+        adapters=tuple(_blob(root, x.digest) for x in man.layers if x.media_type == media.ADAPTER),
     )
 
 

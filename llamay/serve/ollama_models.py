@@ -223,6 +223,8 @@ class CreateRequest(OpenModel):
     license: str | list[str] | None = None
     #: {file name: digest} of uploaded blobs (`POST /api/blobs/<digest>`): one GGUF file
     files: dict[str, str] | None = None
+    #: {file name: digest} of uploaded LoRA adapters (GGUF), applied when the model loads
+    adapters: dict[str, str] | None = None
     stream: bool = True
 
 
@@ -247,7 +249,7 @@ def _base(body: CreateRequest) -> str:
 
 def _modelfile(body: CreateRequest) -> str:
     if body.modelfile is not None:
-        return body.modelfile
+        return "\n".join([body.modelfile, *_adapters(body)]) + "\n"
     lines = [f"FROM {_base(body)}"]
     if body.template is not None:
         lines.append(f'TEMPLATE """{body.template}"""')
@@ -258,7 +260,22 @@ def _modelfile(body: CreateRequest) -> str:
             lines.append(f"PARAMETER {k} {json.dumps(item) if isinstance(item, str) else item}")
     for text in [body.license] if isinstance(body.license, str) else body.license or []:
         lines.append(f'LICENSE """{text}"""')
+    lines += _adapters(body)
     return "\n".join(lines) + "\n"
+
+
+def _adapters(body: CreateRequest) -> list[str]:
+    """ADAPTER lines for `adapters` (uploaded blobs only: a server takes no file paths)."""
+    out = []
+    for fname, digest in (body.adapters or {}).items():
+        if not fname.lower().endswith(".gguf") or not _DIGEST.fullmatch(str(digest)):
+            raise ApiError(
+                400,
+                "adapters: expected {name.gguf: sha256:<64 hex>} (GGUF LoRA adapters)",
+                param="adapters",
+            )
+        out.append(f"ADAPTER @{digest}")
+    return out
 
 
 @router.post("/api/create", summary="Create a model from another one (Ollama)")

@@ -10,6 +10,11 @@ What `FROM` may name decides what a caller can read, so it is explicit:
   checked to start with GGUF's magic before a byte is copied;
 - a model of another store (`elsewhere`, which `llamay.library.create` points at the local
   Ollama store), with its template/system/params/license layers.
+
+`ADAPTER` (llama.cpp GGUF LoRA adapters, Ollama's `application/vnd.ollama.image.adapter`
+layers, applied at scale 1 when the model loads) names an uploaded blob or, with
+`allow_local_files`, a file on this machine; either is checked to be a LoRA adapter of the
+base model's architecture before it enters the manifest.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from llamay.errors import FetchError, InvalidModelNameError, ModelNotFoundError
+from llamay.errors import AdapterError, FetchError, InvalidModelNameError, ModelNotFoundError
 from llamay.files import atomic_write_bytes, atomic_write_json, sha256_file
 from llamay.store import manifest as media
 from llamay.store.blobs import (
@@ -92,16 +97,76 @@ class FileSource(Source):
             raise FetchError(f"cannot read {self.path}: {e}") from e
 
 
-def _import_file(root: Path, ref: ModelRef, path: Path, progress: bool) -> Layer:
-    """Copy a GGUF file into the store's blobs (verified); returns its model layer."""
-    check_gguf(path, f"FROM {path}")
+def _import_file(
+    root: Path, ref: ModelRef, path: Path, progress: bool, media_type: str = media.MODEL
+) -> Layer:
+    """Copy a GGUF file into the store's blobs (verified); returns its layer."""
+    check_gguf(path, f"{'ADAPTER' if media_type == media.ADAPTER else 'FROM'} {path}")
     try:
         hexdigest, size = sha256_file(path), path.stat().st_size
     except OSError as e:
         raise ModelNotFoundError(f"cannot read the model file {path}: {e}") from e
     with lock(root, f"sha256-{hexdigest}", f"importing {path}", progress=progress):
         fetch_blob(root, ref, hexdigest, size, FileSource(str(path)), progress)
-    return Layer(media.MODEL, f"sha256:{hexdigest}", size)
+    return Layer(media_type, f"sha256:{hexdigest}", size)
+
+
+def _check_adapter(path: Path, what: str, model_blob: Path) -> None:
+    """`path` is a llama.cpp LoRA adapter for the base model's architecture (its tensors
+    are checked against the model's when it loads, `llamay.model.lora`)."""
+    from llamay.gguf import GGUFFile  # numpy, only when a model is created
+
+    check_gguf(path, what)
+    meta = GGUFFile(path).metadata
+    for key, want in (("general.type", "adapter"), ("adapter.type", "lora")):
+        if meta.get(key) != want:
+            raise AdapterError(f"{what}: {key} is {meta.get(key)!r}, a LoRA adapter has {want!r}")
+    arch = GGUFFile(model_blob).metadata.get("general.architecture")
+    if meta.get("general.architecture") != arch:
+        raise AdapterError(
+            f"{what}: general.architecture is {meta.get('general.architecture')!r}, the "
+            f"model's (FROM) is {arch!r}"
+        )
+
+
+def _adapter_layer(
+    root: Path,
+    ref: ModelRef,
+    spec: str,
+    directory: Path,
+    progress: bool,
+    allow_local_files: bool,
+    model_blob: Path,
+) -> Layer:
+    """The adapter layer for `ADAPTER spec`: an uploaded blob, or a local file (copied in)
+    only with `allow_local_files`."""
+    what = f"ADAPTER {spec}"
+    m = _BLOB_REF.fullmatch(spec)
+    if m is not None:
+        path = blob_path(m.group(1), root)
+        if not path.is_file():
+            raise ModelNotFoundError(
+                f"{what}: no such blob in the store (upload it first: POST /api/blobs/"
+                f"sha256:{m.group(1)})"
+            )
+        _check_adapter(path, what, model_blob)
+        return Layer(media.ADAPTER, f"sha256:{m.group(1)}", path.stat().st_size)
+    if not allow_local_files:
+        raise InvalidModelNameError(
+            f"{what}: here ADAPTER names an uploaded blob (@sha256:<hex>); local files are "
+            "not allowed"
+        )
+    candidate = Path(spec).expanduser()
+    if not candidate.is_absolute():
+        candidate = directory / candidate
+    try:
+        path = candidate.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise ModelNotFoundError(f"{what}: {candidate} is not a file") from None
+    if not path.is_file():
+        raise ModelNotFoundError(f"{what}: {candidate} is not a file")
+    _check_adapter(path, what, model_blob)
+    return _import_file(root, ref, path, progress, media.ADAPTER)
 
 
 def _local_file(base: str, directory: Path) -> Path | None:
@@ -209,8 +274,17 @@ def create(
     model, inherited = _base_layers(
         root, ref, mf.base, base_dir, progress, allow_local_files, elsewhere
     )
-    by_type = {x.media_type: x for x in inherited if x.media_type != media.LICENSE}
+    by_type = {
+        x.media_type: x for x in inherited if x.media_type not in (media.LICENSE, media.ADAPTER)
+    }
     licenses = [x for x in inherited if x.media_type == media.LICENSE]
+    adapters = [x for x in inherited if x.media_type == media.ADAPTER]
+    adapters += [
+        _adapter_layer(
+            root, ref, a, base_dir, progress, allow_local_files, blob_path(model.digest, root)
+        )
+        for a in mf.adapters
+    ]
     if mf.template is not None:
         by_type[media.TEMPLATE] = put_blob(root, mf.template.encode(), media.TEMPLATE)
     if mf.system is not None:
@@ -226,7 +300,7 @@ def create(
         by_type[media.PARAMS] = put_blob(root, mf.params_json(), media.PARAMS)
     licenses += [put_blob(root, text.encode(), media.LICENSE) for text in mf.licenses]
     order = (media.TEMPLATE, media.SYSTEM, media.PARAMS)
-    layers = (model, *(by_type[t] for t in order if t in by_type), *licenses)
+    layers = (model, *adapters, *(by_type[t] for t in order if t in by_type), *licenses)
     cfg = put_blob(root, _config(blob_path(model.digest, root)), media.CONFIG)
     man = Manifest(config=cfg, layers=layers)
     dpath = manifest_path(manifests_dir(root), ref)

@@ -94,6 +94,16 @@ def _parse_oci_manifest(path: Path, ref: ModelRef, root: Path) -> ModelEntry:
     )
 
 
+def adapter_paths(name: str, root: Path | None = None) -> list[Path]:
+    """The LoRA adapter blobs (Modelfile `ADAPTER` layers) of the store's model `name`;
+    [] when it has none, or the name is no model of the store."""
+    try:
+        entry = read_entry(root or store_dir(), parse_name(name))
+    except (LlamayError, OSError, ValueError):
+        return []
+    return [] if entry is None else entry.adapter_paths()
+
+
 def read_entry(root: Path, ref: ModelRef) -> ModelEntry | None:
     """The manifest's entry for `ref`, or None if there is no (readable) manifest."""
     path = manifest_path(manifests_dir(root), ref)

@@ -6,9 +6,10 @@
     SYSTEM You are terse.
     PARAMETER temperature 0.2     repeated `PARAMETER stop <s>` lines add up to a list
     LICENSE \"\"\"MIT ...\"\"\"
+    ADAPTER ./lora.gguf          a llama.cpp GGUF LoRA adapter (repeatable), applied at scale 1
 
-Instructions are case-insensitive. `ADAPTER` and `MESSAGE` and unknown instructions or
-parameters are refused with the line number, never ignored.
+Instructions are case-insensitive. `MESSAGE` and unknown instructions or parameters are
+refused with the line number, never ignored.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Modelfile:
     system: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     licenses: list[str] = field(default_factory=list)
+    adapters: list[str] = field(default_factory=list)  # as written: a path or @sha256:<hex>
 
     def params_json(self) -> bytes:
         """The params layer as Ollama writes it (sorted keys, compact, newline)."""
@@ -133,7 +135,7 @@ def parse(text: str) -> Modelfile:
     for lineno, word, arg in _statements(text):
         if word not in _INSTRUCTIONS:
             raise ModelfileError(f"line {lineno}: unknown instruction {word.upper()}")
-        if word in ("adapter", "message"):
+        if word == "message":
             raise ModelfileError(f"line {lineno}: {word.upper()} is not supported by llamay yet")
         if word == "from":
             if base is not None:
@@ -145,6 +147,10 @@ def parse(text: str) -> Modelfile:
             mf.system = arg
         elif word == "license":
             mf.licenses.append(arg)
+        elif word == "adapter":
+            if not arg:
+                raise ModelfileError(f"line {lineno}: ADAPTER needs a GGUF adapter file or blob")
+            mf.adapters.append(arg)
         else:  # parameter
             key, _, raw = arg.partition(" ")
             key, raw = key.strip().lower(), _unquote(raw.strip())

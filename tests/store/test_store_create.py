@@ -48,7 +48,7 @@ def test_parse_good() -> None:
         ("SYSTEM hi", "no FROM"),
         ("FROM a\nFROM b", "line 2: more than one FROM"),
         ("FROM a\nBOGUS x", "line 2: unknown instruction BOGUS"),
-        ("FROM a\nADAPTER x.gguf", "ADAPTER is not supported"),
+        ("FROM a\nADAPTER", "line 2: ADAPTER needs"),
         ("FROM a\nMESSAGE user hi", "MESSAGE is not supported"),
         ("FROM a\nPARAMETER temperature hot", "line 2: PARAMETER temperature 'hot'"),
         ("FROM a\nPARAMETER top_k 1.5", "not a valid value"),
