@@ -43,6 +43,7 @@ ROOM_OF = {
     "llamay.library": "library",
     "llamay.eval": "eval",
     "llamay.api": "api",
+    "llamay.multimodal": "api",
     "llamay.bench": "api",
     "llamay": "api",  # the root face: `load` and `Model`, loaded lazily from llamay.api
     "llamay.eval.lm_eval_adapter": "lm-eval plugin",

@@ -1,0 +1,140 @@
+"""Images in the token stream: a prompt with `<__media__>` markers, as llama.cpp's mtmd lays
+it out, evaluated chunk by chunk over a dense KV cache.
+
+`chunks(tokenizer, projector, prompt, images)` splits the prompt at mtmd's default marker
+`<__media__>` (one per image, in order) and returns the list of chunks mtmd_tokenize makes:
+("text", ids) and ("image", embeddings [n, n_text]). Each text piece is tokenized on its own
+(special tokens parsed; BOS, where the model adds one, on the first piece only), and the
+projector's markers are added around each image as mtmd adds them:
+
+- gemma3: `<start_of_image>` before and `<end_of_image>` after, as text;
+- mlp (LLaVA): nothing;
+- idefics3 (SmolVLM): per tile `<fake_token_around_image><row_Y_col_X>` (text), the tile,
+  a newline after each row but the last, then the ids of `\\n\\n`,
+  `<fake_token_around_image>`, `<global-img>`, the overview, `<fake_token_around_image>`.
+
+`prefill(...)` evaluates the chunks in order into one dense cache (`logits_step` with
+input embeddings for image chunks), each chunk a batch of its own as
+`mtmd_helper_eval_chunks` decodes them; gemma3's image chunks attend non-causally (every
+image token sees the whole image: `mtmd_decode_use_non_causal`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from llamay.errors import ImageError, RequestError
+from llamay.kv import bucket, cache_slots, new_dense_kv
+from llamay.model import logits_step
+from llamay.vision import MEDIA_MARKER, ImageEmbedding, Projector
+
+NON_CAUSAL = frozenset({"gemma3"})  # mtmd_decode_use_non_causal
+
+
+def _lookup(tokenizer, text: str) -> int:
+    """The token whose text is `text` (mtmd's lookup_token compares decoded pieces, so a
+    byte-level vocabulary's `Ċ` is "\n")."""
+    tid = tokenizer.token_to_id(text)
+    if tid is None:
+        ids = tokenizer.encode(text, add_special=False, parse_special=True)
+        if len(ids) == 1 and tokenizer.decode(ids) == text:
+            tid = ids[0]
+    if tid is None:
+        raise ImageError(
+            f"the model's vocabulary lacks {text!r}, which the idefics3 projector's image "
+            "layout needs (is this mmproj file for this model?)"
+        )
+    return tid
+
+
+def chunks(tokenizer, projector: Projector, prompt: str, images) -> list[tuple[str, object]]:
+    parts = prompt.split(MEDIA_MARKER)
+    images = list(images)
+    if len(parts) - 1 != len(images):
+        raise ImageError(
+            f"the prompt has {len(parts) - 1} {MEDIA_MARKER} markers for {len(images)} images "
+            f"(each image goes where one {MEDIA_MARKER} is)"
+        )
+    out: list[tuple[str, object]] = []
+    first = [True]
+
+    def text(s: str) -> None:
+        ids = tokenizer.encode(s, add_special=first[0], parse_special=True)
+        first[0] = False
+        if ids:
+            out.append(("text", list(ids)))
+
+    def ids(toks: list[int]) -> None:
+        first[0] = False
+        out.append(("text", list(toks)))
+
+    kind = projector.kind
+    for i, part in enumerate(parts):
+        text(part)
+        if i == len(images):
+            break
+        emb: ImageEmbedding = projector.embed(images[i])
+        if kind == "gemma3":
+            text("<start_of_image>")
+            out.append(("image", emb.chunks[0]))
+            text("<end_of_image>")
+        elif kind == "idefics3":
+            gx, gy = emb.grid
+            for y in range(gy):
+                for x in range(gx):
+                    text(f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>")
+                    out.append(("image", emb.chunks[y * gx + x]))
+                if y != gy - 1:
+                    ids([_lookup(tokenizer, "\n")])
+            fake = _lookup(tokenizer, "<fake_token_around_image>")
+            ids([_lookup(tokenizer, "\n\n"), fake, _lookup(tokenizer, "<global-img>")])
+            out.append(("image", emb.chunks[-1]))
+            ids([fake])
+        else:
+            out.extend(("image", c) for c in emb.chunks)
+    return out
+
+
+def n_positions(chs) -> int:
+    return sum(len(c) for _, c in chs)
+
+
+def prefill(cfg, weights, kv_dtype, chs, n_ctx: int, extra: int = 0):
+    """Evaluate the chunks into a fresh dense cache with room for `extra` more positions.
+    Returns (logits [V] at the last position, kv, n_positions)."""
+    n = n_positions(chs)
+    if n == 0:
+        raise RequestError("the prompt is empty")
+    if n > n_ctx:
+        raise RequestError(f"the prompt with its images takes {n} positions, past n_ctx {n_ctx}")
+    slots = cache_slots(n + max(extra, 1), n_ctx)
+    kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
+    non_causal = dataclasses.replace(cfg, causal=False) if cfg.arch in NON_CAUSAL else cfg
+    pos = 0
+    last = None
+    for kind, data in chs:
+        m = len(data)
+        T = bucket(m)
+        tokens = np.zeros((1, T), np.int32)
+        positions = np.full((1, T), slots, np.int32)  # padding: past the cache, dropped
+        positions[0, :m] = pos + np.arange(m)
+        if kind == "text":
+            tokens[0, :m] = data
+            logits, _, kv = logits_step(
+                cfg, weights, kv, jnp.asarray(tokens), jnp.asarray(positions)
+            )
+        else:
+            vals = np.zeros((1, T, data.shape[-1]), np.float32)
+            vals[0, :m] = data
+            mask = np.zeros((1, T), bool)
+            mask[0, :m] = True
+            emb = (jnp.asarray(vals), jnp.asarray(mask))
+            logits, _, kv = logits_step(
+                non_causal, weights, kv, jnp.asarray(tokens), jnp.asarray(positions), embeds=emb
+            )
+        last = logits[0, m - 1]
+        pos += m
+    return last, kv, pos
