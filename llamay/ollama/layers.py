@@ -32,6 +32,7 @@ def to_modelfile(om: OllamaModel) -> str:
         return f'"""{text}"""'
 
     lines = [f"# Modelfile of {om.full_name}", f"FROM {om.model_path}"]
+    lines += [f"ADAPTER {p}" for p in om.adapters]  # as `ollama show --modelfile`
     if om.template is not None:
         lines.append(f"TEMPLATE {block(om.template)}")
     if om.system is not None:

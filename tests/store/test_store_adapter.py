@@ -84,6 +84,11 @@ def test_llamay_create_with_adapter_applies_it(env, files, want, monkeypatch):
     m, om = library.load("tinylora:1")
     np.testing.assert_allclose(m.logits(TOKENS), ref, atol=1e-5)
     assert om.system == "hi" and not om.ignored_layers
+    from llamay.ollama import to_modelfile
+
+    shown = to_modelfile(om)  # `llamay modelfile`: the adapter's blob, as `ollama show`
+    assert f"ADAPTER {entry.adapter_paths()[0]}\n" in shown
+    assert parse(shown).adapters == [str(entry.adapter_paths()[0])]
     # a model made FROM it inherits the adapter layer
     store.create("tinylora:2", "FROM tinylora:1\nSYSTEM other\n", progress=False)
     np.testing.assert_allclose(llamay.load("tinylora:2").logits(TOKENS), ref, atol=1e-5)
