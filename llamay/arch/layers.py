@@ -17,6 +17,7 @@ import numpy as np
 from llamay.arch import ggml_ops
 from llamay.arch.base import Rope
 from llamay.kernels import matmul
+from llamay.quant import kv_cache
 
 F32 = jnp.float32
 
@@ -152,10 +153,11 @@ def apply_rope(
 def write_kv(cache: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
     """Scatter new [B, T, K, D] into cache [B, S, K, D] at slots `positions` [B, T].
 
-    Positions outside [0, S) (padding) are dropped.
+    Positions outside [0, S) (padding) are dropped. A quantised cache [B, S, K, row bytes]
+    (`llamay.kv.types`) gets new's rows quantised to its block type.
     """
     b = jnp.arange(cache.shape[0])[:, None]
-    return cache.at[b, positions].set(new.astype(cache.dtype), mode="drop")
+    return cache.at[b, positions].set(kv_cache.encode(new, cache), mode="drop")
 
 
 # -- MLPs ------------------------------------------------------------------------------

@@ -22,8 +22,9 @@ The references live beside the Pallas kernel they are the oracle of; the CPU pat
 exactly them. A quantised cache (q8_0, q4_0, ...: `llamay.kv.types`) takes neither the
 native nor the Pallas kernel: its pages are gathered, then read by the dense reference
 (exact: dequantised; llamacpp: `ggml_attention`'s emulation of llama.cpp's flash
-attention over that cache type). Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the
-reference: the kernel holds T·(H/K) query rows per kv head on chip.
+attention over that cache type).
+Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the reference: the
+kernel holds T·(H/K) query rows per kv head on chip.
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ import jax
 from llamay import kernels_cpu
 from llamay.kernels import ggml_attention
 from llamay.kernels.backend import Backend, backend
-from llamay.quant import kv_cache
 from llamay.kernels_pallas.paged_attention import (
     attention_reference,
     gather_pages,
     paged_attention_pallas,
     paged_attention_reference,
 )
+from llamay.quant import kv_cache
 
 MAX_PAGED_QUERY_TOKENS = 16
 

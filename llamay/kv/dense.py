@@ -12,13 +12,15 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from llamay.kv.types import kv_pair, kv_zeros
+
 MIN_SLOTS = 256
 
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class DenseKV:
-    k: jax.Array  # [L, B, S, K, D]
+    k: jax.Array  # [L, B, S, K, D] (a quantised type: [L, B, S, K, row bytes] uint8)
     v: jax.Array  # [L, B, S, K, D]
 
     @property
@@ -38,5 +40,8 @@ def cache_slots(needed: int, limit: int) -> int:
 
 
 def new_dense_kv(n_layers, batch, slots, n_kv_heads, head_dim, dtype=jnp.float32) -> DenseKV:
-    shape = (n_layers, batch, slots, n_kv_heads, head_dim)
-    return DenseKV(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    """A zeroed cache; `dtype` is a KV cache type or a (K, V) pair of them
+    (`llamay.kv.types`: f32, f16, bf16, q8_0, q4_0, ..., or a float dtype)."""
+    kt, vt = kv_pair(dtype)
+    lead = (n_layers, batch, slots, n_kv_heads)
+    return DenseKV(kv_zeros(lead, head_dim, kt), kv_zeros(lead, head_dim, vt))

@@ -58,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from llamay.errors import KVCacheFullError
+from llamay.kv.types import kv_pair, kv_zeros
 
 NULL_PAGE = 0
 
@@ -106,11 +107,14 @@ def new_paged_kv(
     local_pages: int = 0,
 ) -> PagedKV:
     """A zeroed pool; with `local_layers` of the `n_layers` sliding-window, those get
-    their own pool of `local_pages` pages and the global one keeps the rest."""
+    their own pool of `local_pages` pages and the global one keeps the rest. `dtype`: a
+    KV cache type or a (K, V) pair of them (`llamay.kv.types`); a block type (q8_0,
+    q4_0, ...) stores each row's GGUF blocks, uint8 [L, P, page_size, K, row bytes]."""
+    kt, vt = kv_pair(dtype)
 
     def zeros(layers, pages):
-        shape = (layers, pages, page_size, n_kv_heads, head_dim)
-        return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+        lead = (layers, pages, page_size, n_kv_heads)
+        return kv_zeros(lead, head_dim, kt), kv_zeros(lead, head_dim, vt)
 
     if not local_layers:
         return PagedKV(*zeros(n_layers, n_pages))

@@ -8,66 +8,75 @@ ggml's K-quant search is not something gguf-py (our oracle) implements either.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llamay.errors import UnsupportedTensorTypeError
 from llamay.gguf.constants import GGMLType
 from llamay.quant.formulas import bit_pack, nibble_pack, q8_quants, signed_absmax
-from llamay.quant.layouts import LAYOUTS, NUMPY
+from llamay.quant.layouts import LAYOUTS, NUMPY, Array, Backend, jax_backend
 from llamay.quant.np_dequant import map_blocks
+
+if TYPE_CHECKING:
+    import jax
 
 Fields = dict[str, np.ndarray]
 
 
-def _inverse(d: np.ndarray) -> np.ndarray:
-    return np.where(d == 0, 0, 1 / d)
+def _inverse(bk: Backend, d: Array) -> Array:
+    xp = bk.xp
+    safe = xp.where(d == 0, xp.ones_like(d), d)
+    return xp.where(d == 0, xp.zeros_like(d), 1 / bk.opaque(safe))
 
 
-def _levels(v: np.ndarray, top: int) -> np.ndarray:
+def _levels(bk: Backend, v: Array, top: int) -> Array:
     """C's `(uint8_t)(v)` then MIN(top, .): truncation toward zero, clamped."""
-    return np.minimum(np.trunc(v).astype(np.uint8), top)
+    xp = bk.xp
+    return xp.minimum(xp.trunc(v).astype(xp.uint8), xp.uint8(top))
 
 
-def _symmetric(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
+def _symmetric(bk: Backend, x: Array, levels: int) -> tuple[Array, Array]:
     """Q4_0/Q5_0: scale from the signed max, quants offset by levels/2."""
-    d = signed_absmax(NUMPY, x) / -(levels // 2)
-    return d, _levels(x * _inverse(d) + np.float32(levels // 2 + 0.5), levels - 1)
+    d = signed_absmax(bk, x) / bk.opaque(bk.xp.full_like(x[..., :1], -(levels // 2)))
+    xid = bk.opaque(x * _inverse(bk, d))  # one rounding, then the add (no contraction)
+    return d, _levels(bk, xid + np.float32(levels // 2 + 0.5), levels - 1)
 
 
-def _affine(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _affine(bk: Backend, x: Array, levels: int) -> tuple[Array, Array, Array]:
     """Q4_1/Q5_1: scale and min from the range."""
     lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
-    d = (hi - lo) / (levels - 1)
-    return d, lo, _levels((x - lo) * _inverse(d) + np.float32(0.5), levels - 1)
+    d = (hi - lo) / bk.opaque(bk.xp.full_like(lo, levels - 1))
+    xid = bk.opaque((x - lo) * _inverse(bk, d))
+    return d, lo, _levels(bk, xid + np.float32(0.5), levels - 1)
 
 
-def _q4_0(x: np.ndarray) -> Fields:
-    d, q = _symmetric(x, 16)
+def _q4_0(bk: Backend, x: Array) -> Fields:
+    d, q = _symmetric(bk, x, 16)
     return {"d": d, "qs": nibble_pack(q)}
 
 
-def _q4_1(x: np.ndarray) -> Fields:
-    d, m, q = _affine(x, 16)
+def _q4_1(bk: Backend, x: Array) -> Fields:
+    d, m, q = _affine(bk, x, 16)
     return {"d": d, "m": m, "qs": nibble_pack(q)}
 
 
-def _q5_0(x: np.ndarray) -> Fields:
-    d, q = _symmetric(x, 32)
-    return {"d": d, "qh": bit_pack(NUMPY, q >> 4), "qs": nibble_pack(q)}
+def _q5_0(bk: Backend, x: Array) -> Fields:
+    d, q = _symmetric(bk, x, 32)
+    return {"d": d, "qh": bit_pack(bk, q >> 4), "qs": nibble_pack(q)}
 
 
-def _q5_1(x: np.ndarray) -> Fields:
-    d, m, q = _affine(x, 32)
-    return {"d": d, "m": m, "qh": bit_pack(NUMPY, q >> 4), "qs": nibble_pack(q)}
+def _q5_1(bk: Backend, x: Array) -> Fields:
+    d, m, q = _affine(bk, x, 32)
+    return {"d": d, "m": m, "qh": bit_pack(bk, q >> 4), "qs": nibble_pack(q)}
 
 
-def _q8_0(x: np.ndarray) -> Fields:
-    qs, d = q8_quants(NUMPY, x, "ref")
+def _q8_0(bk: Backend, x: Array, variant: str = "ref") -> Fields:
+    qs, d = q8_quants(bk, x, variant)
     return {"d": d, "qs": qs}
 
 
-def _bf16(x: np.ndarray) -> Fields:
+def _bf16(bk: Backend, x: Array) -> Fields:
     """ggml_compute_fp32_to_bf16: NaNs made quiet, otherwise round to nearest even."""
     n = x.view(np.uint32)
     n = np.where((n & 0x7FFFFFFF) > 0x7F800000, (n & 0xFFFF0000) | (64 << 16), n)
@@ -75,9 +84,9 @@ def _bf16(x: np.ndarray) -> Fields:
     return {"x": n.astype(np.uint16)}
 
 
-_QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], Fields]] = {
-    GGMLType.F32: lambda x: {"x": x},
-    GGMLType.F16: lambda x: {"x": x},
+_QUANTIZERS: dict[GGMLType, Callable[..., Fields]] = {
+    GGMLType.F32: lambda bk, x: {"x": x},
+    GGMLType.F16: lambda bk, x: {"x": x},
     GGMLType.BF16: _bf16,
     GGMLType.Q4_0: _q4_0,
     GGMLType.Q4_1: _q4_1,
@@ -85,6 +94,29 @@ _QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], Fields]] = {
     GGMLType.Q5_1: _q5_1,
     GGMLType.Q8_0: _q8_0,
 }
+# The 32-element block types `quantize_jnp` writes (a quantised KV cache's types).
+JNP_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)
+
+
+def quantize_jnp(x: jax.Array, ggml_type: GGMLType | int, q8_variant: str = "ref") -> jax.Array:
+    """`quantize` in jnp, for use inside jit: float [..., n] -> uint8 [..., row_bytes] for
+    the block types of `JNP_TYPES` (the same formulas; `q8_variant` picks which of ggml's
+    Q8_0 quantisers, `formulas.q8_quants`). `ggml_type` must be static."""
+    import jax.numpy as jnp
+
+    t = GGMLType(ggml_type)
+    if t not in JNP_TYPES:
+        raise UnsupportedTensorTypeError(
+            f"no jnp quantiser for GGML type {t.name} (there is one for "
+            f"{', '.join(u.name for u in JNP_TYPES)})"
+        )
+    lay, bk = LAYOUTS[t], jax_backend()
+    if x.shape[-1] % lay.block_elems:
+        raise ValueError(f"cannot quantise shape {x.shape} to {t.name}: the last dim must be "
+                         f"a multiple of {lay.block_elems}")  # fmt: skip
+    blocks = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, lay.block_elems)
+    fields = _q8_0(bk, blocks, q8_variant) if t == GGMLType.Q8_0 else _QUANTIZERS[t](bk, blocks)
+    return lay.pack(bk, fields).reshape(*x.shape[:-1], -1)
 
 
 def quantize(x: np.ndarray, ggml_type: GGMLType | int) -> np.ndarray:
@@ -109,7 +141,7 @@ def quantize(x: np.ndarray, ggml_type: GGMLType | int) -> np.ndarray:
             f"multiple of {lay.block_elems}"
         )
     blocks = x.reshape(*x.shape[:-1], -1, lay.block_elems)
-    out = map_blocks(lambda b: lay.pack(NUMPY, fn(b)), blocks, lay.block_bytes, np.uint8)
+    out = map_blocks(lambda b: lay.pack(NUMPY, fn(NUMPY, b)), blocks, lay.block_bytes, np.uint8)
     return out.reshape(*x.shape[:-1], -1)
 
 
