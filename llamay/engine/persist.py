@@ -18,6 +18,7 @@ from llamay.errors import KVCacheFullError, RequestError, SnapshotError
 from llamay.kv.pages import copy_pages, read_pages, write_pages
 from llamay.kv.sequences import SeqKV
 from llamay.kv.snapshot import Snapshot
+from llamay.kv.types import kv_label, kv_pair
 
 
 def model_digest(path: Path) -> str:
@@ -104,12 +105,10 @@ class Persistence:
             kept = [i for i in range(P) if seq.local[i]]
             lk, lv = read_pages(self.kv, [seq.local[i] for i in kept], local=True)
             k, v = (self._interleave(g, loc, kept, P) for g, loc in ((k, lk), (v, lv)))
-        L, P, ps, K, D = k.shape
-        k = k.reshape(L, P * ps, K, D)[:, :n]
-        v = v.reshape(L, P * ps, K, D)[:, :n]
-        return Snapshot(
-            self._digest_of_model(), str(np.dtype(self.kv_dtype)), list(seq.tokens), k, v
-        )
+        L, P, ps, K, _ = k.shape
+        k = k.reshape(L, P * ps, K, -1)[:, :n]
+        v = v.reshape(L, P * ps, K, -1)[:, :n]
+        return Snapshot(self._digest_of_model(), kv_label(self.kv_dtype), list(seq.tokens), k, v)
 
     def _interleave(self, glob: np.ndarray, loc: np.ndarray, kept: list[int], P: int):
         """Every layer's pages [L, P, ps, K, D] from the global layers' [Lg, P, ...] and
@@ -123,17 +122,19 @@ class Persistence:
 
     def _restore(self, snap: Snapshot, request: Request) -> Handle:
         cfg = self.cfg
-        want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
+        if snap.kv_dtype != kv_label(self.kv_dtype):
+            raise SnapshotError(
+                f"the snapshot's KV cache type is {snap.kv_dtype}; this engine's is "
+                f"{kv_label(self.kv_dtype)} (load the model with the same numerics and "
+                "cache types, e.g. --cache-type-k/--cache-type-v)"
+            )
+        width = kv_pair(self.kv_dtype)[0].row_width(cfg.head_dim)
+        want = (cfg.n_layers, cfg.n_kv_heads, width)
         got = (snap.k.shape[0], snap.k.shape[2], snap.k.shape[3])
         if snap.model != self._digest_of_model() or got != want:
             raise SnapshotError(
                 f"the snapshot is of model {snap.model} (KV {got}); this engine runs "
                 f"{self._digest_of_model()} (KV {want})"
-            )
-        if snap.kv_dtype != str(np.dtype(self.kv_dtype)):
-            raise SnapshotError(
-                f"the snapshot's KV is {snap.kv_dtype}; this engine's is "
-                f"{np.dtype(self.kv_dtype)} (load the model with the same numerics)"
             )
         tokens = list(snap.tokens) + list(request.prompt_ids)
         n = min(snap.n_cached, len(tokens) - 1)
@@ -145,9 +146,9 @@ class Persistence:
         if n:
             ps, P = self.page_size, self.mgr.pages_for(n)
             pad = ((0, 0), (0, P * ps - n), (0, 0), (0, 0))
-            L, _, K, D = snap.k.shape
-            k = np.pad(snap.k[:, :n], pad).reshape(L, P, ps, K, D)
-            v = np.pad(snap.v[:, :n], pad).reshape(L, P, ps, K, D)
+            L, _, K, _ = snap.k.shape  # K and V rows may differ (e.g. q8_0 K, f16 V)
+            k = np.pad(snap.k[:, :n], pad).reshape(L, P, ps, K, -1)
+            v = np.pad(snap.v[:, :n], pad).reshape(L, P, ps, K, -1)
             self._sync_pool()
             glob = ~self.local_layers
             self.kv = write_pages(

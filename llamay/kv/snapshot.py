@@ -37,10 +37,13 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 @dataclass
 class Snapshot:
     model: str  # the model's digest ("sha256:...")
-    kv_dtype: str  # numpy dtype name of the cache ("float32", "float16", "bfloat16")
+    # the cache's type (`llamay.kv.types.kv_label`): a float cache's numpy dtype name
+    # ("float32", "float16", "bfloat16"), a block type's name ("q8_0", "q4_0", ...: k, v
+    # hold the rows' GGUF blocks, uint8 [L, n_cached, K, row bytes]), "K/V" if they differ
+    kv_dtype: str
     tokens: list[int]  # every token of the sequence; the first n_cached have K/V
-    k: np.ndarray  # [L, n_cached, K, D]
-    v: np.ndarray  # [L, n_cached, K, D]
+    k: np.ndarray  # [L, n_cached, K, D] (or row bytes)
+    v: np.ndarray  # [L, n_cached, K, D] (or row bytes)
 
     @property
     def n_cached(self) -> int:
@@ -94,7 +97,8 @@ class Snapshot:
         if meta.get("format") != FORMAT:
             raise SnapshotError(f"{path}: snapshot format {meta.get('format')}, expected {FORMAT}")
         dt = meta["kv_dtype"]
-        snap = Snapshot(meta["model"], dt, tokens, _cooked(k, dt), _cooked(v, dt))
+        kd, _, vd = dt.partition("/")  # "K/V" when the two types differ
+        snap = Snapshot(meta["model"], dt, tokens, _cooked(k, kd), _cooked(v, vd or kd))
         if named and not Path(path).name.startswith(snap.digest.split(":", 1)[1]):
             raise SnapshotError(f"{path}: its contents do not match its name (corrupt?)")
         return snap
