@@ -35,6 +35,7 @@ from llamay.serve.core import (
 )
 from llamay.serve.errors import ApiError, not_found
 from llamay.serve.fim import fim_ids
+from llamay.serve.llamacpp import timings
 from llamay.serve.logprobs import chat_logprobs, legacy_logprobs, prompt_logprobs
 from llamay.serve.lora_adapters import request_lora
 from llamay.serve.sampling import extra_params, make_sampler
@@ -330,11 +331,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             "choices": choices,
             "usage": _usage(gens),
             "system_fingerprint": "llamay",
+            "timings": timings(gens[0]),  # llama-server's, on its OpenAI answers too
         }
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def chunk(choices: list[dict], usage: dict | None = None) -> str:
+    def chunk(choices: list[dict], usage: dict | None = None, end: TextGen | None = None) -> str:
         obj = {
             "id": cid,
             "object": "chat.completion.chunk",
@@ -345,6 +347,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         }
         if include_usage:
             obj["usage"] = usage
+        if end is not None:  # a choice's last chunk: llama-server's timings
+            obj["timings"] = timings(end)
         return sse(obj)
 
     def choice(i: int, delta: dict, reason: str | None = None) -> dict:
@@ -369,7 +373,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                         yield chunk([choice(i, _call_delta(whole["name"]))])
                         args = json.dumps(whole["arguments"])
                         yield chunk([choice(i, _call_delta(None, args))])
-                    yield chunk([choice(i, {}, "length" if whole.get("cut") else "tool_calls")])
+                    reason = "length" if whole.get("cut") else "tool_calls"
+                    yield chunk([choice(i, {}, reason)], end=gens[i])
                     continue
                 name, piece = call.feed(delta)
                 if name is not None:
@@ -391,7 +396,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                             yield chunk([choice(i, out)])
                     else:
                         reason = _oa_reason(gens[i].finish_reason)
-                    yield chunk([choice(i, {}, reason)])
+                    yield chunk([choice(i, {}, reason)], end=gens[i])
                     continue
                 if out := autos[i].feed(delta):
                     yield chunk([choice(i, {"content": out})])
@@ -490,11 +495,12 @@ async def completions(body: CompletionRequest, request: Request):
             "choices": choices,
             "usage": usage(),
             "system_fingerprint": "llamay",
+            "timings": timings(gens[0]),
         }
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def chunk(choices: list[dict], use: dict | None = None) -> str:
+    def chunk(choices: list[dict], use: dict | None = None, end: TextGen | None = None) -> str:
         obj = {
             "id": cid,
             "object": "text_completion",
@@ -505,6 +511,8 @@ async def completions(body: CompletionRequest, request: Request):
         }
         if include_usage:
             obj["usage"] = use
+        if end is not None:
+            obj["timings"] = timings(end)
         return sse(obj)
 
     sent = [0] * len(gens)  # characters of each choice's text sent (logprob offsets)
@@ -523,7 +531,7 @@ async def completions(body: CompletionRequest, request: Request):
                 yield chunk([choice(i, echo(g), rows=echoed[i])])
         async for i, delta in merged(gens):
             if delta is None:
-                yield chunk([choice(i, "", _oa_reason(gens[i].finish_reason))])
+                yield chunk([choice(i, "", _oa_reason(gens[i].finish_reason))], end=gens[i])
             elif delta:
                 yield chunk([choice(i, delta)])
         if include_usage:

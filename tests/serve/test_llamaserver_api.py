@@ -418,3 +418,29 @@ def test_readme_request_shapes_are_accepted(http, method, path, body, keys):
         out = r.json()
         several = not any(isinstance(x, int) for x in body["prompt"])
         assert isinstance(out, list) == (several and len(body["prompt"]) > 1)
+
+
+def test_timings_on_the_openai_compatible_answers(server, tiny):
+    """llama-server adds `timings` to its /v1/chat/completions and /v1/completions
+    answers (and to each choice's last streamed chunk); the official client keeps them."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=3)
+    t = chat.model_extra["timings"]
+    assert t["predicted_n"] == chat.usage.completion_tokens
+    assert t["prompt_n"] + t["cache_n"] == chat.usage.prompt_tokens
+    assert t["cache_n"] == chat.usage.prompt_tokens_details.cached_tokens
+    cmpl = client.completions.create(model="tiny", prompt="The sea", max_tokens=3)
+    t = cmpl.model_extra["timings"]
+    assert t["predicted_n"] == cmpl.usage.completion_tokens == 3
+    assert t["prompt_n"] + t["cache_n"] == cmpl.usage.prompt_tokens
+    for stream in (
+        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=3, stream=True),
+        client.completions.create(model="tiny", prompt="The sea", max_tokens=3, stream=True),
+    ):
+        chunks = list(stream)
+        ends = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert len(ends) == 1 and ends[0].model_extra["timings"]["predicted_n"] == 3
+        assert all("timings" not in (c.model_extra or {}) for c in chunks if c not in ends)
