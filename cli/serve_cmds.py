@@ -167,6 +167,41 @@ def register_serve(app: typer.Typer) -> None:
                 'request\'s "lora" field turns them on).',
             ),
         ] = False,
+        model_draft: Annotated[
+            str | None,
+            typer.Option(
+                "--model-draft",
+                "-md",
+                help="Speculative decoding for the default model: a draft model (path or "
+                "name, with the same tokenizer) or 'ngram' (prompt lookup: no second model). "
+                "llama-server's flag.",
+            ),
+        ] = None,
+        draft_max: Annotated[
+            int | None,
+            typer.Option(
+                "--draft-max",
+                "--draft",
+                "--draft-n",
+                help="Most draft tokens per step (default 16; a request's speculative.n_max).",
+            ),
+        ] = None,
+        draft_min: Annotated[
+            int | None,
+            typer.Option(
+                "--draft-min",
+                "--draft-n-min",
+                help="Fewest draft tokens worth verifying (default 0; speculative.n_min).",
+            ),
+        ] = None,
+        draft_p_min: Annotated[
+            float | None,
+            typer.Option(
+                "--draft-p-min",
+                help="A draft model stops drafting after a token below this probability "
+                "(default 0.75; speculative.p_min).",
+            ),
+        ] = None,
         no_warmup: Annotated[
             bool,
             typer.Option(
@@ -204,6 +239,15 @@ def register_serve(app: typer.Typer) -> None:
         except LlamayError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=1) from None
+        if model_draft is not None:
+            from llamay.engine.speculative import check_draft_params
+
+            try:
+                check_draft_params(draft_max, draft_min, draft_p_min)
+            except LlamayError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--draft-*") from None
+            opts = {"draft_max": draft_max, "draft_min": draft_min, "p_min": draft_p_min}
+            models.speculative = {"draft": model_draft, **opts}
         if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
             print(f"warning: serving on {host} without --api-key", file=sys.stderr)
         app_ = create_app(

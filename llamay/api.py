@@ -150,8 +150,29 @@ class Model:
                     chunk=ENGINE_CHUNK,
                     n_pages=pages(min(whole, ENGINE_START_TOKENS)),
                     max_pages=pages(whole),
+                    speculative=getattr(self, "speculative", None),
                 )
             return self._engine
+
+    def use_draft(self, draft, draft_max=None, draft_min=None, p_min=None) -> Model:
+        """Speculative decoding for this model's engine (`llamay.engine.speculative`):
+        `draft` "ngram" (prompt lookup), a loaded Model or a path/name to load (same
+        tokenizer), a `Speculation`, or None (off); the rest llama.cpp's --draft-max,
+        --draft-min, --draft-p-min (its defaults when None). Returns self."""
+        from llamay.engine.speculative import DRAFT_MAX, DRAFT_MIN, DRAFT_P_MIN, Speculation
+
+        if draft is not None and not isinstance(draft, Speculation):
+            if not isinstance(draft, Model) and draft != "ngram":
+                draft = load(draft, numerics=self.numerics, n_ctx=self.n_ctx, progress=False)
+            draft = Speculation(
+                draft,
+                DRAFT_MAX if draft_max is None else draft_max,
+                DRAFT_MIN if draft_min is None else draft_min,
+                DRAFT_P_MIN if p_min is None else p_min,
+            )
+        self.close()  # the next engine drafts (or not)
+        self.speculative = draft
+        return self
 
     def warmup(self, rows=(1,), length: int = 512, prefill=None):
         """Compile the engine's step programs ahead of time into the persistent cache, so a
@@ -473,10 +494,13 @@ def load(
     n_ctx: int | None = None,
     progress: bool = True,
     lora=(),
+    draft=None,
 ) -> Model:
     """Load a model from a `.gguf` path or a store name (fetched on first use; a name
     llamay's store and catalogue lack may be a local Ollama store's). `lora`: llama.cpp
-    GGUF LoRA adapters [(path, scale), ...] applied unmerged (`Model.with_lora`)."""
+    GGUF LoRA adapters [(path, scale), ...] applied unmerged (`Model.with_lora`).
+    `draft`: speculative decoding in its engine, "ngram" or a draft model with the same
+    tokenizer (`Model.use_draft`)."""
     from llamay.ollama import find_blob
     from llamay.store import resolve
     from llamay.store.entries import adapter_paths
@@ -484,7 +508,7 @@ def load(
     if not Path(path_or_name).is_file():  # a store model's ADAPTER layers, at scale 1
         lora = [*((p, 1.0) for p in adapter_paths(str(path_or_name))), *lora]
 
-    return Model(
+    model = Model(
         resolve(str(path_or_name), progress=progress, elsewhere=find_blob)
         if not Path(path_or_name).is_file()
         else path_or_name,
@@ -492,3 +516,5 @@ def load(
         n_ctx=n_ctx,
         lora=lora,
     )
+    # speculative decoding: "ngram", a draft model's path or name, a Model, a Speculation
+    return model if draft is None else model.use_draft(draft)

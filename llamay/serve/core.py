@@ -129,6 +129,7 @@ class TextGen:
         self.token_ids: list[int] = []
         self.logprobs: int | None = None  # None: no log-probabilities
         self.lora: dict[int, float] | None = None  # per-request adapter scales (lora_adapters)
+        self.draft: dict[str, Any] = {}  # speculative decoding: draft_max/_min/_p_min
         self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self._logprobs_taken = 0
         self.text = ""
@@ -185,6 +186,7 @@ class TextGen:
             constraint=self.constraint,
             logprobs=self.logprobs,
             lora=self.lora,
+            **self.draft,
         )
         try:
             if self.start is not None:

@@ -34,6 +34,7 @@ from llamay.serve.errors import ApiError
 from llamay.serve.lora_adapters import request_lora
 from llamay.serve.models import Loaded
 from llamay.serve.sampling import extra_params, make_sampler
+from llamay.serve.speculative import draft_timings, request_draft
 from llamay.serve.state import ServerState, state
 
 router = APIRouter(tags=["llama.cpp"])
@@ -147,6 +148,7 @@ def timings(g: TextGen) -> dict[str, float]:
         "predicted_ms": dm,
         "predicted_per_token_ms": dm / dn if dn else 0.0,
         "predicted_per_second": dn / (dm / 1e3) if dm else 0.0,
+        **draft_timings(g.handle),  # speculative decoding: draft_n, draft_n_accepted
     }
 
 
@@ -221,6 +223,7 @@ async def complete(
         if body.n_probs:
             g.logprobs = post_probs.WIDTH if post else min(body.n_probs, 64)
         g.lora = request_lora(lm, body.model_extra)
+        g.draft = request_draft(body.model_extra)
         gens.append(g)
     several = len(gens) > 1
 
@@ -419,7 +422,11 @@ async def metrics(request: Request):
     queued = sum(int(s.get("queued", 0)) for _, s in stats)
     pages = sum(int(s.get("pages_used", s.get("kv_pages_used", 0))) for _, s in stats)
     held = sum(int(s.get("pages_held", 0)) for _, s in stats)
+    drafted = sum(int(s.get("draft_tokens", 0)) for _, s in stats)
+    accepted = sum(int(s.get("draft_accepted", 0)) for _, s in stats)
     rows += [
+        ("llamay_draft_tokens_total", "counter", "Draft tokens proposed (speculative)", drafted),
+        ("llamay_draft_accepted_total", "counter", "Draft tokens accepted", accepted),
         ("llamay_kv_pages_held", "gauge", "KV pages held by live sequences", held),
         ("llamacpp:requests_deferred", "gauge", "Requests waiting for a slot", queued),
         ("llamay_kv_pages_used", "gauge", "KV cache pages in use", pages),

@@ -26,10 +26,11 @@ from typing import Any
 from llamay.errors import ModelNotFoundError
 
 
-def make_engine(model, parallel: int = 8):
+def make_engine(model, parallel: int = 8, speculative=None):
     """The engine serving one model (the one place where the engine is chosen):
     continuous batching (`BatchEngine`, `parallel` slots) for every request, constrained
-    ones included (their token masks ride in the batch)."""
+    ones included (their token masks ride in the batch); `speculative`: its
+    `llamay.engine.speculative.Speculation` (--model-draft), or None."""
     from llamay.engine.scheduler import BatchEngine
 
     slots, page = max(1, parallel), 16
@@ -39,7 +40,14 @@ def make_engine(model, parallel: int = 8):
     n_pages = max(slots * -(-min(model.n_ctx, 1024) // page), full) + 1
     # clients' concurrent requests reach the engine one by one: gather them into one
     # first step (`BatchEngine` gather_s) rather than compile a step per arrival pattern
-    return BatchEngine(model, slots=slots, page_size=page, n_pages=n_pages, gather_s=0.025)
+    return BatchEngine(
+        model,
+        slots=slots,
+        page_size=page,
+        n_pages=n_pages,
+        gather_s=0.025,
+        speculative=speculative,
+    )
 
 
 @dataclass
@@ -228,12 +236,31 @@ class Models:
                 t0 = time.perf_counter()
                 loop = asyncio.get_running_loop()
                 model = await loop.run_in_executor(None, self._load, known.path, known.adapters)
-                engine = self.engine_factory(model, self.parallel)
+                draft = await loop.run_in_executor(None, self._drafting, known)
+                engine = self.engine_factory(model, self.parallel, **draft)
                 lm = Loaded(known, model, engine, load_seconds=time.perf_counter() - t0)
                 self.loaded[known.name] = lm
             lm.expires_at = self._expiry(keep_alive)
             lm.last_get = time.time()
             return lm
+
+    #: `llamay serve --model-draft`: {"draft": "ngram" or a model path/name, "draft_max",
+    #: "draft_min", "p_min"} for the default model's engine, or None
+    speculative: dict | None = None
+
+    def _drafting(self, known: Known) -> dict:
+        """The engine factory's speculative argument for `known` (the default model,
+        with --model-draft: its draft loaded here), else none."""
+        spec = self.speculative
+        if not spec or known.name != self.default_name:
+            return {}
+        from llamay.serve.speculative import speculation
+
+        def load(draft):
+            return self.loader(draft, self.n_ctx, self.numerics)
+
+        opts = {k: v for k, v in spec.items() if k != "draft"}
+        return {"speculative": speculation(spec["draft"], load, **opts)}
 
     def _load(self, path: Path, adapters=()):
         lora = {"lora": list(adapters)} if adapters else {}  # custom loaders may take none
