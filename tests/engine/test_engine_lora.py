@@ -178,3 +178,40 @@ def test_a_model_without_adapters_refuses_them():
         )
     finally:
         e.close()
+
+
+def test_smollm2_engine_mixes_its_adapter_and_none(smollm2_path, tmp_path):
+    """A real model (SmolLM2 Q4_1, llamacpp numerics, the qv adapter of
+    tests/fixtures/lora): rows with the adapter and without, in one batch, give the
+    library path's log-probabilities (`Model.logits`, itself held to llama.cpp in
+    tests/model/test_lora.py) and llama.cpp's own: bit-near without the adapter, within
+    its README's 1.0 with it."""
+    oracle("gguf")
+    gold = np.load(LORA / "smollm2.llamacpp.npz")
+    paths = make_lora.write_adapters(smollm2_path, "smollm2", tmp_path)
+    assert make_lora.sha256(paths["qv"]) == str(gold["sha256_qv"])
+    m = llamay.load(smollm2_path, numerics="llamacpp", lora=[(paths["qv"], 1.0)])
+    toks = [int(t) for t in gold["tokens"]]
+    rows = [(16, {0: 1.0}), (16, {}), (14, {0: 1.0}), (11, {})]
+    e = BatchEngine(m, slots=4, page_size=16, chunk=16)
+    try:
+        handles = [e.submit(Request(toks[:k], 1, GREEDY, lora=lo, logprobs=8)) for k, lo in rows]
+        firsts = [next(iter(h)) for h in handles]
+    finally:
+        e.close()
+    for (k, lora), ev in zip(rows, firsts, strict=True):
+        case = "qv" if lora else "none"
+        lib = (m if lora else m.with_lora([])).logits(toks[:k])[-1].astype(np.float64)
+        lib = lib - lib.max() - np.log(np.exp(lib - lib.max()).sum())
+        got = dict(ev.top_logprobs)
+        assert ev.token_id == int(np.argmax(lib))
+        for i, lp in got.items():
+            assert abs(lp - lib[i]) < 1e-2, (k, case, i, lp, lib[i])
+        ids, logits = gold[f"top_ids_{case}"][k - 1], gold[f"top_logits_{case}"][k - 1]
+        want = dict(zip(ids, logits, strict=True))
+        lse = gold[f"lse_{case}"][k - 1]
+        tol = 1.0 if lora else 0.05
+        common = [i for i in got if i in want]
+        assert len(common) >= 4, (k, case)
+        for i in common:
+            assert abs(got[i] - (want[i] - lse)) < tol, (k, case, i, got[i], want[i] - lse)
