@@ -49,6 +49,8 @@ ENGINE_SLOTS, ENGINE_PAGE, ENGINE_CHUNK, ENGINE_START_TOKENS = 4, 16, 256, 2048
 class Model:
     """A loaded model: config, weights pytree, tokenizer, and the calls that use them."""
 
+    projector = None  # a llamay.vision.Projector once attach_projector() (mmproj=) ran
+
     def __init__(
         self,
         path: str | os.PathLike,
@@ -180,6 +182,21 @@ class Model:
         from llamay.engine.warmup import warmup
 
         return warmup(self.engine, rows, length, prefill)
+
+    def attach_projector(self, mmproj) -> Model:
+        """Give this model images: `mmproj` a multimodal projector GGUF (llama-server's
+        --mmproj; `llamay.vision`). Returns self."""
+        from llamay.errors import ProjectorError
+        from llamay.vision import Projector
+
+        proj = mmproj if isinstance(mmproj, Projector) else Projector.load(mmproj)
+        if proj.cfg.n_text != self.config.d_model:
+            raise ProjectorError(
+                f"{proj.path}: the projector's output width {proj.cfg.n_text} is not this "
+                f"model's embedding width {self.config.d_model} (an mmproj for another model?)"
+            )
+        self.projector = proj
+        return self
 
     def close(self) -> None:
         """Stop the engine (cancelling what it runs); the model stays usable."""
@@ -423,6 +440,7 @@ class Model:
         after: str | None = None,
         format: str = "assert",
         closed_objects: bool = True,
+        images=None,
         **sampling,
     ) -> str | Iterator[str]:
         """Continue `prompt` (special-token text parsed, BOS per the model, as llama.cpp's
@@ -432,7 +450,12 @@ class Model:
         Structured output: one of `json_schema`, `grammar` (GBNF), `regex`, `choices`,
         `json` (`format`, `closed_objects`: as in `constraint()`). Other llama.cpp sampler
         parameters (`repeat_penalty`, `dry_multiplier`, `mirostat`, `typical_p`,
-        `samplers`...) pass through `sampling` to `Sampler`."""
+        `samplers`...) pass through `sampling` to `Sampler`.
+
+        `images` (a model loaded with `mmproj=`): one per `<__media__>` in the prompt, each
+        encoded bytes, a path, a PIL image or an HxWx3 uint8 array (`llamay.multimodal`;
+        these run on a dense single-sequence cache, not the batching engine, without
+        structured output)."""
         if not self.config.causal:
             raise RequestError(
                 f"{self.config.arch} is an embedding encoder, not a language model: it does "
@@ -445,6 +468,8 @@ class Model:
         con = self.constraint(
             json_schema, grammar, regex, choices, json, lenient, after, format, closed_objects
         )
+        if images is not None:
+            return self._generate_images(prompt, images, max_tokens, sampler, con, stream)
         ids = self.tokenize(prompt, add_special=True, parse_special=True)
         engine = self.engine
         handle = engine.submit(Request(ids, max_tokens, sampler, constraint=con))
@@ -459,6 +484,25 @@ class Model:
             e.partial = "".join(out)
             raise
         return "".join(out)
+
+    def _generate_images(self, prompt, images, max_tokens, sampler, con, stream):
+        from llamay import multimodal
+
+        if con is not None:
+            raise RequestError("structured output with images is not supported yet")
+        ids = multimodal.generate_ids(self, prompt, images, max_tokens, sampler)
+
+        def pieces():
+            dec = IncrementalDecoder(self.tokenizer)
+            for tok in ids:
+                piece = dec.feed(tok)
+                if piece:
+                    yield piece
+            tail = dec.flush()
+            if tail:
+                yield tail
+
+        return pieces() if stream else "".join(pieces())
 
     def _stream_text(self, engine, handle: Handle) -> Iterator[str]:
         dec = IncrementalDecoder(self.tokenizer)
@@ -494,11 +538,13 @@ def load(
     n_ctx: int | None = None,
     progress: bool = True,
     lora=(),
+    mmproj=None,
     draft=None,
 ) -> Model:
     """Load a model from a `.gguf` path or a store name (fetched on first use; a name
     llamay's store and catalogue lack may be a local Ollama store's). `lora`: llama.cpp
     GGUF LoRA adapters [(path, scale), ...] applied unmerged (`Model.with_lora`).
+    `mmproj`: a multimodal projector GGUF for images (`Model.attach_projector`).
     `draft`: speculative decoding in its engine, "ngram" or a draft model with the same
     tokenizer (`Model.use_draft`)."""
     from llamay.ollama import find_blob
@@ -517,4 +563,5 @@ def load(
         lora=lora,
     )
     # speculative decoding: "ngram", a draft model's path or name, a Model, a Speculation
-    return model if draft is None else model.use_draft(draft)
+    model = model if draft is None else model.use_draft(draft)
+    return model.attach_projector(mmproj) if mmproj is not None else model
