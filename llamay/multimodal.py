@@ -138,3 +138,43 @@ def prefill(cfg, weights, kv_dtype, chs, n_ctx: int, extra: int = 0):
         last = logits[0, m - 1]
         pos += m
     return last, kv, pos
+
+
+def generate_ids(model, prompt: str, images, max_tokens: int, sampler):
+    """Token ids continuing an image prompt on `model` (its `projector` attached): the
+    chunks prefilled as above, then one decode step per token with the model's sampler
+    chain on device (`llamay.engine.steps.decode_step`). The penalties' history is the
+    prompt's text tokens."""
+    from llamay.engine.steps import decode_step
+    from llamay.sample import SamplerState, SamplingParams, sample
+
+    if model.projector is None:
+        raise ImageError(
+            "this model has no vision projector: load it with mmproj=FILE "
+            "(llama-server's --mmproj) to give it images"
+        )
+    chs = chunks(model.tokenizer, model.projector, prompt, images)
+    rt, cfg = model.runtime, model.runtime.cfg
+    n = n_positions(chs)
+    budget = min(max_tokens, model.n_ctx - n)
+    logits, kv, pos = prefill(cfg, rt.weights, rt.kv_dtype, chs, model.n_ctx, extra=budget)
+    if budget <= 0:
+        return
+    text_ids = [t for kind, c in chs if kind == "text" for t in c]
+    pieces = model.token_pieces() if sampler.uses_dry else None
+    encode = model._encode_plain if sampler.uses_dry else None
+    params = SamplingParams.stack([sampler], getattr(cfg, "vocab", None), pieces, encode)
+    state = SamplerState.init([sampler], [text_ids], history=model.n_ctx)
+    nxt, state = sample(logits[None], params, state)
+    stop = frozenset(model.tokenizer.stop_ids)
+    for i in range(budget):
+        tok = int(nxt[0])
+        if tok in stop:
+            return
+        yield tok
+        if i + 1 == budget:
+            return
+        nxt, state, kv = decode_step(
+            cfg, rt.weights, kv, nxt, jnp.asarray([pos], jnp.int32), params, state
+        )
+        pos += 1

@@ -10,7 +10,8 @@ from fixture_data import fixture, tiny_model_file
 
 import llamay
 from llamay import multimodal
-from llamay.errors import ImageError
+from llamay.errors import ImageError, ProjectorError
+from llamay.sample import Sampler
 from llamay.vision import Projector
 
 IMAGES = ("square32", "wide45x29", "tall20x50")
@@ -111,3 +112,33 @@ def test_idefics3_needs_its_marker_tokens(images):
             multimodal.chunks(m.tokenizer, p, "x <__media__>", [images["square32"]])
     finally:
         m.close()
+
+
+def test_load_with_mmproj_generates_from_an_image(images):
+    """llamay.load(path, mmproj=...) and Model.generate(prompt, images=[...]): the first
+    greedy token is llama.cpp's top logit after the image prompt."""
+    g = np.load(fixture("vision", "mlp.llamacpp.npz"))
+    mmproj = fixture("vision", "mlp.mmproj.gguf")
+    with llamay.load(tiny_model_file("llama"), numerics="llamacpp", mmproj=mmproj) as m:
+        assert m.projector is not None and m.projector.kind == "mlp"
+        ids = list(
+            multimodal.generate_ids(
+                m, str(g["prompt"]), [images["wide45x29"]], 3, Sampler(temperature=0)
+            )
+        )
+        assert ids[0] == int(g["top_ids_wide45x29"][0])
+        text = m.generate(
+            str(g["prompt"]), images=[images["wide45x29"]], max_tokens=3, temperature=0
+        )
+        assert text == m.detokenize(ids)
+        with pytest.raises(ImageError, match="1 <__media__> markers for 0 images"):
+            m.generate("a <__media__>", images=[], max_tokens=1)
+
+
+def test_images_need_a_projector_of_the_models_width(images):
+    with llamay.load(tiny_model_file("llama")) as m:
+        with pytest.raises(ImageError, match="no vision projector"):
+            m.generate("<__media__>", images=[images["square32"]], max_tokens=1)
+    with llamay.load(tiny_model_file("qwen3")) as m:  # width 256, the projector's 64
+        with pytest.raises(ProjectorError, match="output width 64 is not this model's"):
+            m.attach_projector(fixture("vision", "gemma3.mmproj.gguf"))
