@@ -11,8 +11,22 @@ token texts) cannot do it: a clear error, never a prompt that ignores the suffix
 from __future__ import annotations
 
 from llamay.errors import RequestError
+from llamay.tok.vocab import FIM_TEXTS
 
 FIM_SLOTS = ("fim_pre", "fim_suf", "fim_mid")
+_OLD_KEYS = {"fim_pre": "prefix", "fim_suf": "suffix", "fim_mid": "middle"}
+
+
+def gguf_has_fim(meta: dict) -> bool:
+    """Whether GGUF metadata names the three FIM tokens (by key, or by the token texts
+    llama.cpp recognises), without building a tokenizer: Ollama's "insert" capability."""
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    texts = set(tokens) if isinstance(tokens, list) else set()
+    for slot in FIM_SLOTS:
+        keys = (f"tokenizer.ggml.{slot}_token_id", f"tokenizer.ggml.{_OLD_KEYS[slot]}_token_id")
+        if not any(isinstance(meta.get(k), int) for k in keys) and not texts & set(FIM_TEXTS[slot]):
+            return False
+    return True
 
 
 def fim_tokens(lm) -> tuple[int, int, int]:
@@ -23,9 +37,9 @@ def fim_tokens(lm) -> tuple[int, int, int]:
     missing = [k for k, i in zip(FIM_SLOTS, ids, strict=True) if i is None]
     if missing:
         raise RequestError(
-            f"model {lm.name!r} does not support fill-in-the-middle (suffix): its GGUF names "
-            f"no {', '.join(missing)} token (tokenizer.ggml.<name>_token_id); use a code "
-            "model with FIM tokens, or send the prompt without a suffix"
+            f"model {lm.name!r} does not support insert (fill-in-the-middle, suffix): its "
+            f"GGUF names no {', '.join(missing)} token (tokenizer.ggml.<name>_token_id); use "
+            "a code model with FIM tokens, or send the prompt without a suffix"
         )
     return ids[0], ids[1], ids[2]
 

@@ -20,6 +20,7 @@ from llamay import __version__
 from llamay.errors import ModelNotFoundError
 from llamay.serve.core import OpenModel, ndjson
 from llamay.serve.errors import ApiError
+from llamay.serve.fim import gguf_has_fim
 from llamay.serve.models import Known
 from llamay.serve.ollama import model_layers, ndjson_response
 from llamay.serve.state import ServerState, state
@@ -140,6 +141,8 @@ async def show(body: NameRequest, request: Request):
         capabilities = ["embedding"]
     elif "tools" in template:
         capabilities.append("tools")
+    if arch != "bert" and gguf_has_fim(meta):  # suffix works (llamay.serve.fim)
+        capabilities.append("insert")
     modified = (k.modified or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
     return {
         "license": "",

@@ -128,8 +128,8 @@ def _present_events(entry) -> None:
     if events_sink.get() is None:
         return
     emit(status="pulling manifest")
-    layers = (
-        [(x.digest, x.size) for x in entry.manifest.blobs()]
+    layers = (  # Ollama's order: the layers, then the config
+        [(x.digest, x.size) for x in (*entry.manifest.layers, entry.manifest.config)]
         if entry.manifest is not None
         else [(entry.digest, entry.size)]
     )
@@ -148,7 +148,7 @@ def _pull_registry(root: Path, ref: ModelRef, progress: bool, scheme: str) -> Pa
     emit(status="pulling manifest")
     man, _ = registry.manifest(ref.remote_repository, ref.tag)
     model = man.model()
-    for layer in man.blobs():
+    for layer in (*man.layers, man.config):  # Ollama's order: the layers, then the config
         hexdigest = blob_path(layer.digest, root).name.removeprefix("sha256-")
         source = OciBlobSource(ref.host, ref.remote_repository, layer.digest, layer.size, scheme)
         with lock(root, f"sha256-{hexdigest}", f"pulling {layer.digest}", progress=progress):

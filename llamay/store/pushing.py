@@ -1,7 +1,7 @@
 """Pushing a store model to an OCI registry, as `ollama push` does: every blob the
-manifest references (config first, then the layers) that the registry lacks is uploaded
-(HEAD to ask, POST for an upload session, one monolithic PUT with `?digest=`), then the
-manifest is PUT under its tag. The reverse of `pulling._pull_registry`.
+manifest references (the layers, then the config, Ollama's order) that the registry
+lacks is uploaded (HEAD to ask, POST for an upload session, one monolithic PUT with
+`?digest=`), then the manifest is PUT under its tag. The reverse of `pulling._pull_registry`.
 
 Events, when a sink is given, are Ollama's `/api/push` stream: `{"status": "retrieving
 manifest"}`, `{"status": "pushing <12 hex>", "digest", "total", "completed"}` per blob,
@@ -151,7 +151,7 @@ def push(
     emit(status="retrieving manifest")
     p = _Pusher(ref.host, default_scheme(ref.host, insecure), timeout)
     repo = ref.remote_repository
-    for layer in man.blobs():
+    for layer in (*man.layers, man.config):  # Ollama's order: the layers, then the config
         path = blob_path(layer.digest, root)
         if not path.is_file() or path.stat().st_size != layer.size:
             raise FetchError(f"{path} (a layer of {ref}) is missing or damaged; pull it again")

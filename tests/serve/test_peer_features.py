@@ -221,7 +221,10 @@ def test_ollama_suffix_fills_in_the_middle(http, srv, fim_model):
     # a model without FIM tokens: a clear 400, never a prompt that drops the suffix
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model="tiny", prompt=PREFIX, suffix=SUFFIX, options={"num_predict": 2})
-    assert e.value.status_code == 400 and "fill-in-the-middle" in e.value.error
+    assert e.value.status_code == 400 and "does not support insert" in e.value.error
+    # /api/show says which can: Ollama's "insert" capability
+    assert "insert" in client.show("fim").capabilities
+    assert "insert" not in client.show("tiny").capabilities
 
 
 def test_openai_suffix_fills_in_the_middle(http, srv, fim_model):

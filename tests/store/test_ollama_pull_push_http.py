@@ -79,16 +79,15 @@ def test_pull_streams_ollamas_sequence_fresh_and_present(env, registry, tiny) ->
     name = f"{registry.host}/{repo}:latest"
     with _server() as url:
         client = ollama.Client(host=url)
+        order = [*pushed.layers, pushed.config]  # Ollama's: the layers, then the config
         fresh = _strict(client.pull(name, stream=True))
-        _pull_sequence(fresh, pushed.blobs())
+        _pull_sequence(fresh, order)
         assert any(e["completed"] == 0 for e in fresh if "digest" in e)  # really fetched
         assert store.resolve(name, progress=False).read_bytes() == tiny.read_bytes()
         present = _strict(client.pull(name, stream=True))
-        _pull_sequence(present, pushed.blobs())
+        _pull_sequence(present, order)
         # present: each layer reported once, complete
-        assert [e["completed"] for e in present if "digest" in e] == [
-            b.size for b in pushed.blobs()
-        ]
+        assert [e["completed"] for e in present if "digest" in e] == [b.size for b in order]
         one = client.pull(name, stream=False)
         assert ProgressResponse.model_validate_json(one.model_dump_json()).status == "success"
         # curl's form (api.md): a body without Content-Type, stream false
@@ -122,6 +121,10 @@ def test_push_uploads_blobs_then_the_manifest(env, registry, tiny, tmp_path, mon
         statuses = [e["status"] for e in events]
         assert statuses[0] == "retrieving manifest"
         assert statuses[-2:] == ["pushing manifest", "success"]
+        digests = [e["digest"] for e in events if "digest" in e]
+        assert sorted(set(digests), key=digests.index) == [
+            b.digest for b in (*pushed.layers, pushed.config)
+        ]
         for b in pushed.blobs():
             mine = [e for e in events if e.get("digest") == b.digest]
             assert mine and all(e["status"] == f"pushing {b.hex[:12]}" for e in mine)
