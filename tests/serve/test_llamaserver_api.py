@@ -444,3 +444,27 @@ def test_timings_on_the_openai_compatible_answers(server, tiny):
         ends = [c for c in chunks if c.choices and c.choices[0].finish_reason]
         assert len(ends) == 1 and ends[0].model_extra["timings"]["predicted_n"] == 3
         assert all("timings" not in (c.model_extra or {}) for c in chunks if c not in ends)
+
+
+@pytest.mark.slow
+def test_serve_slot_save_path_flag(tiny_paths, serve_home, tmp_path):
+    """`llamay serve --slot-save-path DIR` (llama-server's flag): slot files land in DIR."""
+    import signal
+
+    from tests.serve.test_serve_cli import start_serve
+
+    proc, url = start_serve(tiny_paths, serve_home, "--slot-save-path", str(tmp_path))
+    try:
+        with httpx.Client(base_url=url, timeout=300) as c:
+            done = c.post("/completion", json={"prompt": "The sea", "n_predict": 2}).json()
+            slot = done["id_slot"]
+            r = c.post(f"/slots/{slot}?action=save", json={"filename": "cli.bin"})
+            assert r.status_code == 200, r.text
+            assert r.json()["n_written"] == (tmp_path / "cli.bin").stat().st_size
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001
+            proc.kill()
+            proc.wait(timeout=30)
