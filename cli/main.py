@@ -88,6 +88,25 @@ def generate(
         list[str] | None,
         typer.Option("--lora", help="A GGUF LoRA adapter, PATH or PATH:SCALE (repeatable)."),
     ] = None,
+    mmproj: Annotated[
+        Path | None,
+        typer.Option(
+            "--mmproj",
+            exists=True,
+            dir_okay=False,
+            help="A multimodal projector GGUF (llama.cpp's --mmproj): the model reads images.",
+        ),
+    ] = None,
+    image: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--image",
+            exists=True,
+            dir_okay=False,
+            help="An image file (repeatable, needs --mmproj): each goes where a <__media__> "
+            "is in PROMPT; without markers the images go first, as in llama-mtmd-cli.",
+        ),
+    ] = None,
 ) -> None:
     """Continue PROMPT with MODEL, streaming the generated text to stdout."""
     import llamay
@@ -113,10 +132,15 @@ def generate(
     )
     if samplers:
         sampling["samplers"] = samplers
+    images = [str(p) for p in image] if image else None
+    if images and "<__media__>" not in prompt:  # as llama-mtmd-cli: the images first
+        prompt = "<__media__>" * len(images) + prompt
     m = None
     try:
         t0 = time.perf_counter()
         m = llamay.load(model, n_ctx=n_ctx, lora=[lora_arg(a) for a in lora or ()])
+        if mmproj is not None:
+            m.attach_projector(mmproj)
         t_load = time.perf_counter() - t0
         t1 = time.perf_counter()  # first token: from here (tokenizing, engine start included)
         pieces = m.generate(
@@ -133,6 +157,7 @@ def generate(
             regex=regex,
             json=json_any,
             lenient=lenient,
+            images=images,
             **sampling,
         )
         first = None
