@@ -142,3 +142,27 @@ def test_images_need_a_projector_of_the_models_width(images):
     with llamay.load(tiny_model_file("qwen3")) as m:  # width 256, the projector's 64
         with pytest.raises(ProjectorError, match="output width 64 is not this model's"):
             m.attach_projector(fixture("vision", "gemma3.mmproj.gguf"))
+
+
+def test_cli_generate_with_mmproj_and_image(images, tmp_path):
+    """`llamay generate --mmproj FILE --image IMG`: a PNG read from disk, the prompt's
+    marker, and the first greedy token llama.cpp's (a 0.77 margin: exact numerics agree)."""
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from llamay_cli.main import app
+
+    g = np.load(fixture("vision", "mlp.llamacpp.npz"))
+    png = tmp_path / "wide.png"
+    Image.fromarray(images["wide45x29"]).save(png)
+    args = ["generate", "-m", str(tiny_model_file("llama")), "-n", "1", "--temperature", "0"]
+    args += ["--mmproj", str(fixture("vision", "mlp.mmproj.gguf")), "--image", str(png)]
+    r = CliRunner().invoke(app, [*args, str(g["prompt"])])
+    assert r.exit_code == 0, r.output
+    with llamay.load(tiny_model_file("llama")) as m:
+        expect = m.detokenize([int(g["top_ids_wide45x29"][0])])
+    assert r.stdout == expect + "\n"
+    r = CliRunner().invoke(
+        app, ["generate", "-m", str(tiny_model_file("llama")), "--image", str(png), "hi"]
+    )
+    assert r.exit_code != 0 and "no vision projector" in r.output
