@@ -107,6 +107,18 @@ def generate(
             "is in PROMPT; without markers the images go first, as in llama-mtmd-cli.",
         ),
     ] = None,
+    cache_type_k: Annotated[
+        str | None,
+        typer.Option(
+            "--cache-type-k",
+            "-ctk",
+            help="KV cache type for K: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0 (llama.cpp's).",
+        ),
+    ] = None,
+    cache_type_v: Annotated[
+        str | None,
+        typer.Option("--cache-type-v", "-ctv", help="KV cache type for V (as --cache-type-k)."),
+    ] = None,
 ) -> None:
     """Continue PROMPT with MODEL, streaming the generated text to stdout."""
     import llamay
@@ -138,7 +150,13 @@ def generate(
     m = None
     try:
         t0 = time.perf_counter()
-        m = llamay.load(model, n_ctx=n_ctx, lora=[lora_arg(a) for a in lora or ()])
+        m = llamay.load(
+            model,
+            n_ctx=n_ctx,
+            lora=[lora_arg(a) for a in lora or ()],
+            cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v,
+        )
         if mmproj is not None:
             m.attach_projector(mmproj)
         t_load = time.perf_counter() - t0

@@ -61,6 +61,17 @@ def _resolve_all(models: dict[str, str]) -> dict[str, Path]:
     return {name: resolve(target) for name, target in models.items()}
 
 
+def _cache_type(name: str | None, flag: str) -> str | None:
+    """A --cache-type-k/-v value checked against `llamay.kv.types.KV_TYPES`."""
+    from llamay.kv.types import KV_TYPES
+
+    if name is not None and name.lower() not in KV_TYPES:
+        raise typer.BadParameter(
+            f"{name!r} is not a KV cache type ({', '.join(KV_TYPES)})", param_hint=flag
+        )
+    return None if name is None else name.lower()
+
+
 def register(app: typer.Typer) -> None:
     """Add `serve` and `chat` to the `llamay` app."""
     register_serve(app)
@@ -167,6 +178,24 @@ def register_serve(app: typer.Typer) -> None:
                 'request\'s "lora" field turns them on).',
             ),
         ] = False,
+        cache_type_k: Annotated[
+            str | None,
+            typer.Option(
+                "--cache-type-k",
+                "-ctk",
+                help="KV cache type for K: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1 or q4_0 "
+                "(llama-server's flag; default f32). Block types need a head dim that is a "
+                "multiple of 32.",
+            ),
+        ] = None,
+        cache_type_v: Annotated[
+            str | None,
+            typer.Option(
+                "--cache-type-v",
+                "-ctv",
+                help="KV cache type for V (the types of --cache-type-k).",
+            ),
+        ] = None,
         model_draft: Annotated[
             str | None,
             typer.Option(
@@ -235,6 +264,8 @@ def register_serve(app: typer.Typer) -> None:
                 mesh=mesh,
                 pooling=pooling,
                 lora=lora_list(lora, lora_scaled, lora_init_without_apply),
+                cache_type_k=_cache_type(cache_type_k, "--cache-type-k"),
+                cache_type_v=_cache_type(cache_type_v, "--cache-type-v"),
             )
         except LlamayError as exc:
             print(f"error: {exc}", file=sys.stderr)

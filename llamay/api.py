@@ -30,6 +30,7 @@ from llamay.engine.api import Handle, Request
 from llamay.errors import ConstraintIncompleteError, RequestError
 from llamay.gguf import GGUFFile
 from llamay.kv import bucket, new_dense_kv
+from llamay.kv.types import kv_pair, kv_type
 from llamay.model import bind, logits_step
 from llamay.model import embed as embedding
 from llamay.runtime import enable_compilation_cache
@@ -46,6 +47,19 @@ KV_DTYPES = {"exact": jnp.float32, "llamacpp": jnp.float16}
 ENGINE_SLOTS, ENGINE_PAGE, ENGINE_CHUNK, ENGINE_START_TOKENS = 4, 16, 256, 2048
 
 
+def cache_types(numerics: str, kv_dtype=None, cache_type_k=None, cache_type_v=None):
+    """The KV cache spec of a model (`llamay.kv.types`): the numerics' default
+    (`KV_DTYPES`) unless `kv_dtype` (one type, or a (K, V) pair) or llama.cpp's
+    `cache_type_k` / `cache_type_v` names (f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0)
+    say otherwise. Returns the default dtype itself, one name, or a (K, V) pair."""
+    if kv_dtype is None and cache_type_k is None and cache_type_v is None:
+        return KV_DTYPES[numerics]
+    k, v = kv_pair(KV_DTYPES[numerics] if kv_dtype is None else kv_dtype)
+    k = kv_type(cache_type_k) if cache_type_k is not None else k
+    v = kv_type(cache_type_v) if cache_type_v is not None else v
+    return k.name if k == v else (k.name, v.name)
+
+
 class Model:
     """A loaded model: config, weights pytree, tokenizer, and the calls that use them."""
 
@@ -57,9 +71,13 @@ class Model:
         numerics: str = "exact",
         n_ctx: int | None = None,
         lora=(),
+        kv_dtype=None,
+        cache_type_k: str | None = None,
+        cache_type_v: str | None = None,
     ):
         if numerics not in NUMERICS:
             raise RequestError(f"numerics must be one of {NUMERICS}, not {numerics!r}")
+        kv_spec = cache_types(numerics, kv_dtype, cache_type_k, cache_type_v)
         enable_compilation_cache()
         self.path = Path(path)
         self.numerics = numerics
@@ -72,7 +90,9 @@ class Model:
         self.adapters, self.weights = self._attach(lora)
         ctx = self.config.context_length
         self.n_ctx = min(n_ctx or ctx, ctx)
-        self.runtime = Runtime(self.config, self.weights, self.n_ctx, KV_DTYPES[numerics])
+        for t in kv_pair(kv_spec):
+            t.row_width(self.config.head_dim)  # a block type needs head_dim % 32 == 0
+        self.runtime = Runtime(self.config, self.weights, self.n_ctx, kv_spec)
         # how embed() pools by default: the GGUF's <arch>.pooling_type (none when absent)
         self.pooling = embedding.pooling_of(self.gguf.metadata)
         self._engine = None
@@ -540,13 +560,19 @@ def load(
     lora=(),
     mmproj=None,
     draft=None,
+    kv_dtype=None,
+    cache_type_k: str | None = None,
+    cache_type_v: str | None = None,
 ) -> Model:
     """Load a model from a `.gguf` path or a store name (fetched on first use; a name
     llamay's store and catalogue lack may be a local Ollama store's). `lora`: llama.cpp
     GGUF LoRA adapters [(path, scale), ...] applied unmerged (`Model.with_lora`).
     `mmproj`: a multimodal projector GGUF for images (`Model.attach_projector`).
     `draft`: speculative decoding in its engine, "ngram" or a draft model with the same
-    tokenizer (`Model.use_draft`)."""
+    tokenizer (`Model.use_draft`).
+    `kv_dtype`: the KV cache type (f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0: llama.cpp's
+    `-ctk/-ctv` types; or a (K, V) pair), or `cache_type_k` / `cache_type_v` one each;
+    by default f32 (exact) or f16 (llamacpp). See `llamay.kv.types`."""
     from llamay.ollama import find_blob
     from llamay.store import resolve
     from llamay.store.entries import adapter_paths
@@ -561,6 +587,9 @@ def load(
         numerics=numerics,
         n_ctx=n_ctx,
         lora=lora,
+        kv_dtype=kv_dtype,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
     )
     # speculative decoding: "ngram", a draft model's path or name, a Model, a Speculation
     model = model if draft is None else model.use_draft(draft)

@@ -6,7 +6,8 @@ float16 and bfloat16 arrays are those types; a uint8 array of D/32·b bytes a ro
 GGUF blocks of the 32-element type with b bytes a block (Q8_0 34, Q5_1 24, Q5_0 22,
 Q4_1 20, Q4_0 18). Rows are written as llama.cpp's CPU backend writes its cache
 (ggml_set_rows with the type's `from_float`): Q8_0 by `quantize_row_q8_0`'s x86 SIMD
-code, the others by their reference quantisers, f16/bf16 round to nearest even; and
+code, the others by their reference quantisers (in ggml-base, built without FMA: x·(1/d)
+and + offset rounded apart, as gguf-py computes them), f16/bf16 round to nearest even; and
 read back with `dequantize_jnp` (exact in f32).
 """
 

@@ -99,10 +99,13 @@ def _path_digest(path: Path) -> str:
     return "sha256:" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()
 
 
-def default_loader(path: Path, n_ctx: int | None, numerics: str, lora=()):
+def default_loader(path: Path, n_ctx: int | None, numerics: str, lora=(), **cache_types):
+    """`cache_types`: cache_type_k / cache_type_v (`llamay.load`'s)."""
     import llamay
 
-    model = llamay.load(path, n_ctx=n_ctx, numerics=numerics, progress=False, lora=lora)
+    model = llamay.load(
+        path, n_ctx=n_ctx, numerics=numerics, progress=False, lora=lora, **cache_types
+    )
     # A server outlives the tokenizer's per-text engines: build the full one while
     # loading rather than stall a request on it later (it holds the GIL for seconds).
     model.tokenizer.warm()
@@ -138,12 +141,21 @@ class Models:
         mesh: str | None = None,
         pooling: str | None = None,
         lora: list[tuple[str | os.PathLike, float]] | None = None,
+        cache_type_k: str | None = None,
+        cache_type_v: str | None = None,
     ):
         """`mesh`: shard every model over devices, "dp=N,tp=M" (llamay.model.sharding's
         rules, as `llamay eval --mesh`); checked against the visible devices here.
         `pooling`: every model's embedding pooling (llama-server's --pooling), else each
         GGUF's own. `lora`: LoRA adapters [(path, scale)] the default model loads with
-        (llama-server's --lora; `/lora-adapters` lists them and sets their scales)."""
+        (llama-server's --lora; `/lora-adapters` lists them and sets their scales).
+        `cache_type_k` / `cache_type_v`: every model's KV cache types (llama-server's
+        --cache-type-k/-v: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; `llamay.kv.types`)."""
+        self.cache_types = {
+            k: v
+            for k, v in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v))
+            if v is not None
+        }
         self.lora = tuple((Path(p), float(s)) for p, s in lora or ())
         self.pooling = pooling
         self.mesh = _make_mesh(mesh)
@@ -264,7 +276,7 @@ class Models:
 
     def _load(self, path: Path, adapters=()):
         lora = {"lora": list(adapters)} if adapters else {}  # custom loaders may take none
-        model = self.loader(path, self.n_ctx, self.numerics, **lora)
+        model = self.loader(path, self.n_ctx, self.numerics, **lora, **self.cache_types)
         if self.pooling is not None:
             model.pooling = self.pooling
         if self.mesh is not None:
