@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -212,6 +213,9 @@ async def complete(
     if post:
         post_probs.check(sampler, body.grammar is not None or body.json_schema is not None)
     stop_ids = frozenset() if body.ignore_eos else None
+    if body.n_predict == 0 and kept.supports_kv(lm.engine):
+        outs = [await _evaluate(st, lm, i, ids) for i, ids in enumerate(prompts)]
+        return outs if len(outs) > 1 else outs[0]
     gens = []
     for ids in prompts:
         con = await st.constraint(lm, json_schema=body.json_schema, grammar=body.grammar)
@@ -305,6 +309,51 @@ async def complete(
             yield sse(out)
 
     return sse_response(await primed(events()), "llamacpp")
+
+
+async def _evaluate(st: ServerState, lm: Loaded, index: int, ids: list[int]) -> dict[str, Any]:
+    """n_predict 0: "no tokens will be generated but the prompt is evaluated into the
+    cache" (llama-server's README): a prefill-only request whose K/V go to the prefix
+    cache, and its slot holds the prompt (for /slots/{id}?action=save)."""
+    check_ids(lm, [ids])
+    if not ids:
+        raise RequestError("the prompt is empty (no tokens to evaluate)")
+    t0 = time.perf_counter()
+    seq = await kept.prefill(lm.engine, ids)
+    handle = seq.handle
+    seq.drop()
+    ms = (time.perf_counter() - t0) * 1e3
+    if handle.slot is not None:
+        st.slot_tokens[(lm.name, handle.slot)] = list(ids)
+    cached = handle.usage.cached_tokens
+    n = len(ids) - cached
+    return {
+        "index": index,
+        "content": "",
+        "tokens": [],
+        "id_slot": handle.slot if handle.slot is not None else -1,
+        "stop": True,
+        "model": lm.name,
+        "tokens_predicted": 0,
+        "tokens_evaluated": len(ids),
+        "prompt": lm.model.detokenize(ids),
+        "truncated": False,
+        "stop_type": "limit",
+        "stopping_word": "",
+        "tokens_cached": cached,
+        "has_new_line": False,
+        "timings": {
+            "cache_n": cached,
+            "prompt_n": n,
+            "prompt_ms": ms,
+            "prompt_per_token_ms": ms / n if n else 0.0,
+            "prompt_per_second": n / (ms / 1e3) if ms and n else 0.0,
+            "predicted_n": 0,
+            "predicted_ms": 0.0,
+            "predicted_per_token_ms": 0.0,
+            "predicted_per_second": 0.0,
+        },
+    }
 
 
 def _post_probs(lm: Loaded, sampler, rows, n_probs: int) -> list[dict[str, Any]]:

@@ -468,3 +468,23 @@ def test_serve_slot_save_path_flag(tiny_paths, serve_home, tmp_path):
         except Exception:  # noqa: BLE001
             proc.kill()
             proc.wait(timeout=30)
+
+
+def test_n_predict_0_evaluates_the_prompt_into_the_cache(http, server, slot_dir, tiny):
+    """README: "When 0, no tokens will be generated but the prompt is evaluated into the
+    cache" - the next request sharing the prompt starts past it, and the slot holds it."""
+    prompt = "A lighthouse stood on the rocks and its keeper counted every wave. " * 2
+    ids = tiny.tokenize(prompt, add_special=True, parse_special=True)
+    r = http.post("/completion", json={"prompt": prompt, "n_predict": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["content"] == "" and body["tokens_predicted"] == 0
+    assert body["tokens_evaluated"] == len(ids) and body["stop"] is True
+    more = ids + tiny.tokenize(" The end.", add_special=False, parse_special=False)
+    nxt = http.post("/completion", json={"prompt": more, "n_predict": 2, "temperature": 0})
+    assert nxt.json()["timings"]["cache_n"] >= (len(ids) - 1) // 16 * 16 > 0
+    assert nxt.json()["content"] == _text(tiny, more, 2)[0]
+    http.post("/completion", json={"prompt": prompt, "n_predict": 0})
+    wait_idle(server.state)
+    saved = http.post(f"/slots/{body['id_slot']}?action=save", json={"filename": "p.bin"})
+    assert saved.status_code == 200 and saved.json()["n_saved"] == len(ids)
