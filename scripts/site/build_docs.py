@@ -210,6 +210,7 @@ PAGES: list[tuple[str, str]] = [
     ("python-api.html", "Python API"),
     ("http-api.html", "HTTP API"),
     ("evaluation.html", "Evaluation"),
+    ("vision.html", "Vision models"),
     ("architectures.html", "Architectures"),
     ("quant-types.html", "Quantisation types"),
     ("design.html", "Design"),
