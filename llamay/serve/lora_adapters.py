@@ -77,7 +77,7 @@ def listing(lm: Loaded) -> list[dict[str, Any]]:
             {
                 "id": i,
                 "path": str(ad.path),
-                "scale": float(scales[i]),
+                "scale": float(str(scales[i])),  # f32's shortest form: 0.7, not 0.69999...
                 "task_name": str(meta.get("adapter.lora.task_name", "")),
                 "prompt_prefix": str(meta.get("adapter.lora.prompt_prefix", "")),
             }

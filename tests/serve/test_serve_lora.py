@@ -199,3 +199,38 @@ def test_cli_lora_flags():
     assert lora_list(["a.gguf:0.5"], [], True) == [("a.gguf", 0.0)]
     with pytest.raises(typer.BadParameter, match="not PATH:SCALE"):
         lora_list([], ["c.gguf"], False)
+
+
+def test_llamay_serve_lora_flags_as_a_process(tiny_paths, serve_home, adapters, ref):
+    """`llamay serve --lora PATH:SCALE --lora-scaled PATH:SCALE` as a process: the adapters
+    at those scales, requests without a `lora` field applying them."""
+    import signal
+    import subprocess
+
+    from tests.serve.test_serve_cli import start_serve
+
+    proc, url = start_serve(
+        tiny_paths,
+        serve_home,
+        "--lora",
+        f"{adapters['wide']}:0.7",
+        "--lora-scaled",
+        f"{adapters['narrow']}:1.5",
+    )
+    try:
+        listed = httpx.get(url + "/lora-adapters", timeout=120).json()
+        assert [(a["path"], a["scale"]) for a in listed] == [
+            (str(adapters["wide"]), 0.7),
+            (str(adapters["narrow"]), 1.5),
+        ]
+        body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0}
+        got = httpx.post(url + "/completion", json=body, timeout=300).json()["content"]
+        both = [("wide", 0.7), ("narrow", 1.5)]
+        assert got == _text(ref, _tokens(ref, both, adapters, PROMPT))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
