@@ -104,8 +104,13 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             text = "".join(p.get("text", "") for p in it.get("content", []))
             out.append({"role": "assistant", "content": text})
         elif it.get("type") == "function_call":
-            fn = {"name": it["name"], "arguments": it["arguments"]}
-            call = T.history_call({"id": it["call_id"], "function": fn}, "the previous response")
+            if not it.get("name"):  # a call cut off before its name: nothing to replay
+                continue
+            fn = {"name": it["name"], "arguments": it.get("arguments", "")}
+            try:
+                call = T.history_call({"id": it.get("call_id"), "function": fn}, "a call")
+            except ApiError:  # storing never fails the response it stores
+                continue
             if out and out[-1].get("tool_calls") and not out[-1]["content"]:
                 out[-1]["tool_calls"].append(call)
             else:

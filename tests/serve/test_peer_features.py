@@ -575,3 +575,37 @@ def test_exposition_parser_refuses_malformed_text():
     for text in bad:
         with pytest.raises(AssertionError):
             parse_exposition(text)
+
+
+def test_stored_function_call_continues_like_the_explicit_conversation(srv):
+    """A stored response that called a function, continued with the call's output by
+    previous_response_id, is the conversation sent in full as input items (OpenAI's
+    equivalence), token for token; a call cut off before its name is stored too."""
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": WEATHER["input_schema"],
+    }
+    kw = dict(model="tiny", temperature=0, tools=[tool])
+    r1 = client.responses.create(input="Weather in Paris?", tool_choice="required", **kw)
+    call = r1.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    out = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}
+    r2 = client.responses.create(input=[out], previous_response_id=r1.id, max_output_tokens=4, **kw)
+    full = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+        },
+        out,
+    ]
+    r3 = client.responses.create(input=full, max_output_tokens=4, **kw)
+    assert r2.usage.input_tokens == r3.usage.input_tokens
+    assert r2.output_text == r3.output_text
+    cut = client.responses.create(input="Hi", tool_choice="required", max_output_tokens=3, **kw)
+    assert cut.status == "incomplete" and client.responses.retrieve(cut.id).id == cut.id
