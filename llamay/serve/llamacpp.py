@@ -59,7 +59,9 @@ class CompletionRequest(OpenModel):
     logit_bias: list[list[Any]] | dict[str, Any] | None = None
     return_tokens: bool = False
     post_sampling_probs: bool = False
-    id_slot: int = -1  # accepted; the engine places each request in a free slot
+    # llama-server's slot for the request: the engine runs it in a free slot of its own,
+    # and the server files its tokens under this one (for /slots/{id}?action=save)
+    id_slot: int = -1
 
 
 class TokenizeRequest(OpenModel):
@@ -213,8 +215,12 @@ async def complete(
     if post:
         post_probs.check(sampler, body.grammar is not None or body.json_schema is not None)
     stop_ids = frozenset() if body.ignore_eos else None
+    n_slots = len(slots.occupants(st, lm))
+    if body.id_slot >= n_slots:
+        raise ApiError(400, "Invalid slot ID", param="id_slot", kind="invalid_request_error")
+    pin = body.id_slot if len(prompts) == 1 else -1
     if body.n_predict == 0 and kept.supports_kv(lm.engine):
-        outs = [await _evaluate(st, lm, i, ids) for i, ids in enumerate(prompts)]
+        outs = [await _evaluate(st, lm, i, ids, pin) for i, ids in enumerate(prompts)]
         return outs if len(outs) > 1 else outs[0]
     gens = []
     for ids in prompts:
@@ -224,6 +230,7 @@ async def complete(
             lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids, start=start
         )
         g.keeps = start is not None  # its K/V are kept (a fork): released when it ends
+        g.id_slot = pin
         if body.n_probs:
             g.logprobs = post_probs.WIDTH if post else min(body.n_probs, 64)
         g.lora = request_lora(lm, body.model_extra)
@@ -242,7 +249,7 @@ async def complete(
             "index": i,
             "content": content,
             "tokens": tokens,
-            "id_slot": g.handle.slot if g.handle is not None and g.handle.slot is not None else -1,
+            "id_slot": _slot_of(g),
             "stop": True,
             "model": lm.name,
             "tokens_predicted": g.completion_tokens,
@@ -303,7 +310,7 @@ async def complete(
                 yield sse(end)
                 continue
             out = {"index": i, "content": delta, "tokens": new_tokens(i), "stop": False}
-            out["id_slot"] = g.handle.slot if g.handle is not None else -1
+            out["id_slot"] = _slot_of(g)
             if body.n_probs:
                 out["completion_probabilities"] = probs(g, g.take_logprobs())
             yield sse(out)
@@ -311,7 +318,16 @@ async def complete(
     return sse_response(await primed(events()), "llamacpp")
 
 
-async def _evaluate(st: ServerState, lm: Loaded, index: int, ids: list[int]) -> dict[str, Any]:
+def _slot_of(g: TextGen) -> int:
+    if getattr(g, "id_slot", -1) >= 0:
+        return g.id_slot
+    slot = g.handle.slot if g.handle is not None else None
+    return -1 if slot is None else slot
+
+
+async def _evaluate(
+    st: ServerState, lm: Loaded, index: int, ids: list[int], pin: int = -1
+) -> dict[str, Any]:
     """n_predict 0: "no tokens will be generated but the prompt is evaluated into the
     cache" (llama-server's README): a prefill-only request whose K/V go to the prefix
     cache, and its slot holds the prompt (for /slots/{id}?action=save)."""
@@ -323,15 +339,16 @@ async def _evaluate(st: ServerState, lm: Loaded, index: int, ids: list[int]) -> 
     handle = seq.handle
     seq.drop()
     ms = (time.perf_counter() - t0) * 1e3
-    if handle.slot is not None:
-        st.slot_tokens[(lm.name, handle.slot)] = list(ids)
+    slot = pin if pin >= 0 else handle.slot
+    if slot is not None:
+        st.slot_tokens[(lm.name, slot)] = list(ids)
     cached = handle.usage.cached_tokens
     n = len(ids) - cached
     return {
         "index": index,
         "content": "",
         "tokens": [],
-        "id_slot": handle.slot if handle.slot is not None else -1,
+        "id_slot": slot if slot is not None else -1,
         "stop": True,
         "model": lm.name,
         "tokens_predicted": 0,

@@ -141,7 +141,7 @@ def _slot_json(st: ServerState, lm: Loaded, i: int, active: Any) -> dict[str, An
     }
 
 
-def _occupants(st: ServerState, lm: Loaded) -> list[Any]:
+def occupants(st: ServerState, lm: Loaded) -> list[Any]:
     slots = getattr(lm.engine, "slots", None)
     return list(slots) if slots is not None else [None] * max(1, st.models.parallel)
 
@@ -153,10 +153,10 @@ async def slots(request: Request, model: str | None = None, fail_on_no_slot: str
     every slot is busy."""
     st = state(request)
     lm = await st.models.get(model, lenient=True)
-    occupants = _occupants(st, lm)
-    if fail_on_no_slot and all(a is not None for a in occupants):
+    held = occupants(st, lm)
+    if fail_on_no_slot and all(a is not None for a in held):
         raise ApiError(503, "no slot available", kind="unavailable_error")
-    return [_slot_json(st, lm, i, a) for i, a in enumerate(occupants)]
+    return [_slot_json(st, lm, i, a) for i, a in enumerate(held)]
 
 
 def _kept(st: ServerState) -> dict[tuple[str, int], kept.Kept]:
@@ -179,7 +179,7 @@ def restored_for(st: ServerState, lm: Loaded, ids: list[int]):
 
 async def _wait_idle(st: ServerState, lm: Loaded, i: int) -> None:
     deadline = time.monotonic() + WAIT_IDLE_S
-    while _occupants(st, lm)[i] is not None:
+    while occupants(st, lm)[i] is not None:
         if time.monotonic() > deadline:
             raise ApiError(503, f"slot {i} stayed busy", kind="unavailable_error")
         await asyncio.sleep(0.05)
@@ -201,7 +201,7 @@ async def slot_action(
         i = int(id_slot)
     except ValueError:
         raise ApiError(400, "Invalid slot ID", kind="invalid_request_error") from None
-    if not 0 <= i < len(_occupants(st, lm)):
+    if not 0 <= i < len(occupants(st, lm)):
         raise ApiError(400, "Invalid slot ID", kind="invalid_request_error")
     if action == "erase":
         n = len(st.slot_tokens.pop((lm.name, i), ()))

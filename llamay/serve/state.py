@@ -46,6 +46,7 @@ class MeteredGen(TextGen):
 
     metrics: Metrics
     slot_tokens: dict[tuple[str, int], list[int]]
+    id_slot: int = -1
 
     async def stream(self):
         self.metrics.in_flight += 1
@@ -55,8 +56,10 @@ class MeteredGen(TextGen):
         finally:
             self.metrics.in_flight -= 1
             self.metrics.record(self)
-            slot = getattr(self.handle, "slot", None)
-            if slot is not None:  # what that engine slot last held (llama-server's slot cache)
+            # what that slot last held (llama-server's slot cache): the slot the request
+            # named (llama-server's id_slot), else the engine slot it ran in
+            slot = self.id_slot if self.id_slot >= 0 else getattr(self.handle, "slot", None)
+            if slot is not None:
                 self.slot_tokens[(self.lm.name, slot)] = self.prompt_ids + self.token_ids
 
 

@@ -488,3 +488,17 @@ def test_n_predict_0_evaluates_the_prompt_into_the_cache(http, server, slot_dir,
     wait_idle(server.state)
     saved = http.post(f"/slots/{body['id_slot']}?action=save", json={"filename": "p.bin"})
     assert saved.status_code == 200 and saved.json()["n_saved"] == len(ids)
+
+
+def test_id_slot_names_the_slot_a_request_fills(http, server, slot_dir, tiny):
+    """README: `id_slot` assigns the completion to a slot; saving that slot then saves
+    this request's sequence, whichever engine slot ran it."""
+    last = server.state.models.parallel - 1
+    req = {"prompt": "The sea", "n_predict": 3, "temperature": 0, "id_slot": last}
+    out = http.post("/completion", json=req).json()
+    assert out["id_slot"] == last
+    wait_idle(server.state)
+    saved = http.post(f"/slots/{last}?action=save", json={"filename": "pin.bin"}).json()
+    assert saved["n_saved"] == out["tokens_evaluated"] + out["tokens_predicted"]
+    r = http.post("/completion", json={**req, "id_slot": last + 1})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid slot ID"
