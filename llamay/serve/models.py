@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from llamay.errors import ModelNotFoundError
+from llamay.errors import AdapterError, ModelNotFoundError
 
 
 def make_engine(model, parallel: int = 8, speculative=None):
@@ -157,6 +157,11 @@ class Models:
             if v is not None
         }
         self.lora = tuple((Path(p), float(s)) for p, s in lora or ())
+        if self.lora and not configured:
+            raise AdapterError("LoRA adapters (--lora) are for the first --model: give one")
+        for p, _ in self.lora:
+            if not p.is_file():
+                raise AdapterError(f"{p}: no such LoRA adapter file")
         self.pooling = pooling
         self.mesh = _make_mesh(mesh)
         self.configured = {k: Path(v) for k, v in (configured or {}).items()}

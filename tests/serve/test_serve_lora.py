@@ -234,3 +234,12 @@ def test_llamay_serve_lora_flags_as_a_process(tiny_paths, serve_home, adapters, 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def test_serve_lora_needs_a_model_and_a_file(tiny_paths, tmp_path):
+    from llamay.errors import AdapterError
+
+    with pytest.raises(AdapterError, match="for the first --model"):
+        Models({}, lora=[(tmp_path / "x.gguf", 1.0)])
+    with pytest.raises(AdapterError, match="no such LoRA adapter file"):
+        Models({"tiny": tiny_paths["tiny"]}, lora=[(tmp_path / "x.gguf", 1.0)])
