@@ -46,6 +46,8 @@ def request_scales(lora: Any, n: int, default: np.ndarray) -> tuple[float, ...]:
     {id: scale} (the adapters not named: 0) or a sequence of `n` scales."""
     if lora is None:
         return tuple(float(s) for s in default)
+    if isinstance(lora, np.ndarray):
+        lora = lora.tolist()
     if n == 0 and lora:
         raise RequestError("the request names LoRA adapters, but the model has none loaded")
     out = [0.0] * n
