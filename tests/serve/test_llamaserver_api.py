@@ -401,6 +401,10 @@ README_REQUESTS = [
     ("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2}, {"choices"}),
     ("POST", "/chat/completions", {"messages": MSGS,
                                    "max_tokens": 2}, {"choices"}),
+    ("POST", "/responses", {"input": "hi", "max_output_tokens": 2}, {"output"}),
+    ("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 2}, {"output"}),
+    ("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2, "n_probs": 2,
+                                      "grammar": 'root ::= "yes" | "no"'}, {"choices"}),
     ("POST", "/slots/0?action=erase", None, None),  # without --slot-save-path: 501
 ]  # fmt: skip
 
