@@ -62,6 +62,9 @@ class CompletionRequest(OpenModel):
     # llama-server's slot for the request: the engine runs it in a free slot of its own,
     # and the server files its tokens under this one (for /slots/{id}?action=save)
     id_slot: int = -1
+    # completions per prompt (llama-server's n_cmpl, alias n; 1 to the slot count)
+    n_cmpl: int | None = None
+    n: int | None = None
 
 
 class TokenizeRequest(OpenModel):
@@ -218,6 +221,10 @@ async def complete(
     n_slots = len(slots.occupants(st, lm))
     if body.id_slot >= n_slots:
         raise ApiError(400, "Invalid slot ID", param="id_slot", kind="invalid_request_error")
+    n_cmpl = body.n_cmpl if body.n_cmpl is not None else body.n if body.n is not None else 1
+    if not 1 <= n_cmpl <= n_slots:
+        raise ApiError(400, f"n_cmpl must be in [1, {n_slots}], not {n_cmpl}", param="n_cmpl")
+    prompts = [ids for ids in prompts for _ in range(n_cmpl)]  # prompt by prompt
     pin = body.id_slot if len(prompts) == 1 else -1
     if body.n_predict == 0 and kept.supports_kv(lm.engine):
         outs = [await _evaluate(st, lm, i, ids, pin) for i, ids in enumerate(prompts)]

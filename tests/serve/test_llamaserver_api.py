@@ -506,3 +506,16 @@ def test_id_slot_names_the_slot_a_request_fills(http, server, slot_dir, tiny):
     assert saved["n_saved"] == out["tokens_evaluated"] + out["tokens_predicted"]
     r = http.post("/completion", json={**req, "id_slot": last + 1})
     assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid slot ID"
+
+
+def test_n_cmpl_completions_per_prompt(http, server, tiny):
+    """README: n_cmpl completions of each prompt, "N prompts times n_cmpl entries"."""
+    body = {"prompt": ["The sea", "A cat"], "n_predict": 3, "temperature": 0, "n_cmpl": 2}
+    out = http.post("/completion", json=body).json()
+    assert [o["index"] for o in out] == [0, 1, 2, 3]
+    want = [greedy(tiny, p, 3) for p in ("The sea", "The sea", "A cat", "A cat")]
+    assert [o["content"] for o in out] == want
+    n = server.state.models.parallel
+    for bad in (0, n + 1):
+        r = http.post("/completion", json={**body, "n_cmpl": bad})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("n_cmpl")
