@@ -47,8 +47,13 @@ import numpy as np
 from llamay.arch import architecture_of
 from llamay.engine.drafts import ModelDrafter, ngram_draft
 from llamay.errors import RequestError
+from llamay.kv import bucket
 from llamay.model import forward
 from llamay.sample import sample
+
+# verify steps feed k+1 tokens per row, T bucketed to powers of two from this (the
+# planner's prefill buckets start at 16: a draft of 2 would cost a 16-token forward)
+VERIFY_MIN_T = 4
 
 # llama.cpp's defaults (common/common.h: speculative n_max, n_min, p_min)
 DRAFT_MAX, DRAFT_MIN, DRAFT_P_MIN = 16, 0, 0.75
@@ -85,8 +90,9 @@ def check_draft_params(n_max, n_min, p_min) -> None:
 def paged_verify(
     cfg, weights, kv, tokens, positions, page_table, local_table=None, local_base=None
 ):
-    """`paged_step` with logits at every fed position: [R, T, V]."""
-    arch = architecture_of(cfg)
+    """`paged_step`'s forward, returning the hidden states at every fed position
+    [R, T, D] (the head runs per position in `verify_sample`, only where a row still
+    verifies)."""
     x, kv, _ = forward(
         cfg,
         weights,
@@ -97,15 +103,17 @@ def paged_verify(
         local_table=local_table,
         local_base=local_base,
     )
-    return arch.head(cfg, weights, x), kv
+    return x, kv
 
 
-@jax.jit  # state not donated, as paged_sample's
-def verify_sample(logits, drafts, n_draft, sampling, slots, params, state, masks=None):
-    """logits [R, T, V] at a verify step's positions, drafts [R, T] (the token proposed
+@partial(jax.jit, static_argnames=("cfg",))  # state not donated, as paged_sample's
+def verify_sample(cfg, weights, x, drafts, n_draft, sampling, slots, params, state, masks=None):
+    """x [R, T, D]: a verify step's hidden states; drafts [R, T] (the token proposed
     after position t: the one fed at t+1), n_draft [R], sampling [R] bool, slots [R],
-    per-slot params/state, masks [R, T, W] packed (constraints) or None. Returns (tokens
-    [R, T] drawn per position, n_out [R]: how many of them the row emits, the state)."""
+    per-slot params/state, masks [R, T, W] packed (constraints) or None. Position by
+    position, while some row still verifies: the head's logits there, the rows' draws.
+    Returns (tokens [R, T] drawn, n_out [R]: how many of them each row emits, state)."""
+    arch = architecture_of(cfg)
 
     def take(a):
         return jnp.take(a, slots, axis=0, mode="clip")
@@ -114,32 +122,33 @@ def verify_sample(logits, drafts, n_draft, sampling, slots, params, state, masks
     st0 = jax.tree_util.tree_map(take, state)
     R, T = drafts.shape
 
-    def body(carry, xs):
-        st, alive = carry
-        lg, d, t, m = xs
+    def cond(c):
+        t, _, alive, _, _ = c
+        return (t < T) & alive.any()
+
+    def body(c):
+        t, st, alive, toks, emitted = c
+        lg = arch.head(cfg, weights, jax.lax.dynamic_slice_in_dim(x, t, 1, axis=1))[:, 0]
+        m = None if masks is None else jax.lax.dynamic_index_in_dim(masks, t, 1, False)
         tok, new = sample(lg, p, st, m)
 
         def keep(n, o):
             return jnp.where(alive.reshape(alive.shape + (1,) * (n.ndim - 1)), n, o)
 
         st = jax.tree_util.tree_map(keep, new, st)
-        go = alive & (t < n_draft) & (tok == d)
-        return (st, go), (tok, alive)
+        toks = jax.lax.dynamic_update_index_in_dim(toks, tok, t, 1)
+        d = jax.lax.dynamic_index_in_dim(drafts, t, 1, False)
+        return t + 1, st, alive & (t < n_draft) & (tok == d), toks, emitted + alive
 
-    xs = (
-        jnp.swapaxes(logits, 0, 1),
-        drafts.T,
-        jnp.arange(T, dtype=jnp.int32),
-        None if masks is None else jnp.swapaxes(masks, 0, 1),
-    )
-    (st, _), (toks, emitted) = jax.lax.scan(body, (st0, sampling), xs)
-    n_out = emitted.sum(0).astype(jnp.int32)
+    zeros = jnp.zeros((R, T), jnp.int32)
+    init = (jnp.int32(0), st0, sampling, zeros, jnp.zeros(R, jnp.int32))
+    _, st, _, toks, n_out = jax.lax.while_loop(cond, body, init)
 
     def put(full, n, o):
         m = sampling.reshape(sampling.shape + (1,) * (n.ndim - 1))
         return full.at[slots].set(jnp.where(m, n, o), mode="drop")
 
-    return toks.T, n_out, jax.tree_util.tree_map(put, state, st, st0)
+    return toks, n_out, jax.tree_util.tree_map(put, state, st, st0)
 
 
 class Speculating:
@@ -195,6 +204,9 @@ class Speculating:
         finally:
             for i, d in drafts.items():
                 del self.slots[i].seq.tokens[-len(d) :]
+        if plan.local is None:  # T bucketed from VERIFY_MIN_T, not the prefill's 16
+            t = bucket(max(plan.feed), VERIFY_MIN_T)
+            plan.tokens, plan.positions = plan.tokens[:, :t], plan.positions[:, :t]
         other = self._plan(prefill) if prefill else None
         out = self._verify(plan, drafts, masks)
         nxt = self._dispatch(other) if other is not None else None
@@ -236,9 +248,17 @@ class Speculating:
         for j, i in enumerate(plan.idx):
             n_draft[j] = len(drafts.get(i, ()))
         packed = self._position_masks(plan, drafts, masks)
-        logits, self.kv = paged_verify(*step[:6], *step[7:])
+        x, self.kv = paged_verify(*step[:6], *step[7:])
         toks, n_out, self._state = verify_sample(
-            logits, *jax.device_put((proposed, n_draft)), sampling, slots, params, state, packed
+            self.cfg,
+            step[1],
+            x,
+            *jax.device_put((proposed, n_draft)),
+            sampling,
+            slots,
+            params,
+            state,
+            packed,
         )
         plan.state = self._state
         self.counters["steps"] += 1

@@ -181,3 +181,20 @@ def test_smollm2_greedy_with_drafts_equals_reference(smollm2_path):
             assert e.stats()["draft_accepted"] > 0
         finally:
             e.close()
+
+
+def test_load_with_draft_and_prefix_cache(tiny):
+    # llamay.load(..., draft="ngram"): Model.generate through the speculative engine, and a
+    # second request sharing the first's prefix hits the cache yet decodes the same tokens
+    m = llamay.load(tiny_model_file("llama"), draft="ngram")
+    try:
+        p = PROMPTS[1]
+        want = list(tiny.generation(p, 16, GREEDY))
+        h1 = m.engine.submit(Request(p, 16, GREEDY))
+        assert ids(h1) == want and h1.usage.draft_n > 0
+        h2 = m.engine.submit(Request(p + want[:3], 10, GREEDY))
+        assert ids(h2) == list(tiny.generation(p + want[:3], 10, GREEDY))
+        assert h2.usage.cached_tokens > 0
+        assert m.engine.stats()["pages_held"] == 0
+    finally:
+        m.close()
