@@ -26,15 +26,19 @@ MAX_ENTRIES = 64
 
 def _entries(raw: Any, field: str, n: int) -> dict[int, float]:
     """{id: scale} of llama-server's [{"id": i, "scale": s}, ...] (ApiError 400 else)."""
-    if not isinstance(raw, list) or len(raw) > MAX_ENTRIES:
+    if not isinstance(raw, list):
         raise ApiError(
             400, f'{field} must be a list of {{"id": int, "scale": number}}', param=field
         )
+    if len(raw) > MAX_ENTRIES:
+        raise ApiError(400, f"{field}: at most {MAX_ENTRIES} entries", param=field)
     out: dict[int, float] = {}
     for e in raw:
         if not isinstance(e, Mapping):
             raise ApiError(400, f"{field}: each entry is an object with id and scale", param=field)
         i, s = e.get("id", -1), e.get("scale", 0.0)
+        if isinstance(i, float) and i.is_integer():  # JSON's 0.0 is id 0, as llama-server reads it
+            i = int(i)
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
             raise ApiError(
                 400, f"{field}: invalid adapter id {i!r} (the model has {n})", param=field
