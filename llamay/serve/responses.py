@@ -21,7 +21,12 @@ from llamay.serve.core import OpenModel, off_loop, primed, sse, sse_response
 from llamay.serve.errors import ApiError
 from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
-from llamay.serve.stored_responses import output_messages, previous, response_store
+from llamay.serve.stored_responses import (
+    input_items,
+    output_messages,
+    previous,
+    response_store,
+)
 from llamay.serve.stored_responses import router as stored_router
 
 router = APIRouter(tags=["OpenAI"])
@@ -236,7 +241,8 @@ async def responses(body: ResponsesRequest, request: Request):
         """The final response object, stored (unless `store: false`) with its turn."""
         out = response(status, items)
         if body.store is not False:
-            response_store(st).put(out, history + output_messages(items))
+            history_out = history + output_messages(items)
+            response_store(st).put(out, history_out, input_items(body.input))
         return out
 
     if not body.stream:

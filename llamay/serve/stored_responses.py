@@ -1,6 +1,7 @@
 """Stored responses of OpenAI's Responses API: `store` (on by default, as OpenAI's), a
 later request's `previous_response_id`, `GET /v1/responses/{id}`
-(`client.responses.retrieve`) and `DELETE /v1/responses/{id}`.
+(`client.responses.retrieve`), `GET /v1/responses/{id}/input_items`
+(`client.responses.input_items.list`) and `DELETE /v1/responses/{id}`.
 
 A stored response keeps its object (what retrieve returns) and the conversation it ended
 (its input and history as chat messages, then its output), so a request naming it as
@@ -13,11 +14,12 @@ after the server's context TTL unused.
 from __future__ import annotations
 
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from llamay.serve import tools as T
 from llamay.serve.errors import ApiError, not_found
@@ -34,6 +36,8 @@ class Stored:
     response: dict[str, Any]
     #: the conversation up to and including this response's output, as chat messages
     history: list[dict[str, Any]]
+    #: the request's own input, as the API's input items (with ids)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
     used: float = field(default_factory=time.monotonic)
 
 
@@ -52,9 +56,14 @@ class ResponseStore:
                 break
             del self._items[rid]
 
-    def put(self, response: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    def put(
+        self,
+        response: dict[str, Any],
+        history: list[dict[str, Any]],
+        inputs: list[dict[str, Any]] | None = None,
+    ) -> None:
         self._expire()
-        self._items[response["id"]] = Stored(response, history)
+        self._items[response["id"]] = Stored(response, history, inputs or [])
         self._items.move_to_end(response["id"])
         while len(self._items) > self.max_items:
             self._items.popitem(last=False)
@@ -118,6 +127,40 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _text_parts(content: Any, kind: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        parts = [{"type": kind, "text": content}]
+    else:
+        parts = [{"type": kind, "text": p.get("text", "")} for p in content or []]
+    if kind == "output_text":
+        parts = [{**p, "annotations": []} for p in parts]
+    return parts
+
+
+def input_items(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A request's `input` as the items `input_items` lists: messages (user, system and
+    developer as input messages, assistant as output messages), function calls and their
+    outputs, each with an id."""
+    if isinstance(given, str):
+        given = [{"type": "message", "role": "user", "content": given}]
+    out = []
+    for item in given:
+        kind = item.get("type", "message")
+        done = {"id": item.get("id") or f"{kind[:3]}_{uuid.uuid4().hex}", "status": "completed"}
+        if kind == "message":
+            role = item.get("role", "user")
+            text_kind = "output_text" if role == "assistant" else "input_text"
+            content = _text_parts(item.get("content", ""), text_kind)
+            out.append({**done, "type": "message", "role": role, "content": content})
+        elif kind == "function_call":
+            keys = ("call_id", "name", "arguments")
+            out.append({**done, "type": kind, **{k: item.get(k, "") for k in keys}})
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            out.append({**done, "type": kind, "call_id": item.get("call_id"), "output": output})
+    return out
+
+
 @router.get("/v1/responses/{response_id}", summary="Retrieve a stored model response")
 @router.get("/responses/{response_id}", include_in_schema=False)
 async def retrieve(response_id: str, request: Request):
@@ -125,6 +168,38 @@ async def retrieve(response_id: str, request: Request):
     if item is None:
         raise not_found(f"no response with id {response_id!r} is stored")
     return item.response
+
+
+@router.get(
+    "/v1/responses/{response_id}/input_items", summary="List a stored response's input items"
+)
+@router.get("/responses/{response_id}/input_items", include_in_schema=False)
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    after: str | None = None,
+    limit: int = Query(20, ge=1, le=100),
+    order: Literal["asc", "desc"] = "desc",
+):
+    """OpenAI's cursor page: `order` (default newest first), `limit` (1-100, default 20),
+    `after` an item id."""
+    item = response_store(state(request)).get(response_id)
+    if item is None:
+        raise not_found(f"no response with id {response_id!r} is stored")
+    items = item.inputs if order == "asc" else item.inputs[::-1]
+    if after is not None:
+        ids = [x["id"] for x in items]
+        if after not in ids:
+            raise ApiError(400, f"after: no input item {after!r} in this response", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else "",
+        "last_id": page[-1]["id"] if page else "",
+        "has_more": len(items) > limit,
+    }
 
 
 @router.delete("/v1/responses/{response_id}", summary="Delete a stored model response")

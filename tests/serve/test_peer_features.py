@@ -609,3 +609,51 @@ def test_stored_function_call_continues_like_the_explicit_conversation(srv):
     assert r2.output_text == r3.output_text
     cut = client.responses.create(input="Hi", tool_choice="required", max_output_tokens=3, **kw)
     assert cut.status == "incomplete" and client.responses.retrieve(cut.id).id == cut.id
+
+
+def test_stored_input_items_list_as_the_cursor_page(srv):
+    """`client.responses.input_items.list`: the request's input items, newest first by
+    default, OpenAI's cursor page (limit, after, has_more), strictly typed."""
+    from openai.types.responses import ResponseItemList
+
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+    given = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+        {"role": "user", "content": [{"type": "input_text", "text": "And?"}]},
+    ]
+    r = client.responses.create(model="tiny", input=given, max_output_tokens=2, temperature=0)
+    raw = httpx.get(f"{srv.url}/v1/responses/{r.id}/input_items", params={"order": "asc"})
+    page = ResponseItemList.model_validate_json(raw.text, strict=True)
+    assert [x.type for x in page.data] == [
+        "message",
+        "message",
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+    assert [getattr(x, "role", None) for x in page.data] == [
+        "developer",
+        "user",
+        "assistant",
+        None,
+        None,
+        "user",
+    ]
+    assert page.data[2].content[0].text == "Hello!" and page.data[4].output == "42"
+    assert page.data[5].content[0].text == "And?" and not page.has_more
+    newest = client.responses.input_items.list(r.id)  # default: desc
+    assert [x.id for x in newest.data] == [x.id for x in page.data][::-1]
+    first = client.responses.input_items.list(r.id, order="asc", limit=4)
+    assert first.has_more and [x.id for x in first.data] == [x.id for x in page.data[:4]]
+    rest = client.responses.input_items.list(r.id, order="asc", limit=4, after=first.last_id)
+    assert not rest.has_more and [x.id for x in rest.data] == [x.id for x in page.data[4:]]
+    s = client.responses.create(model="tiny", input="Plain", max_output_tokens=2)
+    (only,) = client.responses.input_items.list(s.id).data
+    assert only.role == "user" and only.content[0].text == "Plain"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_unknown")
