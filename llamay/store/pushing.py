@@ -21,7 +21,7 @@ from llamay.store.blobs import blob_path, store_dir
 from llamay.store.entries import blob_ok, read_entry
 from llamay.store.manifest import Layer
 from llamay.store.names import parse_name
-from llamay.store.oci import Registry, default_scheme
+from llamay.store.oci import TIMEOUT_S, Registry, default_scheme
 
 CHUNK = 1 << 20
 
@@ -126,7 +126,7 @@ def push(
     *,
     insecure: bool = False,
     events: Callable[[dict[str, Any]], None] | None = None,
-    timeout: float = 300.0,
+    timeout: float = TIMEOUT_S,
 ) -> str:
     """Push the store model `name` (a registry name `host/namespace/name:tag`) to its
     registry; returns the manifest digest the registry states. Plain HTTP for loopback
