@@ -24,6 +24,8 @@ manifest by tag, then every blob by digest, each verified, then the manifest.
 
     pull(name, progress=True) -> Path       fetch a catalogue or registry model (no-op if
                                             present); `events=` gets /api/pull-style progress
+    push(name) -> str                       upload a registry name's blobs and manifest to its
+                                            registry (`events=`: /api/push-style progress)
     resolve(name_or_path) -> Path           a GGUF file path, or a store name (pulled if needed;
                                             `llamay.library.resolve` adds the Ollama store)
     list_models() -> list[ModelEntry]
@@ -36,9 +38,9 @@ manifest by tag, then every blob by digest, each verified, then the manifest.
     store_dir() -> Path
 
 The modules, by concern: `blobs` (files, locks, writing a blob), `entries` (manifests as
-`ModelEntry`s), `pulling` (pull, resolve), `upkeep` (remove, copy, gc), `creating` (create);
-`names`, `manifest`, `catalog`, `source`, `oci`, `wheel` below them. The store never
-imports `llamay.ollama`: what spans both stores is `llamay.library`.
+`ModelEntry`s), `pulling` (pull, resolve), `pushing` (push), `upkeep` (remove, copy, gc),
+`creating` (create); `names`, `manifest`, `catalog`, `source`, `oci`, `wheel` below them.
+The store never imports `llamay.ollama`: what spans both stores is `llamay.library`.
 """
 
 from llamay.store.blobs import (
@@ -56,6 +58,7 @@ from llamay.store.manifest import Layer, Manifest
 from llamay.store.names import ModelRef, parse_name
 from llamay.store.oci import OciBlobSource
 from llamay.store.pulling import pull, resolve
+from llamay.store.pushing import push
 from llamay.store.source import SOURCE_KINDS, Source, register_source, source_from_json
 from llamay.store.upkeep import GC_GRACE_S, copy, gc, remove
 from llamay.store.wheel import WheelPart, WheelSource, wheel_cache_dir
@@ -87,6 +90,7 @@ __all__ = [
     "list_models",
     "parse_name",
     "pull",
+    "push",
     "receive_blob",
     "register_source",
     "remove",
