@@ -461,6 +461,7 @@ class Model:
         format: str = "assert",
         closed_objects: bool = True,
         images=None,
+        lora=None,
         **sampling,
     ) -> str | Iterator[str]:
         """Continue `prompt` (special-token text parsed, BOS per the model, as llama.cpp's
@@ -475,7 +476,11 @@ class Model:
         `images` (a model loaded with `mmproj=`): one per `<__media__>` in the prompt, each
         encoded bytes, a path, a PIL image or an HxWx3 uint8 array (`llamay.multimodal`;
         these run on a dense single-sequence cache, not the batching engine, without
-        structured output)."""
+        structured output).
+
+        `lora` (a model loaded with adapters): this call's scale per adapter, {index: scale}
+        (the others off; `{}`: the base model) or one per adapter; None: the load's scales.
+        Calls with different adapters share the engine's batch, with no recompile."""
         if not self.config.causal:
             raise RequestError(
                 f"{self.config.arch} is an embedding encoder, not a language model: it does "
@@ -492,7 +497,7 @@ class Model:
             return self._generate_images(prompt, images, max_tokens, sampler, con, stream)
         ids = self.tokenize(prompt, add_special=True, parse_special=True)
         engine = self.engine
-        handle = engine.submit(Request(ids, max_tokens, sampler, constraint=con))
+        handle = engine.submit(Request(ids, max_tokens, sampler, constraint=con, lora=lora))
         pieces = self._stream_text(engine, handle)
         if stream:
             return pieces

@@ -215,3 +215,20 @@ def test_smollm2_engine_mixes_its_adapter_and_none(smollm2_path, tmp_path):
         assert len(common) >= 4, (k, case)
         for i in common:
             assert abs(got[i] - (want[i] - lse)) < tol, (k, case, i, got[i], want[i] - lse)
+
+
+def test_model_generate_takes_a_lora_per_call(tiny, exact):
+    """`Model.generate(..., lora=...)`: calls with different adapters on one model (its one
+    engine) equal the model with only those adapters."""
+    _, paths, _ = tiny
+    m, _ = exact
+    text = "Once upon a time"
+    for lora, members in ROWS:
+        got = m.generate(text, max_tokens=6, temperature=0, lora=lora)
+        ref = m.with_lora([(paths[a], s) for a, s in members])
+        assert got == ref.generate(text, max_tokens=6, temperature=0), members
+        ref.close()
+    assert m.generate(text, max_tokens=6, temperature=0, lora={}) != m.generate(
+        text, max_tokens=6, temperature=0, lora={0: 0.7}
+    )
+    m.close()
