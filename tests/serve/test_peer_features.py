@@ -657,3 +657,26 @@ def test_stored_input_items_list_as_the_cursor_page(srv):
     assert only.role == "user" and only.content[0].text == "Plain"
     with pytest.raises(openai.NotFoundError):
         client.responses.input_items.list("resp_unknown")
+
+
+def test_ollama_api_md_suffix_example_as_curl_sends_it(http, fim_model):
+    """api.md's "Request (with suffix)" byte for byte as curl -d sends it (no
+    Content-Type, no token limit: to the model's end or the server's cap of 256)."""
+    body = (
+        '{\n  "model": "fim",\n  "prompt": "def compute_gcd(a, b):",\n'
+        '  "suffix": "    return result",\n  "options": {\n    "temperature": 0\n  },\n'
+        '  "stream": false\n}'
+    )
+    r = http.post(
+        "/api/generate",
+        content=body,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 200, r.text
+    out = GenerateResponse.model_validate_json(r.text, strict=True)
+    assert out.done and out.done_reason in ("stop", "length")
+    ids, want = _fim_oracle(
+        fim_model, "def compute_gcd(a, b):", "    return result", out.eval_count
+    )
+    assert out.response == want and out.prompt_eval_count == len(ids)
+    assert out.eval_count == 256 or out.done_reason == "stop"
