@@ -16,8 +16,10 @@ idefics3, models/llava.cpp for mlp):
   row of the block, then rows) and a bias-free linear; mlp: the rows after the first
   (clip.cpp's `patches` are i + 1 when there is a class embedding), linear, GELU, linear.
 
-GELU is ggml's: `ggml_gelu` and `ggml_gelu_quick` look up f16(x) in f16 tables
-(GGML_GELU_FP16, GGML_GELU_QUICK_FP16), which `llamay.arch.ggml_ops` reproduces.
+Matmuls against F16 (BF16) weights round their activations to f16 (bf16) first, as
+ggml's CPU matmul converts them to the weight type's vec_dot_type. GELU is ggml's:
+`ggml_gelu` and `ggml_gelu_quick` look up f16(x) in f16 tables (GGML_GELU_FP16,
+GGML_GELU_QUICK_FP16), which `llamay.arch.ggml_ops` reproduces.
 """
 
 from __future__ import annotations
@@ -60,6 +62,16 @@ def _layer_norm(x, w, b, eps):
     return y * jax.lax.rsqrt(var + eps) * w + b
 
 
+def _round_for(cfg: VisionConfig, key: str, x):
+    """The activations as ggml's matmul sees them for weight `key`: rounded to f16/bf16
+    when the weight is stored so (its vec_dot_type), else f32."""
+    if key in cfg.half:
+        return x.astype(jnp.float16).astype(F32)
+    if key in cfg.bf16:
+        return x.astype(jnp.bfloat16).astype(F32)
+    return x
+
+
 def _linear(x, w, b=None):
     y = jnp.einsum("...i,oi->...o", x, w, precision=jax.lax.Precision.HIGHEST)
     return y if b is None else y + b
@@ -69,19 +81,25 @@ def _block(cfg: VisionConfig, x, lw):
     B, N, E = x.shape
     H = cfg.n_head
     D = E // H
+
+    def lin(name, h):
+        return _linear(
+            _round_for(cfg, f"blk.{name}.weight", h), lw[f"{name}.weight"], lw[f"{name}.bias"]
+        )
+
     h = _layer_norm(x, lw["ln1.weight"], lw["ln1.bias"], cfg.eps)
-    q = _linear(h, lw["attn_q.weight"], lw["attn_q.bias"]).reshape(B, N, H, D)
-    k = _linear(h, lw["attn_k.weight"], lw["attn_k.bias"]).reshape(B, N, H, D)
-    v = _linear(h, lw["attn_v.weight"], lw["attn_v.bias"]).reshape(B, N, H, D)
+    q = lin("attn_q", h).reshape(B, N, H, D)
+    k = lin("attn_k", h).reshape(B, N, H, D)
+    v = lin("attn_v", h).reshape(B, N, H, D)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=jax.lax.Precision.HIGHEST) * jnp.asarray(
         1.0 / np.sqrt(D), x.dtype
     )
     p = jax.nn.softmax(s, axis=-1)
     a = jnp.einsum("bhqk,bkhd->bqhd", p, v, precision=jax.lax.Precision.HIGHEST).reshape(B, N, E)
-    x = x + _linear(a, lw["attn_out.weight"], lw["attn_out.bias"])
+    x = x + lin("attn_out", a)
     h = _layer_norm(x, lw["ln2.weight"], lw["ln2.bias"], cfg.eps)
-    h = _act(cfg.act)(_linear(h, lw["ffn_up.weight"], lw["ffn_up.bias"]))
-    return x + _linear(h, lw["ffn_down.weight"], lw["ffn_down.bias"])
+    h = _act(cfg.act)(lin("ffn_up", h))
+    return x + lin("ffn_down", h)
 
 
 def encode(cfg: VisionConfig, w: dict, pixels: jax.Array) -> jax.Array:
@@ -121,6 +139,7 @@ def encode(cfg: VisionConfig, w: dict, pixels: jax.Array) -> jax.Array:
             * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + cfg.eps)
             * w["soft_emb_norm"]
         )
+        x = _round_for(cfg, "proj", x)
         return jnp.einsum("bte,eo->bto", x, w["proj"], precision=jax.lax.Precision.HIGHEST)
     if cfg.projector == "idefics3":
         x = (
@@ -128,10 +147,10 @@ def encode(cfg: VisionConfig, w: dict, pixels: jax.Array) -> jax.Array:
             .transpose(0, 1, 3, 2, 4, 5)
             .reshape(B, (g // k) ** 2, k * k * E)
         )
-        return _linear(x, w["fc"])
+        return _linear(_round_for(cfg, "fc", x), w["fc"])
     x = x[:, 1 : 1 + g * g] if cfg.has_class else x
-    x = ggml_ops.gelu(_linear(x, w["mm0_w"], w["mm0_b"]))
-    return _linear(x, w["mm2_w"], w["mm2_b"])
+    x = ggml_ops.gelu(_linear(_round_for(cfg, "mm0_w", x), w["mm0_w"], w["mm0_b"]))
+    return _linear(_round_for(cfg, "mm2_w", x), w["mm2_w"], w["mm2_b"])
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -66,6 +66,10 @@ class VisionConfig:
     has_class: bool
     has_pre_ln: bool
     has_post_ln: bool
+    # the weights stored F16/BF16 (pytree keys): ggml's matmul rounds its activations to
+    # that type first (the weight type's vec_dot_type), so the tower does too
+    half: frozenset[str] = frozenset()
+    bf16: frozenset[str] = frozenset()
 
     @property
     def n_patches(self) -> int:
@@ -106,8 +110,12 @@ def read_mmproj(path: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.nda
                 f"(llamay reads {', '.join(PROJECTORS)})"
             )
 
+        types: dict[str, str] = {}
+
         def t(name: str) -> np.ndarray:
             info = g.tensors.get(name)
+            if info is not None:
+                types[name] = info.ggml_type.name
             if info is None:
                 raise ProjectorError(
                     f"{path}: the {proj} projector needs tensor {name}, which the file lacks"
@@ -182,6 +190,24 @@ def read_mmproj(path: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.nda
             w["mm0_w"], w["mm0_b"] = t("mm.0.weight"), t("mm.0.bias")
             w["mm2_w"], w["mm2_b"] = t("mm.2.weight"), t("mm.2.bias")
             n_text = w["mm2_w"].shape[0]
+        sources = {
+            "patch_w": "v.patch_embd.weight",
+            "proj": "mm.input_projection.weight",
+            "fc": "mm.model.fc.weight",
+            "mm0_w": "mm.0.weight",
+            "mm2_w": "mm.2.weight",
+        }
+        sources.update({"blk." + k: f"v.blk.0.{k}" for k in BLOCK_TENSORS if k.endswith(".weight")})
+        # (a swapped up/down pair keeps its types in order: both come from the same layer)
+        if "blk.ffn_up.weight" in w and w["blk.ffn_up.weight"].shape[1] != n_embd:
+            sources["blk.ffn_up.weight"], sources["blk.ffn_down.weight"] = (
+                sources["blk.ffn_down.weight"],
+                sources["blk.ffn_up.weight"],
+            )
+
+        def of_type(name: str) -> frozenset[str]:
+            return frozenset(k for k, src in sources.items() if k in w and types.get(src) == name)
+
         cfg = VisionConfig(
             projector=proj,
             image_size=int(_get(meta, "clip.vision.image_size", path)),
@@ -200,6 +226,8 @@ def read_mmproj(path: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.nda
             has_class=has_class,
             has_pre_ln=has_pre,
             has_post_ln=has_post,
+            half=of_type("F16"),
+            bf16=of_type("BF16"),
         )
     side = cfg.image_size // cfg.patch_size
     if cfg.image_size % cfg.patch_size or side % cfg.n_merge:
