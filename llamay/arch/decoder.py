@@ -55,7 +55,9 @@ from llamay.arch.layers import (
     rope_angles,
     softcap,
 )
-from llamay.arch.paged import attention, write_kv
+from llamay.arch.paged import attention, stored, write_kv
+from llamay.quant import kv_cache
+from llamay.quant.kv_cache import hadamard
 
 
 def sub_norm(cfg: Config, w: dict, role: str, x: jax.Array) -> jax.Array:
@@ -119,6 +121,9 @@ def self_attention(cfg: Config, lw: dict, h, positions, k_cache, v_cache, layer)
             cos, sin = jnp.where(local, cos_l, cos), jnp.where(local, sin_l, sin)
         q = apply_rope(q, cos, sin, cfg.rope.kind, num)
         k = apply_rope(k, cos, sin, cfg.rope.kind, num)
+    # a quantised cache: llama.cpp's Hadamard rotation of q, k (and v, then the output)
+    rot_k, rot_v = kv_cache.rotations(stored(k_cache), stored(v_cache), k.shape[-1])
+    q, k, v = hadamard(q, rot_k), hadamard(k, rot_k), hadamard(v, rot_v)
     k_cache = write_kv(k_cache, k, positions)
     v_cache = write_kv(v_cache, v, positions)
     window = jnp.where(local, cfg.window, 0) if cfg.swa_pattern else None
@@ -134,7 +139,7 @@ def self_attention(cfg: Config, lw: dict, h, positions, k_cache, v_cache, layer)
         numerics=cfg.numerics,
         q_prescaled=cfg.arch in ggml_ops.Q_PRESCALED,
     )
-    return o, k_cache, v_cache
+    return hadamard(o, rot_v), k_cache, v_cache
 
 
 def mlp(cfg: Config, lw: dict, h: jax.Array, layer) -> jax.Array:

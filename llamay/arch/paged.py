@@ -100,6 +100,18 @@ def paged_write(pages, table, new, positions, layer=None):
     return pages.at[idx].set(kv_cache.encode(new, pages), mode="drop")
 
 
+def stored(cache) -> jax.Array:
+    """The array a cache view stores its rows in (its dtype and row width say its KV
+    type: `llamay.quant.kv_cache.cache_type`)."""
+    if isinstance(cache, SplitPagedLayer):  # both pools have the one type
+        return cache.glob.pages
+    if isinstance(cache, PagedLayer):
+        return cache.pages
+    if isinstance(cache, DenseLayer):
+        return cache.stack
+    return cache
+
+
 def write_kv(cache, new: jax.Array, positions: jax.Array):
     if isinstance(cache, SplitPagedLayer):  # the other kind's pool drops the write
         off = jnp.full_like(positions, -1)

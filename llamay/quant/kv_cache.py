@@ -63,3 +63,57 @@ def decode(cache: jax.Array, head_dim: int) -> jax.Array:
     if not is_quantised(cache):
         return cache
     return dequantize_jnp(cache, cache_type(cache, head_dim))
+
+
+# -- llama.cpp's attention rotation for quantised caches -------------------------------------
+#
+# llama.cpp (llama-kv-cache.cpp, attn_rot_k / attn_rot_v; LLAMA_ATTN_ROT_DISABLE turns it
+# off) rotates q and k by an orthonormal Walsh-Hadamard matrix before a quantised K cache
+# stores k, and v (then the attention output, back) before a quantised V cache stores v,
+# when the head dim is a multiple of 64: quantisation error spreads over the block instead
+# of sitting on the outlier channels. K rotates in blocks of the largest power of two
+# (>= 64) dividing the head dim, V in blocks of 64. Exact math is unchanged (H·H = I and
+# (Hq)·(Hk) = q·k); the stored blocks are llama.cpp's. ggml computes H·x as a fast
+# Walsh-Hadamard transform (ggml_compute_forward_fwht): x·(1/sqrtf(n)), then butterflies
+# (u + v, u - v) over strides 1, 2, 4, ...; each step here is the same f32 operation.
+
+V_ROTATION = 64
+
+
+def k_rotation(head_dim: int) -> int:
+    """The K rotation's block size for a quantised K cache (0: none, head dim % 64 != 0)."""
+    if head_dim % 64:
+        return 0
+    n = 64
+    while head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def v_rotation(head_dim: int) -> int:
+    """The V rotation's block size for a quantised V cache (0: none)."""
+    return V_ROTATION if head_dim % V_ROTATION == 0 else 0
+
+
+def hadamard(x: jax.Array, n: int) -> jax.Array:
+    """x [..., D] with each block of n (a power of two) times the orthonormal Sylvester
+    Hadamard matrix, as ggml's FWHT computes it (f32)."""
+    if not n:
+        return x
+    shape = x.shape
+    y = x.astype(jnp.float32).reshape(*shape[:-1], shape[-1] // n, n)
+    y = y * (np.float32(1) / np.sqrt(np.float32(n)))
+    half = 1
+    while half < n:
+        y = y.reshape(*y.shape[:-1], n // (2 * half), 2, half)
+        u, v = y[..., 0, :], y[..., 1, :]
+        y = jnp.stack([u + v, u - v], axis=-2).reshape(*shape[:-1], shape[-1] // n, n)
+        half *= 2
+    return y.reshape(shape)
+
+
+def rotations(k_cache, v_cache, head_dim: int) -> tuple[int, int]:
+    """(K, V) rotation block sizes for caches of these stored arrays (0: not rotated)."""
+    k = k_rotation(head_dim) if is_quantised(k_cache) else 0
+    v = v_rotation(head_dim) if is_quantised(v_cache) else 0
+    return k, v
