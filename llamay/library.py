@@ -68,7 +68,7 @@ def load(
 ) -> tuple[Model, ollama.OllamaModel]:
     """Resolve `name` (in the Ollama store `root`, if given) and load its GGUF blob in place
     (read-only), with its layers. The params layer's `num_ctx` sets the context size unless
-    `n_ctx` is given."""
+    `n_ctx` is given; a `projector` layer is its vision projector (`mmproj=`)."""
     import llamay  # JAX: imported only to load, so resolving stays light
 
     om = ollama.resolve(name, root) if root is not None else layered_model(name)
@@ -83,6 +83,8 @@ def load(
         load_kwargs["n_ctx"] = defaults.n_ctx
     # its ADAPTER layers at scale 1 (Ollama's), before any the caller adds
     lora = [*((p, 1.0) for p in om.adapters), *load_kwargs.pop("lora", ())]
+    if load_kwargs.get("mmproj") is None and om.projector is not None:
+        load_kwargs["mmproj"] = om.projector  # its vision projector layer (an mmproj GGUF)
     return llamay.load(om.model_path, lora=lora, **load_kwargs), om
 
 

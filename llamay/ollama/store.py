@@ -94,6 +94,8 @@ class OllamaModel:
     ignored_layers: tuple[str, ...] = ()
     #: Its LoRA adapter blobs (`ADAPTER` layers), applied at scale 1 as Ollama does.
     adapters: tuple[Path, ...] = ()
+    #: Its vision projector blob (a `projector` layer: an mmproj GGUF), or None.
+    projector: Path | None = None
 
     @property
     def digest(self) -> str:
@@ -197,6 +199,8 @@ def from_manifest(root: Path, name: FullName, short: str, man: Manifest, path: P
     )
     used = {media.MODEL, media.TEMPLATE, media.PROMPT, media.SYSTEM, media.PARAMS, media.LICENSE}
     used.add(media.ADAPTER)
+    used.add(media.PROJECTOR)
+    projectors = [x for x in man.layers if x.media_type == media.PROJECTOR]
     return OllamaModel(
         name=short,
         full_name=name,
@@ -210,6 +214,7 @@ def from_manifest(root: Path, name: FullName, short: str, man: Manifest, path: P
         license=licenses,
         ignored_layers=tuple(x.media_type for x in man.layers if x.media_type not in used),
         adapters=tuple(_blob(root, x.digest) for x in man.layers if x.media_type == media.ADAPTER),
+        projector=_blob(root, projectors[0].digest) if projectors else None,
     )
 
 

@@ -1,0 +1,41 @@
+"""An Ollama-layout model's `projector` layer (an mmproj GGUF, as Ollama stores LLaVA-style
+vision models) is found by itself: `library.load` attaches it, and the image prompt's first
+greedy token is llama.cpp's (tests/fixtures/vision)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+from fixture_data import fixture, tiny_model_file
+from ollama_layout import OllamaLayout, go_json
+
+from llamay import library, multimodal
+from llamay.sample import Sampler
+from llamay.store import manifest as media
+
+
+def test_projector_layer_is_the_models_mmproj(tmp_path: Path) -> None:
+    layout = OllamaLayout(tmp_path / "ollama")
+    name = ("registry.ollama.ai", "library", "tinyvision", "latest")
+    path = layout.model(name, tiny_model_file("llama"))
+    man = json.loads(path.read_bytes())
+    mmproj = fixture("vision", "mlp.mmproj.gguf")
+    man["layers"].append(layout.blob(mmproj.read_bytes(), media.PROJECTOR))
+    path.write_bytes(go_json(man))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "layers llamay does not use" warning
+        m, om = library.load("tinyvision", root=tmp_path / "ollama")
+    try:
+        assert om.projector is not None and om.projector.read_bytes() == mmproj.read_bytes()
+        assert om.ignored_layers == ()
+        assert m.projector is not None and m.projector.kind == "mlp"
+        g = np.load(fixture("vision", "mlp.llamacpp.npz"))
+        img = np.load(fixture("vision", "images.npz"))["wide45x29"]
+        ids = multimodal.generate_ids(m, str(g["prompt"]), [img], 1, Sampler(temperature=0))
+        assert list(ids) == [int(g["top_ids_wide45x29"][0])]  # a 0.77 margin
+    finally:
+        m.close()
