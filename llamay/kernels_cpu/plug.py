@@ -21,6 +21,14 @@ XLA_PREFILL_TYPES = frozenset((GGMLType.Q4_0, GGMLType.Q4_1))
 XLA_PREFILL_ROWS = 64
 
 
+#: Query tokens per row up to which paged attention is native (decode steps, speculative
+#: verify chunks); longer prefill chunks keep the reference, whose batched dots XLA runs
+#: faster than the kernel's per-query tiles (30 layers of SmolLM2's heads at 1,024
+#: positions, CPU ms: T=1 native 3.5 vs reference 13.9; T=16 44 vs 29 (without the pool
+#: copy the reference costs in the engine); T=64 440 vs 64, before the vector exp; load 11-15).
+NATIVE_MAX_QUERY_TOKENS = 16
+
+
 def _xla_prefill(x: jax.Array, w, numerics: str) -> bool:
     if numerics != "exact" or math.prod(x.shape[:-1]) < XLA_PREFILL_ROWS:
         return False
@@ -61,8 +69,9 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
 
 def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw) -> jax.Array | None:
     """Attention through page tables by the native kernel (`attention.paged_attention_native`:
-    exact numerics, causal, f32/f16 pools, any query length), read in place; None when it
-    does not apply (llamacpp numerics, another pool dtype, not on CPU) or is not built."""
-    if jax.default_backend() != "cpu":
+    exact numerics, causal, f32/f16 pools), read in place, for up to
+    `NATIVE_MAX_QUERY_TOKENS` query tokens per row; None when it does not apply (longer
+    prefill chunks, llamacpp numerics, another pool dtype, not on CPU) or is not built."""
+    if jax.default_backend() != "cpu" or q.shape[1] > NATIVE_MAX_QUERY_TOKENS:
         return None
     return paged_attention_native(q, k_pages, v_pages, page_table, q_pos, layer, **kw)

@@ -159,3 +159,17 @@ def test_dispatcher_uses_it_on_cpu_and_falls_back(monkeypatch, tmp_path):
         _check(jax.jit(lambda *a: f(*a))(q, k, v, table, pos), want, pos, 64)
     finally:
         build._registered.cache_clear()
+
+
+def test_long_prefill_chunks_keep_the_reference(monkeypatch):
+    """The dispatch policy: up to NATIVE_MAX_QUERY_TOKENS query tokens per row native,
+    longer prefill chunks the reference (faster there)."""
+    monkeypatch.delenv(build.ENV, raising=False)
+    n = plug.NATIVE_MAX_QUERY_TOKENS
+    for T, native in ((n, True), (n + 1, False)):
+        q, k, v, table, pos = _case(2, T, 6, 2, 32, 8, 5, jnp.float32, seed=T)
+        got = plug.paged_attention(q, k, v, table, pos, jnp.int32(0), scale=0.2)
+        assert (got is not None) == native
+        if native:
+            want = paged_attention_reference(q, k, v, table, pos, jnp.int32(0), scale=0.2)
+            _check(got, want, pos, 40)

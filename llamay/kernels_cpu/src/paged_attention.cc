@@ -43,6 +43,8 @@ namespace {
 
 constexpr int64_t LANES = 16;
 constexpr int64_t QUERY_HEADS_PER_BLOCK = 64;  // query heads (tokens x heads) per block
+constexpr int64_t GEMM_QUERIES = 8;  // query heads per kv head from which keys go transposed
+constexpr int64_t KEYS = 16;         // keys per transposed tile
 
 #if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
 inline float dot(const float* a, const float* b, int64_t d) {
@@ -89,6 +91,47 @@ inline float dot(const float* a, const float* b, int64_t d) {
   return s + acc[0];
 }
 #endif
+
+// out[c] = exp(x[c] - mx), 0 where x[c] is -inf; returns the sum of out. AVX-512: Cephes'
+// expf (range reduction by ln 2 in two parts, degree-5 polynomial: within 2 ulp of
+// std::exp), 16 lanes at a time.
+inline float exp_shifted(const float* x, float mx, float* out, int64_t n) {
+  const float NEG = -std::numeric_limits<float>::infinity();
+  int64_t c = 0;
+  float sum = 0.0f;
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  const __m512 vmx = _mm512_set1_ps(mx), vneg = _mm512_set1_ps(NEG);
+  __m512 vsum = _mm512_setzero_ps();
+  for (; c + 16 <= n; c += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + c);
+    const __mmask16 live = _mm512_cmp_ps_mask(xv, vneg, _CMP_NEQ_OQ);
+    __m512 v = _mm512_max_ps(_mm512_sub_ps(xv, vmx), _mm512_set1_ps(-87.0f));
+    __m512 fx = _mm512_roundscale_ps(
+        _mm512_fmadd_ps(v, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), v);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), v);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(v, v), _mm512_add_ps(v, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    y = _mm512_maskz_mul_ps(live, y, _mm512_castsi512_ps(e));
+    _mm512_storeu_ps(out + c, y);
+    vsum = _mm512_add_ps(vsum, y);
+  }
+  sum = _mm512_reduce_add_ps(vsum);
+#endif
+  for (; c < n; ++c) {
+    out[c] = x[c] == NEG ? 0.0f : std::exp(x[c] - mx);
+    sum += out[c];
+  }
+  return sum;
+}
 
 // One key or value row of the pool as f32: the row itself (f32 pool) or converted into
 // `buf` (f16 pool).
@@ -166,33 +209,72 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
     const int64_t i = pos[t];
     return i >= 0 && i < S && j <= i && (p.window <= 0 || i - j < p.window);
   };
-  walk([&](int64_t j, int64_t row) {
-    for (int64_t kh = 0; kh < p.K; ++kh) {
-      const float* kr = nullptr;
-      for (int64_t t = 0; t < nt; ++t) {
-        if (!sees(t, j)) continue;
-        if (!kr) kr = row_f32(p.k, p.f16, row + kh, D, kbuf.data());
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t r = t * H + kh * G + g;
-          float sc = dot(q + r * D, kr, D) * p.scale;
-          if (p.softcap != 0.0f) sc = p.softcap * std::tanh(sc / p.softcap);
-          scores[r * n + (j - k0)] = sc;
+  auto score = [&](float sc) {
+    sc *= p.scale;
+    return p.softcap != 0.0f ? p.softcap * std::tanh(sc / p.softcap) : sc;
+  };
+  if (nt * G < GEMM_QUERIES) {  // decoding: one dot per visible (query, key)
+    walk([&](int64_t j, int64_t row) {
+      for (int64_t kh = 0; kh < p.K; ++kh) {
+        const float* kr = nullptr;
+        for (int64_t t = 0; t < nt; ++t) {
+          if (!sees(t, j)) continue;
+          if (!kr) kr = row_f32(p.k, p.f16, row + kh, D, kbuf.data());
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = t * H + kh * G + g;
+            scores[r * n + (j - k0)] = score(dot(q + r * D, kr, D));
+          }
+        }
+      }
+    });
+  } else {  // a chunk of tokens: KEYS keys at a time, transposed, against every query
+    std::vector<float> kt(D * KEYS);
+    for (int64_t pg = k0 / p.ps; pg <= k1 / p.ps; ++pg) {
+      int64_t page = table[pg];
+      page = std::min<int64_t>(std::max<int64_t>(page, 0), p.P - 1);
+      const int64_t first = std::max(k0, pg * p.ps), last = std::min(k1, pg * p.ps + p.ps - 1);
+      for (int64_t j1 = first; j1 <= last; j1 += KEYS) {
+        const int64_t c = std::min<int64_t>(KEYS, last - j1 + 1);
+        for (int64_t kh = 0; kh < p.K; ++kh) {
+          std::fill(kt.begin(), kt.end(), 0.0f);
+          for (int64_t kk = 0; kk < c; ++kk) {
+            const int64_t row = (page * p.ps + j1 + kk - pg * p.ps) * p.K + kh;
+            const float* kr = row_f32(p.k, p.f16, row, D, kbuf.data());
+            for (int64_t d = 0; d < D; ++d) kt[d * KEYS + kk] = kr[d];
+          }
+          for (int64_t t = 0; t < nt; ++t) {
+            const int64_t i = pos[t];  // it sees keys max(i - w + 1, 0)..i (valid i)
+            if (i < 0 || i >= S || i < j1 || (p.window > 0 && i - p.window + 1 > j1 + c - 1))
+              continue;
+            for (int64_t g = 0; g < G; ++g) {
+              const int64_t r = t * H + kh * G + g;
+              const float* qr = q + r * D;
+              alignas(64) float acc[KEYS] = {0};
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+              static_assert(KEYS == 16, "one zmm of keys");
+              __m512 a16 = _mm512_setzero_ps();
+              for (int64_t d = 0; d < D; ++d)
+                a16 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_loadu_ps(&kt[d * KEYS]), a16);
+              _mm512_store_ps(acc, a16);
+#else
+              for (int64_t d = 0; d < D; ++d)
+                for (int64_t kk = 0; kk < KEYS; ++kk) acc[kk] += qr[d] * kt[d * KEYS + kk];
+#endif
+              for (int64_t kk = 0; kk < c; ++kk)
+                if (sees(t, j1 + kk)) scores[r * n + (j1 + kk - k0)] = score(acc[kk]);
+            }
+          }
         }
       }
     }
-  });
+  }
   for (int64_t r = 0; r < nq; ++r) {
     float* sr = scores.data() + r * n;
     float mx = NEG;
     for (int64_t c = 0; c < n; ++c) mx = std::max(mx, sr[c]);
     m[r] = mx;
     if (mx == NEG) continue;
-    float sum = 0.0f;
-    for (int64_t c = 0; c < n; ++c) {
-      sr[c] = sr[c] == NEG ? 0.0f : std::exp(sr[c] - mx);
-      sum += sr[c];
-    }
-    l[r] = sum;
+    l[r] = exp_shifted(sr, mx, sr, n);
   }
   walk([&](int64_t j, int64_t row) {
     for (int64_t kh = 0; kh < p.K; ++kh) {
