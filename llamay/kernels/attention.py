@@ -5,9 +5,10 @@ page tables, the implementation chosen at trace time from the backend
     cache   numerics   backend                          implementation
     paged   exact      CPU, auto, causal, f32/f16 pool  "native" (`kernels_cpu.paged_attention`:
                                                         the pages read in place through the
-                                                        table, any query length); when it
-                                                        returns None (not built, another
-                                                        pool type), the rows below
+                                                        table, T <= 16 query tokens); when
+                                                        it returns None (not built, longer
+                                                        chunks, another pool type), the
+                                                        rows below
     paged   exact      Pallas (GPU/TPU, interpret),     "pallas" (`kernels_pallas.
                        causal, T <= 16 query tokens     paged_attention_pallas`)
     paged   exact      anything else                    "paged-reference" (`kernels_pallas.
