@@ -64,7 +64,7 @@ def request_scales(lora: Any, n: int, default: np.ndarray) -> tuple[float, ...]:
     raise RequestError(f"lora must be {{adapter id: scale}} or one scale per adapter, not {lora!r}")
 
 
-RESTORED = ("lora-restored",)  # a restored snapshot's K/V: made under an unknown setting
+RESTORED = ("lora-restored",)  # a restored snapshot's K/V: keyed by the restoring request
 
 
 def salt(scales: tuple[float, ...]) -> Any:

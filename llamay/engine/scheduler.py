@@ -240,9 +240,10 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         return a
 
     def _lora_of(self, r: Request, seq: SeqKV | None) -> tuple[float, ...]:
-        """The request's scale per adapter (a fork naming none: its parent's). A sequence
-        it continues (fork, restore) keeps its prefix key when the scales agree; K/V made
-        under two settings get a key of their own, shared with nothing."""
+        """The request's scale per adapter (a fork naming none: its parent's). A fork keeps
+        its parent's prefix key when the scales agree; K/V made under two settings get a
+        key of their own, shared with nothing. A restored snapshot's K/V count as made
+        under the restoring request's setting (a snapshot does not record adapters)."""
         default = self.lora_scales
         if r.lora is None and seq is not None and seq.salt != adapters.RESTORED:
             if seq.salt is None:
@@ -250,6 +251,8 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
             elif seq.salt[0] == "lora":
                 default = np.asarray(seq.salt[1], np.float32)
         scales = adapters.request_scales(r.lora, self.n_adapters, default)
+        if seq is not None and seq.salt == adapters.RESTORED:
+            seq.salt = adapters.salt(scales)
         if seq is not None and seq.salt != adapters.salt(scales):
             seq.salt = ("lora-mixed", seq.id)
         return scales
