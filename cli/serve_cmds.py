@@ -162,6 +162,16 @@ def register_serve(app: typer.Typer) -> None:
                 "them and set the defaults.",
             ),
         ] = None,
+        mmproj: Annotated[
+            Path | None,
+            typer.Option(
+                "--mmproj",
+                exists=True,
+                dir_okay=False,
+                help="A multimodal projector GGUF for the (first) --model (llama-server's "
+                "--mmproj): OpenAI chat requests may then carry image_url parts (data: URLs).",
+            ),
+        ] = None,
         lora_scaled: Annotated[
             list[str] | None,
             typer.Option(
@@ -266,6 +276,7 @@ def register_serve(app: typer.Typer) -> None:
                 lora=lora_list(lora, lora_scaled, lora_init_without_apply),
                 cache_type_k=_cache_type(cache_type_k, "--cache-type-k"),
                 cache_type_v=_cache_type(cache_type_v, "--cache-type-v"),
+                mmproj=mmproj,
             )
         except LlamayError as exc:
             print(f"error: {exc}", file=sys.stderr)

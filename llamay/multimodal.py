@@ -145,15 +145,21 @@ def generate_ids(model, prompt: str, images, max_tokens: int, sampler):
     chunks prefilled as above, then one decode step per token with the model's sampler
     chain on device (`llamay.engine.steps.decode_step`). The penalties' history is the
     prompt's text tokens."""
-    from llamay.engine.steps import decode_step
-    from llamay.sample import SamplerState, SamplingParams, sample
-
     if model.projector is None:
         raise ImageError(
             "this model has no vision projector: load it with mmproj=FILE "
             "(llama-server's --mmproj) to give it images"
         )
     chs = chunks(model.tokenizer, model.projector, prompt, images)
+    yield from generate_from_chunks(model, chs, max_tokens, sampler)
+
+
+def generate_from_chunks(model, chs, max_tokens: int, sampler, stop_ids=None):
+    """`generate_ids` over chunks already laid out (`chunks`); `stop_ids`: the tokens that
+    end it (default: the tokenizer's end-of-turn tokens)."""
+    from llamay.engine.steps import decode_step
+    from llamay.sample import SamplerState, SamplingParams, sample
+
     rt, cfg = model.runtime, model.runtime.cfg
     n = n_positions(chs)
     budget = min(max_tokens, model.n_ctx - n)
@@ -166,7 +172,7 @@ def generate_ids(model, prompt: str, images, max_tokens: int, sampler):
     params = SamplingParams.stack([sampler], getattr(cfg, "vocab", None), pieces, encode)
     state = SamplerState.init([sampler], [text_ids], history=model.n_ctx)
     nxt, state = sample(logits[None], params, state)
-    stop = frozenset(model.tokenizer.stop_ids)
+    stop = frozenset(model.tokenizer.stop_ids) if stop_ids is None else frozenset(stop_ids)
     for i in range(budget):
         tok = int(nxt[0])
         if tok in stop:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from llamay.errors import AdapterError, ModelNotFoundError
+from llamay.errors import AdapterError, ModelNotFoundError, ProjectorError
 
 
 def make_engine(model, parallel: int = 8, speculative=None):
@@ -143,6 +143,7 @@ class Models:
         lora: list[tuple[str | os.PathLike, float]] | None = None,
         cache_type_k: str | None = None,
         cache_type_v: str | None = None,
+        mmproj: str | os.PathLike | None = None,
     ):
         """`mesh`: shard every model over devices, "dp=N,tp=M" (llamay.model.sharding's
         rules, as `llamay eval --mesh`); checked against the visible devices here.
@@ -150,7 +151,8 @@ class Models:
         GGUF's own. `lora`: LoRA adapters [(path, scale)] the default model loads with
         (llama-server's --lora; `/lora-adapters` lists them and sets their scales).
         `cache_type_k` / `cache_type_v`: every model's KV cache types (llama-server's
-        --cache-type-k/-v: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; `llamay.kv.types`)."""
+        --cache-type-k/-v: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; `llamay.kv.types`).
+        `mmproj`: the default model's vision projector (llama-server's --mmproj)."""
         self.cache_types = {
             k: v
             for k, v in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v))
@@ -162,6 +164,11 @@ class Models:
         for p, _ in self.lora:
             if not p.is_file():
                 raise AdapterError(f"{p}: no such LoRA adapter file")
+        self.mmproj = Path(mmproj) if mmproj is not None else None
+        if self.mmproj is not None and not configured:
+            raise ProjectorError("a vision projector (--mmproj) is for the first --model: give one")
+        if self.mmproj is not None and not self.mmproj.is_file():
+            raise ProjectorError(f"{self.mmproj}: no such projector file")
         self.pooling = pooling
         self.mesh = _make_mesh(mesh)
         self.configured = {k: Path(v) for k, v in (configured or {}).items()}
@@ -282,6 +289,8 @@ class Models:
     def _load(self, path: Path, adapters=()):
         lora = {"lora": list(adapters)} if adapters else {}  # custom loaders may take none
         model = self.loader(path, self.n_ctx, self.numerics, **lora, **self.cache_types)
+        if self.mmproj is not None and path == next(iter(self.configured.values())):
+            model.attach_projector(self.mmproj)
         if self.pooling is not None:
             model.pooling = self.pooling
         if self.mesh is not None:

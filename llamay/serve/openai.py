@@ -20,6 +20,7 @@ from pydantic import Field
 
 from llamay.errors import RequestError
 from llamay.serve import tools as T
+from llamay.serve import vision as V
 from llamay.serve.best_of import best_candidates
 from llamay.serve.core import (
     OpenModel,
@@ -147,13 +148,20 @@ def _stops(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-def _text_of(content: str | list[dict[str, Any]] | None) -> str:
+def _text_of(content: str | list[dict[str, Any]] | None, images: list | None = None) -> str:
+    """The text of a message's content; `image_url` parts (data URLs) become mtmd's
+    `<__media__>` marker where they are, their bytes appended to `images`."""
     if content is None or isinstance(content, str):
         return content or ""
     parts = []
     for p in content:
         if p.get("type") in ("text", "input_text"):
             parts.append(str(p.get("text", "")))
+        elif p.get("type") == "image_url" and images is not None:
+            url = p.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            images.append(V.url_bytes(url, "messages: image_url"))
+            parts.append(V.MEDIA_MARKER)
         else:
             raise ApiError(
                 400,
@@ -163,12 +171,12 @@ def _text_of(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(parts)
 
 
-def _messages(body: ChatCompletionRequest) -> list[dict]:
+def _messages(body: ChatCompletionRequest, images: list | None = None) -> list[dict]:
     out = []
     for i, m in enumerate(body.messages):
         msg: dict[str, Any] = {
             "role": "system" if m.role == "developer" else m.role,
-            "content": _text_of(m.content),
+            "content": _text_of(m.content, images),
         }
         if m.name:
             msg["name"] = m.name
@@ -298,17 +306,26 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     lm = await st.models.get(body.model, lenient=True)
     template_tools, forced = _tool_plan(body)
     names = {t["function"]["name"] for t in template_tools or []}
-    ids = await off_loop(T.chat_ids, lm, _messages(body), template_tools)
+    images: list[bytes] = []
+    messages = _messages(body, images)
+    start = None
+    if images:  # image_url parts: the prompt as mtmd lays it out (llamay.serve.vision)
+        text = await off_loop(T.render_prompt, lm, messages, template_tools)
+        ids, start = await off_loop(V.image_prompt, lm, text, images)
+    else:
+        ids = await off_loop(T.chat_ids, lm, messages, template_tools)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
     ckw = _response_format(body.response_format) or _llama_constraint(body.model_extra)
     if forced is not None:
         ckw = {"json_schema": T.call_schema(forced)}
+    if images and ckw:
+        raise ApiError(400, "structured output and tool calls with images are not supported yet")
     gens = []
     for i in range(body.n):
         con = await st.constraint(lm, **ckw) if ckw else None
-        g = st.textgen(lm, ids, max_tokens, _sampler(body, i), _stops(body.stop), con)
+        g = st.textgen(lm, ids, max_tokens, _sampler(body, i), _stops(body.stop), con, start=start)
         g.logprobs = (body.top_logprobs or 0) if body.logprobs else None
         g.lora = request_lora(lm, body.model_extra)
         gens.append(g)

@@ -1,0 +1,86 @@
+"""Images in HTTP requests (issue 25): data URLs and base64 payloads to bytes, and a
+generation over an image prompt for `TextGen` (its `start` hook).
+
+Image requests run through `llamay.multimodal` (the prompt laid out as llama.cpp's mtmd
+lays it out, the images' embeddings in place of tokens) on a dense single-sequence cache in
+a thread of their own, not in the batching engine: they are not in the prefix cache yet.
+http(s) image URLs are refused: the server fetches nothing from the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import threading
+
+from llamay.engine.api import Handle, Request
+from llamay.errors import ImageError
+from llamay.vision import MEDIA_MARKER
+
+__all__ = ["MEDIA_MARKER", "decode_base64", "image_prompt", "url_bytes"]
+
+
+def decode_base64(data: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ImageError(f"{where}: the image is not valid base64 ({e})") from None
+
+
+def url_bytes(url: str, where: str) -> bytes:
+    """The bytes of an image URL: `data:[<mime>];base64,<data>` only."""
+    if not isinstance(url, str):
+        raise ImageError(f"{where}: an image URL must be a string")
+    low = url[:8].lower()
+    if low.startswith(("http://", "https://")):
+        raise ImageError(
+            f"{where}: image URLs are not fetched (the server has no network access): "
+            "send the image inline as a data: URL (data:image/png;base64,...)"
+        )
+    if not low.startswith("data:"):
+        raise ImageError(f"{where}: an image URL must be a data: URL (data:image/png;base64,...)")
+    head, sep, data = url.partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise ImageError(f"{where}: only base64 data: URLs are supported (data:<mime>;base64,...)")
+    return decode_base64(data, where)
+
+
+def image_prompt(lm, text: str, images: list[bytes]):
+    """(prompt ids for counting, `start` for `TextGen`) of a rendered prompt with one
+    `<__media__>` per image. The ids hold 0 at image positions (never fed: the image's
+    embeddings take their place); `start` runs the generation in a thread and returns the
+    engine-style `Handle` TextGen reads."""
+    from llamay import multimodal
+
+    model = lm.model
+    if getattr(model, "projector", None) is None:
+        raise ImageError(
+            f"model {lm.name!r} has no vision projector: start the server with "
+            "--mmproj FILE (llama-server's flag) to give it images"
+        )
+    chs = multimodal.chunks(model.tokenizer, model.projector, text, images)
+    ids = [t for kind, c in chs for t in (c if kind == "text" else [0] * len(c))]
+
+    async def start(request: Request) -> Handle:
+        handle = Handle(request)
+
+        def run() -> None:
+            n = 0
+            try:
+                gen = multimodal.generate_from_chunks(
+                    model, chs, request.max_tokens, request.sampler, request.stop_ids
+                )
+                for tok in gen:
+                    if handle.cancelled:
+                        handle._finish("cancelled")
+                        return
+                    handle._emit(tok)
+                    n += 1
+                handle._finish("length" if n >= request.max_tokens else "stop")
+            except BaseException as e:  # surfaced by the handle's iterator
+                handle._finish("error", e)
+
+        threading.Thread(target=run, name="llamay-image-request", daemon=True).start()
+        return handle
+
+    return ids, start

@@ -1,0 +1,89 @@
+"""Images over HTTP (issue 25): `llamay serve --mmproj` and OpenAI `image_url` content parts
+(data URLs) through the official openai client over loopback, held to the library's
+`Model.generate(images=)` (itself held to llama.cpp in tests/vision); http URLs refused."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+from conftest import chat_prompt, running
+from fixture_data import fixture, oracle, tiny_model_file
+
+import llamay
+from llamay import multimodal
+from llamay.serve import create_app
+from llamay.serve.models import Models
+
+
+@pytest.fixture(scope="module")
+def png() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.load(fixture("vision", "images.npz"))["wide45x29"]).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def vision_server(serve_home):
+    models = Models(
+        {"tiny": tiny_model_file("llama")},
+        use_store=False,
+        default_keep_alive=-1,
+        mmproj=fixture("vision", "mlp.mmproj.gguf"),
+    )
+    with running(create_app(models, max_tokens_limit=64)) as s:
+        yield s
+
+
+def test_openai_image_url_reaches_the_model(vision_server, png):
+    openai = oracle("openai")
+    client = openai.OpenAI(base_url=vision_server.url + "/v1", api_key="x")
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    parts = [
+        {"type": "text", "text": "What is in "},
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "?"},
+    ]
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=4, temperature=0
+    )
+    with llamay.load(tiny_model_file("llama"), mmproj=fixture("vision", "mlp.mmproj.gguf")) as m:
+        prompt = chat_prompt(m, [{"role": "user", "content": "What is in <__media__>?"}])
+        chs = multimodal.chunks(m.tokenizer, m.projector, prompt, [png])
+        expect = m.generate(prompt, images=[png], max_tokens=4, temperature=0)
+    assert r.choices[0].message.content == expect
+    # the image's 16 embeddings are counted as prompt tokens, as llama-server counts them
+    assert r.usage.prompt_tokens == multimodal.n_positions(chs)
+    assert sum(len(c) for k, c in chs if k == "image") == 16
+    assert r.usage.completion_tokens == 4 or r.choices[0].finish_reason == "stop"
+
+
+def test_openai_http_image_urls_are_refused(vision_server):
+    openai = oracle("openai")
+    client = openai.OpenAI(base_url=vision_server.url + "/v1", api_key="x")
+    parts = [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]
+    with pytest.raises(openai.BadRequestError, match="not fetched"):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=1
+        )
+    bad = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]
+    with pytest.raises(openai.BadRequestError, match="not valid base64"):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": bad}], max_tokens=1
+        )
+
+
+def test_images_without_a_projector_are_refused(server, png):
+    """The shared tiny server has no --mmproj: a clear 400."""
+    openai = oracle("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    parts = [{"type": "image_url", "image_url": {"url": url}}]
+    with pytest.raises(openai.BadRequestError, match="no vision projector"):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=1
+        )
