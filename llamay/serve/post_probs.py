@@ -61,21 +61,38 @@ def post_sampling(
     chain, from `alts`: the WIDTH best (id, pre-sampling logprob), best first."""
     ids = np.asarray([i for i, _ in alts], np.int64)
     logit = np.asarray([lp for _, lp in alts], np.float64)
+    full = len(alts) < WIDTH  # the vocabulary is smaller than the width: nothing unseen
+    # every token not listed has a logit <= floor: a kept set reaching below it may miss some
+    floor = -np.inf if full else float(logit[-1])
     bias = dict(sampler.logit_bias)
     if bias:
+        listed = set(ids.tolist())
+        if not full and any(b > 0 and t not in listed for t, b in bias.items()):
+            raise ApiError(
+                400,
+                "post_sampling_probs: a positive logit_bias on a token outside the best 64 "
+                "can change which tokens the chain keeps (not replayed)",
+                param="post_sampling_probs",
+            )
         logit = logit + np.asarray([bias.get(int(i), 0.0) for i in ids])
         order = np.argsort(-logit, kind="stable")
         ids, logit = ids[order], logit[order]
-    full = len(alts) < WIDTH  # the vocabulary is smaller than the width: nothing unseen
+        ids, logit = ids[np.isfinite(logit)], logit[np.isfinite(logit)]
+        if not len(ids):
+            raise ApiError(400, "post_sampling_probs: logit_bias bans the best 64 tokens")
     n = len(ids)  # candidates left (a prefix of the sorted list)
     bounded = full  # whether the candidates are known to lie within `alts`
     keep = max(1, sampler.min_keep)
     if sampler.temperature <= 0:
-        return (1.0 if int(ids[0]) == token else 0.0), [(int(ids[0]), 1.0)][:n_probs]
-    for stage in sampler.samplers:
+        if logit[0] < floor:
+            bounded = False
+        else:
+            return (1.0 if int(ids[0]) == token else 0.0), [(int(ids[0]), 1.0)][:n_probs]
+    for stage in sampler.samplers if sampler.temperature > 0 else ():
         if stage == "top_k" and sampler.top_k > 0:
-            if sampler.top_k <= n:
-                n, bounded = max(sampler.top_k, min(keep, n)), True
+            k = max(sampler.top_k, min(keep, n))
+            if k <= n and logit[k - 1] >= floor:
+                n, bounded = k, True
         elif stage == "top_p" and sampler.top_p < 1.0:
             z = logit[:n] - logit[0]
             p = np.exp(z)
@@ -90,9 +107,9 @@ def post_sampling(
             if len(hit):
                 n, bounded = max(int(hit[0]) + 1, min(keep, n)), True
         elif stage == "min_p" and sampler.min_p > 0.0:
-            floor = logit[0] + math.log(sampler.min_p)
-            m = int(np.sum(logit[:n] >= floor))
-            if m < n:  # the cut falls within the list (else more may pass beyond it)
+            cut = logit[0] + math.log(sampler.min_p)
+            m = int(np.sum(logit[:n] >= cut))
+            if bounded or cut > floor:  # (else tokens not listed may pass it too)
                 n, bounded = max(m, min(keep, n)), True
     if not bounded:
         raise ApiError(

@@ -519,3 +519,41 @@ def test_n_cmpl_completions_per_prompt(http, server, tiny):
     for bad in (0, n + 1):
         r = http.post("/completion", json={**body, "n_cmpl": bad})
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("n_cmpl")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_post_sampling_replay_equals_the_whole_vocabulary_or_refuses(seed):
+    """The replay from the best 64 tokens (what the engine hands over) equals llama.cpp's
+    chain over the whole vocabulary whenever it answers; the default settings answer."""
+    from llamay.sample import Sampler
+    from llamay.serve.errors import ApiError
+    from llamay.serve.post_probs import WIDTH, post_sampling
+
+    rng = np.random.default_rng(seed)
+    raw = rng.normal(0, 1 + 2 * rng.random(), 1000)
+    logp = raw - np.logaddexp.reduce(raw)
+    top = np.argsort(-logp, kind="stable")[:WIDTH]
+    alts = [(int(i), float(logp[i])) for i in top]
+    knobs = {
+        "top_k": int(rng.choice([0, 1, 5, 40, 64, 100])),
+        "top_p": float(rng.choice([1.0, 0.95, 0.5, 0.1])),
+        "min_p": float(rng.choice([0.0, 0.05, 0.2])),
+        "temperature": float(rng.choice([0.0, 0.3, 0.8, 1.5])),
+    }
+    bias = {}
+    if seed % 3 == 1:  # ban some of the best, boost one listed
+        bias = {int(top[0]): -np.inf, int(top[3]): -np.inf, int(top[10]): 2.0}
+    elif seed % 3 == 2:
+        bias = {int(np.argsort(-logp)[500]): 5.0}  # boosts one far outside the list
+    sampler = Sampler(**knobs, logit_bias=tuple(bias.items()))
+    biased = logp + np.asarray([bias.get(i, 0.0) for i in range(1000)])
+    want = _chain(np.where(np.isfinite(biased), biased, -1e300), **knobs)
+    want = [(i, p) for i, p in want if np.isfinite(biased[i]) and p > 0]
+    try:
+        prob, got = post_sampling(sampler, want[0][0], alts, 10)
+    except ApiError:
+        assert knobs["top_k"] == 0 or knobs["top_k"] > 64 or bias, knobs  # refused: only so
+        return
+    assert [i for i, _ in got] == [i for i, _ in want[:10]], (knobs, bias)
+    np.testing.assert_allclose([p for _, p in got], [p for _, p in want[:10]], atol=1e-9)
+    assert prob == pytest.approx(want[0][1])
