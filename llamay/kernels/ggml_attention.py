@@ -7,8 +7,10 @@ families of `llamay.arch.ggml_ops.Q_PRESCALED`) rounded to f16; K·q and P·V as
 llamafile's tinyBLAS sums them for a batch of tokens (16 lanes, chunk after chunk, then
 `_mm512_reduce_add_ps`) or as ggml_vec_dot_f16 does for one token (4 accumulators of 16
 lanes); the softmax of ggml_soft_max_f32 (scores·scale, ggml_v_expf, per-16 sums in
-double, times (float)(1.0/sum)), the probabilities rounded to f16. (See
-`llamay.quant.ggml_float` for why bit for bit, and how XLA is kept from fusing.)
+double, times (float)(1.0/sum)), the probabilities rounded to f16. An F32 cache (an
+encoder's K/V, which llama.cpp keeps in no cache, or an f32 -ctk/-ctv) takes q and the
+probabilities as f32, unrounded. (See `llamay.quant.ggml_float` for why bit for bit, and
+how XLA is kept from fusing.)
 
 A quantised K or V cache (q8_0, q4_0, ...: `llamay.kv.types`): llama.cpp's flash attention,
 which it requires for a quantised V (`flash_attention`, below).
@@ -74,7 +76,10 @@ def attention(
     if q_prescaled:
         q = opaque(q.astype(F32) * kq_scale)
         kq_scale = np.float32(1.0)
-    q16 = q.astype(jnp.float16).astype(F32).reshape(B, T, K, G, D)
+    # q goes to K's vec_dot type and P to V's: f16 for an f16 cache; an f32 one (an
+    # encoder's K/V, which llama.cpp keeps in no cache, or -ctk/-ctv f32) takes f32 as is
+    k32, v32 = k_cache.dtype == F32, v_cache.dtype == F32
+    q16 = (q.astype(F32) if k32 else q.astype(jnp.float16).astype(F32)).reshape(B, T, K, G, D)
     kc = k_cache.astype(F32)
     qk = q16[:, :, :, :, None, :]  # [B, T, K, G, 1, D]
     kk = jnp.transpose(kc, (0, 2, 1, 3))[:, None, :, None, :, :]  # [B, 1, K, 1, S, D]
@@ -102,7 +107,8 @@ def attention(
     chunk = reduce16(e.reshape(*e.shape[:-1], S // 16, 16))  # [B, K, G, T, S/16]
     hi, lo = dsum(chunk)
     inv = jnp.where(hi > 0, recip_pair(hi, lo), 0.0)  # rows with no visible key: padding
-    p16 = (e * inv[..., None]).astype(jnp.float16).astype(F32)  # [B, K, G, T, S]
+    p16 = e * inv[..., None]  # [B, K, G, T, S]
+    p16 = p16 if v32 else p16.astype(jnp.float16).astype(F32)
     out = _pv(p16, v_cache.astype(F32), batched)  # [B, K, G, T, D]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H, D)
 
