@@ -12,11 +12,11 @@ with `keep=True` (the cached prefix is reused) and its K/V written as a llamay K
 snapshot (`llamay.kv.snapshot`) under the name the client gave, inside the server's
 slot-save directory (`llamay serve --slot-save-path DIR`, llama-server's flag; without
 it these actions are refused as llama-server refuses them, 501). Restoring loads the
-K/V into the engine and the slot keeps them (a `kept.Kept`): the next /completion or
-/infill whose prompt begins with all of those tokens continues from them
-(`tokens_cached`, `timings.cache_n`), as a llama-server slot reuses its cache (llama-server
-also reuses a common prefix shorter than the slot's tokens; here that is left to the
-shared prefix cache). Erase drops the slot's
+K/V into the engine and the slot keeps them (a `kept.Kept`, and the snapshot on the
+host): a /completion or /infill whose prompt begins with all of those tokens continues
+from them, one that shares at least MIN_REUSE leading tokens restores that much of the
+snapshot again (`tokens_cached`, `timings.cache_n`), as a llama-server slot reuses its
+cache's common prefix. Erase drops the slot's
 kept K/V and forgets its tokens (pages the shared prefix cache also holds stay there
 until the pool needs them).
 """
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Query, Request
 
 from llamay.errors import LlamayError, SnapshotError
@@ -47,6 +48,8 @@ DEFAULT_SEED = 0xFFFFFFFF
 #: Seconds a save/restore waits for its slot to finish the request it runs (llama-server
 #: defers the action until the slot is idle).
 WAIT_IDLE_S = 60.0
+#: Fewest leading tokens a prompt must share with a restored slot for its K/V to be used.
+MIN_REUSE = 16
 _BAD_CHARS = set(':*?"<>|/\\') | {"\ufeff", "\ufffd", "\uff0e", "\u2215", "\u2216"}
 
 
@@ -159,22 +162,45 @@ async def slots(request: Request, model: str | None = None, fail_on_no_slot: str
     return [_slot_json(st, lm, i, a) for i, a in enumerate(held)]
 
 
-def _kept(st: ServerState) -> dict[tuple[str, int], kept.Kept]:
-    """(model, slot) -> the K/V a restore left in that slot."""
+def _kept(st: ServerState) -> dict[tuple[str, int], tuple[kept.Kept, Snapshot]]:
+    """(model, slot) -> the K/V a restore left in that slot (in the engine, and the
+    snapshot on the host)."""
     return st.extra.setdefault("slot_kept", {})
 
 
-def restored_for(st: ServerState, lm: Loaded, ids: list[int]):
-    """How to start a generation of `ids` from a restored slot's K/V when they begin with
-    its tokens (a `TextGen` start function), else None."""
-    for (name, _), kv in list(_kept(st).items()):
-        if name == lm.name and len(kv.tokens) < len(ids) and kv.usable_for(lm.engine, ids):
+def _common(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
+    return int(diff[0]) if len(diff) else n
 
-            async def start(request, kv=kv):
+
+def restored_for(st: ServerState, lm: Loaded, ids: list[int]):
+    """How to start a generation of `ids` from a restored slot's K/V (a `TextGen` start
+    function), else None: a fork of them when `ids` begin with all of the slot's tokens,
+    else, when they share at least MIN_REUSE leading tokens, the snapshot cut there and
+    restored again (llama-server's slots reuse their cache's common prefix too)."""
+    best = None
+    for (name, _), (kv, snap) in list(_kept(st).items()):
+        if name != lm.name:
+            continue
+        if len(kv.tokens) < len(ids) and kv.usable_for(lm.engine, ids):
+
+            async def fork(request, kv=kv):
                 return await kept.start(lm.engine, request, kv)
 
-            return start
-    return None
+            return fork
+        n = min(_common(snap.tokens, ids), snap.n_cached, len(ids) - 1)
+        if n >= MIN_REUSE and (best is None or n > best[0]):
+            best = (n, snap)
+    if best is None:
+        return None
+    n, snap = best
+    cut = dataclasses.replace(snap, tokens=list(snap.tokens[:n]), k=snap.k[:, :n], v=snap.v[:, :n])
+
+    async def restore(request):
+        return await kept.start(lm.engine, request, snapshot=cut)
+
+    return restore
 
 
 async def _wait_idle(st: ServerState, lm: Loaded, i: int) -> None:
@@ -207,7 +233,7 @@ async def slot_action(
         n = len(st.slot_tokens.pop((lm.name, i), ()))
         held = _kept(st).pop((lm.name, i), None)
         if held is not None:
-            held.drop()
+            held[0].drop()
         return {"id_slot": i, "n_erased": n}
     if action not in ("save", "restore"):
         raise ApiError(400, "Invalid action", kind="invalid_request_error")
@@ -249,8 +275,8 @@ async def slot_action(
         raise
     old = _kept(st).pop((lm.name, i), None)
     if old is not None:
-        old.drop()
-    _kept(st)[(lm.name, i)] = seq
+        old[0].drop()
+    _kept(st)[(lm.name, i)] = (seq, snap)
     st.slot_tokens[(lm.name, i)] = list(snap.tokens)
     return {
         "id_slot": i,

@@ -150,6 +150,13 @@ def test_slot_save_restore_erase(http, server, slot_dir, golden, tiny_paths, tin
         assert warm["timings"]["cache_n"] == n  # the slot's sequence: every token's K/V
         assert warm["tokens_cached"] == n and warm["timings"]["prompt_n"] == len(again) - n
         assert warm["content"] == _text(tiny, again, 3)[0]  # the same K/V as computing them
+        # a prompt that shares only the start: that much of the slot's K/V is reused
+        other = ids + tiny.tokenize(" Something else entirely.", add_special=False)
+        saved_tokens = ids + toks
+        lcp = next(j for j, (a, b) in enumerate(zip(other, saved_tokens, strict=False)) if a != b)
+        part = c.post("/completion", json={**more, "prompt": other}).json()
+        assert part["timings"]["cache_n"] == lcp >= len(ids)
+        assert part["content"] == _text(tiny, other, 3)[0]
         held = [s for s in c.get("/slots").json() if s["id"] == 1][0]["n_cached"]
         erased = c.post("/slots/1?action=erase").json()
         assert set(erased) == set(golden["slot_erase"]) and erased["n_erased"] == held > 0
