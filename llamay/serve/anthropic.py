@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from llamay.serve import tools as T
+from llamay.serve import vision as V
 from llamay.serve.core import (
     EventStream,
     OpenModel,
@@ -70,7 +71,19 @@ def _text(blocks: str | list[dict[str, Any]] | None, where: str) -> str:
     return "".join(parts)
 
 
-def _messages(body: CountTokensRequest) -> list[dict]:
+def _image_block(b: dict, where: str) -> bytes:
+    """An image block's bytes: `source` base64 data, or a data: URL (http(s) refused)."""
+    src = b.get("source") or {}
+    if src.get("type") == "base64":
+        return V.decode_base64(str(src.get("data", "")), where)
+    if src.get("type") == "url":
+        return V.url_bytes(src.get("url"), where)
+    raise ApiError(400, f"{where}: an image source must be base64 (or a data: URL)")
+
+
+def _messages(body: CountTokensRequest, images: list[bytes] | None = None) -> list[dict]:
+    """The messages for the template; image blocks (with `images` given) become mtmd's
+    `<__media__>` markers where they are, their bytes appended to `images`."""
     out: list[dict] = []
     if body.system:
         out.append({"role": "system", "content": _text(body.system, "system")})
@@ -83,6 +96,9 @@ def _messages(body: CountTokensRequest) -> list[dict]:
             kind = b.get("type")
             if kind == "text":
                 text.append(str(b.get("text", "")))
+            elif kind == "image" and images is not None and m.role == "user":
+                images.append(_image_block(b, f"messages.{i}.image"))
+                text.append(V.MEDIA_MARKER)
             elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
                 continue  # earlier turns' reasoning stays out of the prompt, as Anthropic's
             elif kind == "tool_use" and m.role == "assistant":
@@ -187,7 +203,17 @@ async def messages(body: MessagesRequest, request: Request):
     st: ServerState = state(request)
     _check_thinking((body.model_extra or {}).get("thinking"), body.max_tokens)
     lm = await st.models.get(body.model, lenient=True)
-    ids, tools, forced = await off_loop(_prompt_ids, lm, body)
+    images: list[bytes] = []
+    msgs = _messages(body, images)
+    start = None
+    if images:  # image blocks: the prompt as mtmd lays it out (llamay.serve.vision)
+        tools, forced = _plan(body)
+        if tools or (body.output_config or {}).get("format") is not None:
+            raise ApiError(400, "tools and output formats with images are not supported yet")
+        text = await off_loop(T.render_prompt, lm, msgs, None)
+        ids, start = await off_loop(V.image_prompt, lm, text, images)
+    else:
+        ids, tools, forced = await off_loop(_prompt_ids, lm, body)
     names = {t["function"]["name"] for t in tools or []}
     con = None
     if forced is not None:
@@ -208,7 +234,7 @@ async def messages(body: MessagesRequest, request: Request):
         top_p=body.top_p,
         top_k=body.top_k,
     )
-    g = st.textgen(lm, ids, body.max_tokens, sampler, body.stop_sequences, con)
+    g = st.textgen(lm, ids, body.max_tokens, sampler, body.stop_sequences, con, start=start)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
 
     def message(content: list[dict], stop_reason: str | None, out_tokens: int) -> dict:

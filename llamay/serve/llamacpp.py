@@ -18,6 +18,7 @@ from llamay import __version__
 from llamay.errors import RequestError
 from llamay.serve import kept, post_probs, readiness, slots
 from llamay.serve import tools as T
+from llamay.serve import vision as V
 from llamay.serve.context import live_contexts
 from llamay.serve.core import (
     OpenModel,
@@ -118,8 +119,17 @@ def _prompt_ids(lm: Loaded, prompt: str | list[int | str]) -> list[int]:
 
 def _subprompt(lm: Loaded, p: Any) -> list[int]:
     if isinstance(p, dict):
-        if p.get("multimodal_data"):
-            raise ApiError(400, f"model {lm.name!r} takes no multimodal_data", param="prompt")
+        if p.get("multimodal_data"):  # base64 images, one per <__media__> in the text
+            data, text = p["multimodal_data"], p.get("prompt_string")
+            if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
+                raise ApiError(400, "multimodal_data must be a list of base64 strings")
+            if not isinstance(text, str):
+                raise ApiError(400, "with multimodal_data, prompt_string must be a string")
+            images = [V.decode_base64(x, "multimodal_data") for x in data]
+            ids, start = V.image_prompt(lm, text, images)
+            out = V.ImageIds(ids)
+            out.start = start
+            return out
         p = p.get("prompt_string")
         if not isinstance(p, (str, list)):
             raise ApiError(400, "a prompt object needs a prompt_string", param="prompt")
@@ -225,6 +235,12 @@ async def complete(
     if not 1 <= n_cmpl <= n_slots:
         raise ApiError(400, f"n_cmpl must be in [1, {n_slots}], not {n_cmpl}", param="n_cmpl")
     prompts = [ids for ids in prompts for _ in range(n_cmpl)]  # prompt by prompt
+    if any(isinstance(ids, V.ImageIds) for ids in prompts) and (
+        body.n_predict == 0 or body.grammar is not None or body.json_schema is not None
+    ):
+        raise ApiError(
+            400, "n_predict 0, grammar and json_schema with images are not supported yet"
+        )
     pin = body.id_slot if len(prompts) == 1 else -1
     if body.n_predict == 0 and kept.supports_kv(lm.engine):
         outs = [await _evaluate(st, lm, i, ids, pin) for i, ids in enumerate(prompts)]
@@ -232,11 +248,12 @@ async def complete(
     gens = []
     for ids in prompts:
         con = await st.constraint(lm, json_schema=body.json_schema, grammar=body.grammar)
-        start = slots.restored_for(st, lm, ids)  # a restored slot's K/V, when they fit
+        image = getattr(ids, "start", None)  # an image prompt runs on its own (serve.vision)
+        start = image or slots.restored_for(st, lm, ids)  # a restored slot's K/V, if they fit
         g = st.textgen(
             lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids, start=start
         )
-        g.keeps = start is not None  # its K/V are kept (a fork): released when it ends
+        g.keeps = start is not None and image is None  # kept K/V (a fork): released at the end
         g.id_slot = pin
         if body.n_probs:
             g.logprobs = post_probs.WIDTH if post else min(body.n_probs, 64)

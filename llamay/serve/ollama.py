@@ -19,6 +19,7 @@ from pydantic import Field
 from llamay.errors import RequestError
 from llamay.ollama.template import render as render_go_template
 from llamay.serve import tools as T
+from llamay.serve import vision as V
 from llamay.serve.core import (
     EventStream,
     OpenModel,
@@ -244,19 +245,30 @@ def ndjson_response(agen) -> EventStream:
 # --- generate / chat ----------------------------------------------------------------------
 
 
+def _generate_text(lm: Loaded, body: GenerateRequest, prompt: str, system, template) -> str:
+    if body.raw:
+        return prompt
+    if template:
+        return render_go_template(template, prompt, system)
+    messages = [{"role": "system", "content": system}] if system else []
+    return T.render_prompt(lm, [*messages, {"role": "user", "content": prompt}])
+
+
+def _image_list(images: list[str], where: str) -> list[bytes]:
+    """Ollama's `images`: base64 strings (a data: URL is taken too)."""
+    return [
+        V.url_bytes(x, where) if str(x)[:5].lower() == "data:" else V.decode_base64(x, where)
+        for x in images
+    ]
+
+
 def _generate_ids(lm: Loaded, body: GenerateRequest, system: str | None, template: str | None):
     """The prompt's token ids: raw, through a Go template (the request's or the model's
     own), or through the model's chat template; after `context`'s ids when given."""
     prompt = body.prompt or ""
     if body.suffix:  # fill in the middle, with the model's FIM tokens (as llama.cpp's /infill)
         return list(body.context or []) + fim_ids(lm, prompt, body.suffix)
-    if body.raw:
-        text = prompt
-    elif template:
-        text = render_go_template(template, prompt, system)
-    else:
-        messages = [{"role": "system", "content": system}] if system else []
-        text = T.render_prompt(lm, [*messages, {"role": "user", "content": prompt}])
+    text = _generate_text(lm, body, prompt, system, template)
     if body.context:
         return list(body.context) + lm.model.tokenize(text, add_special=False, parse_special=True)
     return encode_prompt(lm, text)
@@ -266,8 +278,9 @@ def _generate_ids(lm: Loaded, body: GenerateRequest, system: str | None, templat
 async def generate(body: GenerateRequest, request: Request):
     st: ServerState = state(request)
     t0 = time.perf_counter()
-    if body.images:
-        raise ApiError(400, "images are not supported (text models only)")
+    images = _image_list(body.images, "images") if body.images else []
+    if images and (body.context or body.suffix):
+        raise ApiError(400, "images with context or suffix are not supported")
     _no_thinking(body.think)
     want_lp = _want_logprobs(body)
     ka = keep_alive_seconds(body.keep_alive)
@@ -295,9 +308,20 @@ async def generate(body: GenerateRequest, request: Request):
     own_system, own_template, own_params = model_layers(lm.known)
     params, num_predict, stop = _options({**own_params, **(body.options or {})})
     system = body.system if body.system is not None else own_system
-    ids = await off_loop(_generate_ids, lm, body, system, body.template or own_template)
+    start = None
+    if images:  # each image where a <__media__> is, else before the prompt (Ollama's order)
+        prompt = body.prompt or ""
+        if V.MEDIA_MARKER not in prompt:
+            prompt = V.MEDIA_MARKER * len(images) + prompt
+        template = body.template or own_template
+        text = await off_loop(_generate_text, lm, body, prompt, system, template)
+        ids, start = await off_loop(V.image_prompt, lm, text, images)
+        if body.format:
+            raise ApiError(400, "format (structured output) with images is not supported yet")
+    else:
+        ids = await off_loop(_generate_ids, lm, body, system, body.template or own_template)
     con = await st.constraint(lm, **_format(body.format))
-    g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con)
+    g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con, start=start)
     g.logprobs = want_lp
 
     def final() -> dict[str, Any]:
@@ -311,8 +335,8 @@ async def generate(body: GenerateRequest, request: Request):
             **_timings(g, lm, t0, load_s),
             **_logprobs(lm, g, want_lp),
         }
-        if body.raw:  # "raw mode will not return a context" (Ollama's api.md)
-            del out["context"]
+        if body.raw or images:  # "raw mode will not return a context" (Ollama's api.md);
+            del out["context"]  # an image prompt's ids are no context to send back
         return out
 
     if not body.stream:
@@ -337,12 +361,18 @@ async def generate(body: GenerateRequest, request: Request):
     return ndjson_response(await primed(lines()))
 
 
-def _chat_messages(body: ChatRequest) -> list[dict]:
+def _chat_messages(body: ChatRequest, images: list[bytes] | None = None) -> list[dict]:
+    """The messages for the template; a message's `images` (base64) go before its content
+    as mtmd's `<__media__>` markers, their bytes appended to `images`."""
     out = []
     for i, m in enumerate(body.messages):
+        content = m.content or ""
         if m.images:
-            raise ApiError(400, "images are not supported (text models only)")
-        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+            if images is None:
+                raise ApiError(400, "images are not supported here")
+            images.extend(_image_list(m.images, f"messages.{i}.images"))
+            content = V.MEDIA_MARKER * len(m.images) + content
+        msg: dict[str, Any] = {"role": m.role, "content": content}
         if m.tool_calls:
             msg["tool_calls"] = [
                 T.history_call(c, f"messages.{i}.tool_calls.{j}")
@@ -381,12 +411,20 @@ async def chat(body: ChatRequest, request: Request):
     params, num_predict, stop = _options({**own_params, **(body.options or {})})
     tools = body.tools or None
     names = {(t.get("function") or {}).get("name") for t in tools or []} - {None}
-    messages = _chat_messages(body)
+    images: list[bytes] = []
+    messages = _chat_messages(body, images)
     if own_system and not any(m["role"] == "system" for m in messages):
         messages = [{"role": "system", "content": own_system}, *messages]
-    ids = await off_loop(T.chat_ids, lm, messages, tools)
+    start = None
+    if images:
+        if body.format or tools:
+            raise ApiError(400, "format and tools with images are not supported yet")
+        text = await off_loop(T.render_prompt, lm, messages, tools)
+        ids, start = await off_loop(V.image_prompt, lm, text, images)
+    else:
+        ids = await off_loop(T.chat_ids, lm, messages, tools)
     con = await st.constraint(lm, **_format(body.format))
-    g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con)
+    g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con, start=start)
     g.logprobs = want_lp
 
     def message(content: str) -> dict[str, Any]:

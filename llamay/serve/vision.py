@@ -17,7 +17,14 @@ from llamay.engine.api import Handle, Request
 from llamay.errors import ImageError
 from llamay.vision import MEDIA_MARKER
 
-__all__ = ["MEDIA_MARKER", "decode_base64", "image_prompt", "url_bytes"]
+__all__ = ["MEDIA_MARKER", "ImageIds", "decode_base64", "image_prompt", "url_bytes"]
+
+
+class ImageIds(list):
+    """An image prompt's ids (0 at image positions) carrying its `start` for `TextGen`,
+    where a prompt travels as a list of ids (llama-server's /completion)."""
+
+    start = None
 
 
 def decode_base64(data: str, where: str) -> bytes:

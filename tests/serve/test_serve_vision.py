@@ -87,3 +87,82 @@ def test_images_without_a_projector_are_refused(server, png):
         client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=1
         )
+
+
+def _library(prompt: str, png: bytes, n: int) -> tuple[str, int]:
+    """What the library gives for the same prompt text and image (greedy), and the
+    prompt's positions (text tokens plus the image's 16 embeddings)."""
+    with llamay.load(tiny_model_file("llama"), mmproj=fixture("vision", "mlp.mmproj.gguf")) as m:
+        chs = multimodal.chunks(m.tokenizer, m.projector, prompt, [png])
+        return m.generate(
+            prompt, images=[png], max_tokens=n, temperature=0
+        ), multimodal.n_positions(chs)
+
+
+def test_ollama_images_reach_the_model(vision_server, png):
+    ollama = oracle("ollama")
+    client = ollama.Client(host=vision_server.url)
+    b64 = base64.b64encode(png).decode()
+    opts = {"temperature": 0, "num_predict": 4, "repeat_penalty": 1.0}
+    r = client.chat(
+        model="tiny",
+        messages=[{"role": "user", "content": "What is it?", "images": [b64]}],
+        options=opts,
+    )
+    with llamay.load(tiny_model_file("llama")) as m:
+        prompt = chat_prompt(m, [{"role": "user", "content": "<__media__>What is it?"}])
+    expect, n = _library(prompt, png, 4)
+    assert r.message.content == expect
+    assert r.prompt_eval_count == n
+    g = client.generate(model="tiny", prompt="Look: <__media__> What is it?", images=[b64],
+                        options=opts, raw=True)  # fmt: skip
+    expect, n = _library("Look: <__media__> What is it?", png, 4)
+    assert g.response == expect and g.prompt_eval_count == n
+
+
+def test_anthropic_image_blocks_reach_the_model(vision_server, png):
+    anthropic = oracle("anthropic")
+    client = anthropic.Anthropic(base_url=vision_server.url, api_key="x")
+    b64 = base64.b64encode(png).decode()
+    content = [
+        {"type": "text", "text": "What is in "},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+        {"type": "text", "text": "?"},
+    ]
+    r = client.messages.create(
+        model="tiny",
+        max_tokens=4,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": content}],
+    )
+    with llamay.load(tiny_model_file("llama")) as m:
+        prompt = chat_prompt(m, [{"role": "user", "content": "What is in <__media__>?"}])
+    expect, n = _library(prompt, png, 4)
+    assert r.content[0].text == expect
+    assert r.usage.input_tokens == n
+    url = {"type": "image", "source": {"type": "url", "url": "http://example.com/a.png"}}
+    with pytest.raises(anthropic.BadRequestError, match="not fetched"):
+        client.messages.create(
+            model="tiny", max_tokens=1, messages=[{"role": "user", "content": [url]}]
+        )
+
+
+def test_llamaserver_completion_multimodal_data(vision_server, png):
+    """llama-server's /completion with {prompt_string, multimodal_data}: the golden prompt,
+    so the first greedy token is llama.cpp's own (a 0.77 margin: exact numerics agree)."""
+    httpx = oracle("httpx")
+    g = np.load(fixture("vision", "mlp.llamacpp.npz"))
+    body = {
+        "prompt": {
+            "prompt_string": str(g["prompt"]),
+            "multimodal_data": [base64.b64encode(png).decode()],
+        },
+        "n_predict": 1,
+        "temperature": 0,
+    }
+    r = httpx.post(vision_server.url + "/completion", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    with llamay.load(tiny_model_file("llama")) as m:
+        assert out["content"] == m.detokenize([int(g["top_ids_wide45x29"][0])])
+    assert out["tokens_evaluated"] == len(g["tokens_wide45x29"])
