@@ -25,6 +25,7 @@ from fastapi import APIRouter, Request
 
 from llamay.serve.core import off_loop
 from llamay.serve.errors import ApiError
+from llamay.serve.fim import REQUIRED_ROLES, fim_token_ids, layout, missing_roles
 from llamay.serve.llamacpp import CompletionRequest, _prompt_ids, complete
 from llamay.serve.models import Loaded
 from llamay.serve.state import state
@@ -48,13 +49,8 @@ class InfillRequest(CompletionRequest):
 def fim_ids(lm: Loaded) -> dict[str, int | None]:
     """The model's FIM token ids (pre, suf, mid required): 501 naming the missing ones, in
     llama-server's words."""
-    special = lm.model.tokenizer.vocab.special
-    ids = {k: special.get(f"fim_{k}") for k in ("pre", "suf", "mid", "rep", "sep")}
-    missing = "".join(
-        f"{name} token is missing. "
-        for k, name in (("pre", "prefix"), ("suf", "suffix"), ("mid", "middle"))
-        if ids[k] is None
-    )
+    ids = fim_token_ids(lm)
+    missing = "".join(f"{REQUIRED_ROLES[r]} token is missing. " for r in missing_roles(ids))
     if missing:
         raise ApiError(
             501, f"Infill is not supported by this model: {missing}", kind="not_supported_error"
@@ -98,13 +94,8 @@ def infill_prompt(
     n_pre = min(len(pre), 3 * (n_batch // 4))
     n_suf = min(len(suf), max(0, n_batch // 4 - (2 + len(prompt_ids))))
     n_extra = min(max(0, model.n_ctx - n_batch - 2 * n_predict), len(extra_ids))
-    head = [ids["pre"], *pre[len(pre) - n_pre :], *prompt_ids]
-    tail = [ids["suf"], *suf[:n_suf]]
-    vocab = model.tokenizer.vocab
-    if vocab.add_bos and vocab.special.get("bos") is not None:
-        head.insert(0, vocab.special["bos"])
     kept = extra_ids[len(extra_ids) - n_extra :] if n_extra else []
-    return [*kept, *head, *tail, ids["mid"]]
+    return [*kept, *layout(lm, ids, [*pre[len(pre) - n_pre :], *prompt_ids], suf[:n_suf])]
 
 
 def _check(body: InfillRequest) -> list[dict[str, Any]]:
