@@ -22,6 +22,9 @@ image token sees the whole image: `mtmd_decode_use_non_causal`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import threading
+from collections import OrderedDict
 
 import jax.numpy as jnp
 import numpy as np
@@ -105,17 +108,79 @@ def n_positions(chs) -> int:
 def prefill(cfg, weights, kv_dtype, chs, n_ctx: int, extra: int = 0):
     """Evaluate the chunks into a fresh dense cache with room for `extra` more positions.
     Returns (logits [V] at the last position, kv, n_positions)."""
+    logits, kv, pos, _ = prefill_cached(cfg, weights, kv_dtype, chs, n_ctx, extra)
+    return logits, kv, pos
+
+
+class ImagePrefixCache:
+    """The K/V of image prompts up to (and with) their last image, keyed by the content of
+    that prefix (text ids, and each image's embeddings: the image's content), so a request
+    that repeats an image prompt's beginning (a chat's next turn about the same image)
+    skips encoding and prefilling it. Least recently used first out; thread-safe."""
+
+    def __init__(self, entries: int = 4):
+        self.entries = entries
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(chs) -> str:
+        h = hashlib.sha256()
+        for kind, data in chs:
+            h.update(kind.encode())
+            arr = np.ascontiguousarray(np.asarray(data, np.int64 if kind == "text" else np.float32))
+            h.update(repr(arr.shape).encode() + arr.tobytes())
+        return h.hexdigest()
+
+    def get(self, key: str):
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+            return hit
+
+    def put(self, key: str, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.entries:
+                self._items.popitem(last=False)
+
+
+def _copy_kv(kv, slots: int):
+    """A copy of a dense cache (the steps donate theirs), padded to `slots` positions."""
+
+    def one(a):
+        pad = slots - a.shape[2]
+        a = jnp.array(a, copy=True)
+        return jnp.pad(a, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 3)) if pad > 0 else a
+
+    return dataclasses.replace(kv, k=one(kv.k), v=one(kv.v))
+
+
+def prefill_cached(cfg, weights, kv_dtype, chs, n_ctx: int, extra: int = 0, cache=None):
+    """`prefill`, reusing (and filling) an `ImagePrefixCache`: returns (logits, kv,
+    n_positions, positions taken from the cache)."""
     n = n_positions(chs)
     if n == 0:
         raise RequestError("the prompt is empty")
     if n > n_ctx:
         raise RequestError(f"the prompt with its images takes {n} positions, past n_ctx {n_ctx}")
     slots = cache_slots(n + max(extra, 1), n_ctx)
-    kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
+    images = [i for i, (kind, _) in enumerate(chs) if kind == "image"]
+    boundary = images[-1] + 1 if images and cache is not None else 0
+    key = ImagePrefixCache.key(chs[:boundary]) if boundary else None
+    hit = cache.get(key) if key is not None else None
+    if hit is not None:
+        kv0, pos, last = hit
+        kv, first, cached = _copy_kv(kv0, max(slots, kv0.slots)), boundary, pos
+        slots = kv.slots
+    else:
+        kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
+        pos, last, first, cached = 0, None, 0, 0
     non_causal = dataclasses.replace(cfg, causal=False) if cfg.arch in NON_CAUSAL else cfg
-    pos = 0
-    last = None
-    for kind, data in chs:
+    for i in range(first, len(chs)):
+        kind, data = chs[i]
         m = len(data)
         T = bucket(m)
         tokens = np.zeros((1, T), np.int32)
@@ -137,7 +202,9 @@ def prefill(cfg, weights, kv_dtype, chs, n_ctx: int, extra: int = 0):
             )
         last = logits[0, m - 1]
         pos += m
-    return last, kv, pos
+        if key is not None and i + 1 == boundary:
+            cache.put(key, (_copy_kv(kv, kv.slots), pos, last))
+    return last, kv, pos, cached
 
 
 def generate_ids(model, prompt: str, images, max_tokens: int, sampler):
@@ -154,16 +221,30 @@ def generate_ids(model, prompt: str, images, max_tokens: int, sampler):
     yield from generate_from_chunks(model, chs, max_tokens, sampler)
 
 
-def generate_from_chunks(model, chs, max_tokens: int, sampler, stop_ids=None):
+def prefix_cache(model) -> ImagePrefixCache:
+    """The model's `ImagePrefixCache` (made on first use)."""
+    cache = model.__dict__.get("_image_prefix_cache")
+    if cache is None:
+        cache = model.__dict__.setdefault("_image_prefix_cache", ImagePrefixCache())
+    return cache
+
+
+def generate_from_chunks(model, chs, max_tokens: int, sampler, stop_ids=None, usage=None):
     """`generate_ids` over chunks already laid out (`chunks`); `stop_ids`: the tokens that
-    end it (default: the tokenizer's end-of-turn tokens)."""
+    end it (default: the tokenizer's end-of-turn tokens). The image prompt's beginning
+    comes from the model's `prefix_cache` when an earlier request had it; `usage` (an
+    engine `Usage`) gets the positions so reused in `cached_tokens`."""
     from llamay.engine.steps import decode_step
     from llamay.sample import SamplerState, SamplingParams, sample
 
     rt, cfg = model.runtime, model.runtime.cfg
     n = n_positions(chs)
     budget = min(max_tokens, model.n_ctx - n)
-    logits, kv, pos = prefill(cfg, rt.weights, rt.kv_dtype, chs, model.n_ctx, extra=budget)
+    logits, kv, pos, cached = prefill_cached(
+        cfg, rt.weights, rt.kv_dtype, chs, model.n_ctx, budget, prefix_cache(model)
+    )
+    if usage is not None:
+        usage.cached_tokens = cached
     if budget <= 0:
         return
     text_ids = [t for kind, c in chs if kind == "text" for t in c]

@@ -75,7 +75,7 @@ def image_prompt(lm, text: str, images: list[bytes]):
             n = 0
             try:
                 gen = multimodal.generate_from_chunks(
-                    model, chs, request.max_tokens, request.sampler, request.stop_ids
+                    model, chs, request.max_tokens, request.sampler, request.stop_ids, handle.usage
                 )
                 for tok in gen:
                     if handle.cancelled:

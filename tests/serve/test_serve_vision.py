@@ -166,3 +166,37 @@ def test_llamaserver_completion_multimodal_data(vision_server, png):
     with llamay.load(tiny_model_file("llama")) as m:
         assert out["content"] == m.detokenize([int(g["top_ids_wide45x29"][0])])
     assert out["tokens_evaluated"] == len(g["tokens_wide45x29"])
+
+
+def test_same_image_reuses_the_cached_prefix(vision_server, png):
+    """A second /completion with the same image and prompt start takes the K/V up to the
+    image from the prefix cache (llama-server's timings.cache_n), with the same answer;
+    another image misses it."""
+    httpx = oracle("httpx")
+    b64 = base64.b64encode(png).decode()
+
+    def ask(text: str, image: str) -> dict:
+        body = {
+            "prompt": {"prompt_string": text, "multimodal_data": [image]},
+            "n_predict": 3,
+            "temperature": 0,
+        }
+        r = httpx.post(vision_server.url + "/completion", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = ask("Cached: <__media__> one", b64)
+    second = ask("Cached: <__media__> two", b64)
+    # "Cached: " and the image's 16 embeddings: what the two prompts share
+    with llamay.load(tiny_model_file("llama")) as m:
+        n_text = len(m.tokenize("Cached: ", add_special=True, parse_special=True))
+    assert first["timings"]["cache_n"] == 0
+    assert second["timings"]["cache_n"] == n_text + 16
+    again = ask("Cached: <__media__> one", b64)
+    assert again["content"] == first["content"] and again["timings"]["cache_n"] == n_text + 16
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.load(fixture("vision", "images.npz"))["square32"]).save(buf, format="PNG")
+    other = ask("Cached: <__media__> one", base64.b64encode(buf.getvalue()).decode())
+    assert other["timings"]["cache_n"] == 0

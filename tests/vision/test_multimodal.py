@@ -166,3 +166,24 @@ def test_cli_generate_with_mmproj_and_image(images, tmp_path):
         app, ["generate", "-m", str(tiny_model_file("llama")), "--image", str(png), "hi"]
     )
     assert r.exit_code != 0 and "no vision projector" in r.output
+
+
+def test_prefix_cache_is_keyed_by_image_content(images):
+    """The K/V up to an image prompt's last image are reused for the same text and image
+    (same logits), not for another image."""
+    with llamay.load(tiny_model_file("llama"), mmproj=fixture("vision", "mlp.mmproj.gguf")) as m:
+        cache = multimodal.ImagePrefixCache()
+        cfg, w, kvt = m.config, m.weights, m.runtime.kv_dtype
+
+        def run(img, tail):
+            chs = multimodal.chunks(m.tokenizer, m.projector, "A <__media__>" + tail, [img])
+            logits, _, n, cached = multimodal.prefill_cached(cfg, w, kvt, chs, 256, 4, cache)
+            fresh, _, _ = multimodal.prefill(cfg, w, kvt, chs, 256, 4)
+            np.testing.assert_array_equal(np.asarray(logits), np.asarray(fresh))
+            return cached, n
+
+        a = run(images["wide45x29"], " b")
+        assert a[0] == 0
+        b = run(images["wide45x29"], " c d")
+        assert b[0] == a[1] - 1 == b[1] - 2  # all but the tails: "A " and 16 embeddings
+        assert run(images["square32"], " b")[0] == 0
