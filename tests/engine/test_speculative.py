@@ -198,3 +198,44 @@ def test_load_with_draft_and_prefix_cache(tiny):
         assert m.engine.stats()["pages_held"] == 0
     finally:
         m.close()
+
+
+def test_sliding_window_model_with_ngram_drafts():
+    # the tiny gemma3's local layers (window 8, pages of 8): verify steps feed k+1 tokens
+    # through the local pool too, and rejected positions roll back there as well
+    m = llamay.load(tiny_model_file("gemma3"))
+    prompts = [list(range(500, 540)) * 2, [5, 6, 7, 8] * 20, [42] * 9]
+    want = [list(m.generation(p, 40, GREEDY)) for p in prompts]
+    e = BatchEngine(
+        m, slots=3, page_size=8, chunk=32, n_pages=96, speculative=Speculation("ngram", 6)
+    )
+    try:
+        hs = [e.submit(Request(p, 40, GREEDY)) for p in prompts]
+        assert [ids(h) for h in hs] == want
+        assert all(h.usage.draft_n_accepted > 0 for h in hs)
+        assert e.stats()["pages_held"] == 0
+    finally:
+        e.close()
+
+
+def test_a_new_request_in_the_same_buckets_compiles_nothing(tiny, self_draft):
+    # verify steps are bucketed (rows, T from 4, page-table widths): after one request,
+    # another of a different prompt length within the same buckets compiles no program
+    import jax
+
+    compiles = []
+
+    def count(event, duration, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(kw)
+
+    want = list(tiny.generation(list(range(800, 809)), 13, GREEDY))
+    list(self_draft.submit(Request(list(range(700, 712)), 13, GREEDY)))
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        h = self_draft.submit(Request(list(range(800, 809)), 13, GREEDY))
+        got = ids(h)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert got == want and h.usage.draft_n > 0
+    assert compiles == []
