@@ -200,3 +200,28 @@ def test_same_image_reuses_the_cached_prefix(vision_server, png):
     Image.fromarray(np.load(fixture("vision", "images.npz"))["square32"]).save(buf, format="PNG")
     other = ask("Cached: <__media__> one", base64.b64encode(buf.getvalue()).decode())
     assert other["timings"]["cache_n"] == 0
+
+
+def test_serve_cli_mmproj_flag(monkeypatch, tmp_path):
+    """`llamay serve -m MODEL --mmproj FILE` gives the model its projector; without a model
+    the flag is an error that says why."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from llamay_cli.main import app
+
+    monkeypatch.setenv("LLAMAY_HOME", str(tmp_path))
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app_, *a, **k: served.append(app_))
+    monkeypatch.setattr(
+        "llamay.serve.app.run_server", lambda app_, *a, **k: served.append(app_), raising=False
+    )
+    mmproj = str(fixture("vision", "mlp.mmproj.gguf"))
+    model = str(tiny_model_file("llama"))
+    r = CliRunner().invoke(app, ["serve", "--no-store", "-m", model, "--mmproj", mmproj])
+    assert r.exit_code == 0, r.output
+    [server] = served
+    models = server.state.llamay.models
+    assert models.mmproj == fixture("vision", "mlp.mmproj.gguf")
+    r = CliRunner().invoke(app, ["serve", "--no-store", "--mmproj", mmproj])
+    assert r.exit_code != 0 and "--mmproj" in r.output
