@@ -24,6 +24,7 @@ from tests.serve.conftest import running
 # tests/fixtures/embeddings/README.md), so both are held to the issue's 1e-4.
 HEAD_TOL = 1e-4
 SCORE_TOL = 1e-4
+STATE_TOL = 1e-5  # the CLS state the head reads: 3.6e-7 measured
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,13 @@ def test_rank_head_equals_llamacpp(reranker, goldens):
         got = rank_head(reranker.weights, np.asarray(state, np.float32))
         assert got.shape == (1,)
         assert abs(float(got[0]) - want) < HEAD_TOL
+
+
+def test_cls_state_equals_llamacpp(reranker, goldens):
+    """The trunk under the head: the first token's final state is llama.cpp's."""
+    for ids, state in zip(goldens["pair_ids"], goldens["cls_states"], strict=True):
+        got = np.asarray(reranker.embed(ids, pooling="cls"))
+        np.testing.assert_allclose(got, np.asarray(state, np.float32), atol=STATE_TOL)
 
 
 def test_scores_equal_llamacpp(reranker, goldens):
