@@ -3,7 +3,7 @@ page tables, the implementation chosen at trace time from the backend
 (`backend.backend()`), the numerics and the query block.
 
     cache   numerics   backend                          implementation
-    paged   exact      CPU, auto, causal, f32/f16 pool  "native" (`kernels_cpu.paged_attention`:
+    paged   exact      CPU auto, causal, float pool     "native" (`kernels_cpu.paged_attention`:
                                                         the pages read in place through the
                                                         table, T <= 16 query tokens); when
                                                         it returns None (not built, longer

@@ -8,7 +8,7 @@ tokens (one token decoding; a prefill or verify chunk in blocks) and page-aligne
 of the visible keys (so one row's decode step spreads over the threads), the scores of
 every kv head's rows (causal, sliding window, softcap as the reference), the chunk's
 softmax state, the weighted values; the chunks merged as flash-decoding does. Exact
-numerics, f32 or f16 pools, any query length; equal to the reference up to the f32
+numerics, f32, f16 or bf16 pools, any query length; equal to the reference up to the f32
 summation order (1e-5 relative). Queries whose output is unused differ: one that sees
 no key, or at a position outside the table (padding), gives 0 (the reference: NaN, or
 attention over the padded table).
@@ -25,7 +25,7 @@ import numpy as np
 
 from llamay.kernels_cpu.build import targets
 
-POOL_DTYPES = (jnp.float32, jnp.float16)
+POOL_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
 
 
 def applies(q, k_pages, v_pages, page_table, q_pos, layer, *, causal=True, numerics="exact"):

@@ -69,7 +69,7 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
 
 def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw) -> jax.Array | None:
     """Attention through page tables by the native kernel (`attention.paged_attention_native`:
-    exact numerics, causal, f32/f16 pools), read in place, for up to
+    exact numerics, causal, f32/f16/bf16 pools), read in place, for up to
     `NATIVE_MAX_QUERY_TOKENS` query tokens per row; None when it does not apply (longer
     prefill chunks, llamacpp numerics, another pool dtype, not on CPU) or is not built."""
     if jax.default_backend() != "cpu" or q.shape[1] > NATIVE_MAX_QUERY_TOKENS:

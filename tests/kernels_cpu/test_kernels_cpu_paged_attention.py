@@ -1,7 +1,7 @@
 """The native paged attention (`llamay.kernels_cpu.attention`) against its reference,
 `kernels_pallas.paged_attention.paged_attention_reference` (gather the pages, dense
 attention in f32), over a table of page sizes, lengths not multiples of the page, GQA
-ratios, sliding windows, softcaps, f32 and f16 pools, rows 1..9, one query token
+ratios, sliding windows, softcaps, f32, f16 and bf16 pools, rows 1..9, one query token
 (decode) and chunks of several (prefill, verify) with padding queries; the portable
 (scalar) build equals the native one; calls it does not take return None; the
 dispatcher (`llamay.kernels.attention`) runs it on CPU and falls back to the reference
@@ -35,6 +35,8 @@ CASES = [
     (2, 16, 4, 1, 128, 4, 12, 8, None, jnp.float16),  # a prefill chunk over the window
     (3, 40, 6, 3, 32, 16, 5, None, 20.0, jnp.float32),  # longer than one task's block
     (7, 3, 12, 4, 64, 8, 7, 5, None, jnp.float16),
+    (4, 1, 9, 3, 64, 16, 6, None, None, jnp.bfloat16),  # a bf16 pool
+    (2, 6, 4, 1, 40, 4, 9, 7, 50.0, jnp.bfloat16),
 ]
 
 
@@ -118,7 +120,7 @@ def test_calls_it_does_not_take_return_none():
     kw = dict(scale=0.2)
     assert paged_attention_native(q, k, v, table, pos, 0, numerics="llamacpp", **kw) is None
     assert paged_attention_native(q, k, v, table, pos, 0, causal=False, **kw) is None
-    for dt in (jnp.bfloat16, jnp.uint8):  # e.g. a quantised pool's block bytes
+    for dt in (jnp.int8, jnp.uint8):  # e.g. a quantised pool's block bytes
         kb, vb = k.astype(dt), v.astype(dt)
         assert paged_attention_native(q, kb, vb, table, pos, 0, **kw) is None
     assert paged_attention_native(q, k, v, table, pos, None, **kw) is None  # pool needs a layer

@@ -3,7 +3,7 @@
 // (gather each row's pages into a dense view, then `attention_reference`); this kernel
 // computes the same thing without the gathered copy.
 //
-// Operands: q f32 [B, T, H, D]; the K and V pools, f32 or f16, one layer's pages
+// Operands: q f32 [B, T, H, D]; the K and V pools, f32, f16 or bf16, one layer's pages
 // [P, ps, K, D] or the pool [L, P, ps, K, D] with `layer` (an s32 scalar: the layer
 // scan hands the whole pool, not a copied-out slice); the page tables s32 [B, M] (entry
 // m: the page holding positions m*ps .. m*ps+ps-1); q_pos s32 [B, T]; the window (s32
@@ -134,16 +134,28 @@ inline float exp_shifted(const float* x, float mx, float* out, int64_t n) {
 }
 
 // One key or value row of the pool as f32: the row itself (f32 pool) or converted into
-// `buf` (f16 pool).
-inline const float* row_f32(const uint8_t* base, bool f16, int64_t index, int64_t d, float* buf) {
-  if (!f16) return reinterpret_cast<const float*>(base) + index * d;
+// `buf` (f16 or bf16 pool).
+enum Pool : int { POOL_F32 = 0, POOL_F16 = 1, POOL_BF16 = 2 };
+
+inline const float* row_f32(const uint8_t* base, int pool, int64_t index, int64_t d, float* buf) {
+  if (pool == POOL_F32) return reinterpret_cast<const float*>(base) + index * d;
   const uint16_t* h = reinterpret_cast<const uint16_t*>(base) + index * d;
   int64_t i = 0;
 #if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
-  for (; i + 16 <= d; i += 16)
-    _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+  if (pool == POOL_F16) {
+    for (; i + 16 <= d; i += 16)
+      _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+  } else {
+    for (; i + 16 <= d; i += 16) {
+      const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i)));
+      _mm512_storeu_ps(buf + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    }
+  }
 #endif
-  for (; i < d; ++i) buf[i] = f16_to_f32(h[i]);
+  if (pool == POOL_F16)
+    for (; i < d; ++i) buf[i] = f16_to_f32(h[i]);
+  else
+    for (; i < d; ++i) buf[i] = bf16_to_f32(h[i]);
   return buf;
 }
 
@@ -151,7 +163,7 @@ struct Problem {
   const float* q;
   const uint8_t* k;  // this layer's pages [P, ps, K, D]
   const uint8_t* v;
-  bool f16;
+  int pool;  // Pool
   const int32_t* table;
   const int32_t* qpos;
   float* out;
@@ -219,7 +231,7 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
         const float* kr = nullptr;
         for (int64_t t = 0; t < nt; ++t) {
           if (!sees(t, j)) continue;
-          if (!kr) kr = row_f32(p.k, p.f16, row + kh, D, kbuf.data());
+          if (!kr) kr = row_f32(p.k, p.pool, row + kh, D, kbuf.data());
           for (int64_t g = 0; g < G; ++g) {
             const int64_t r = t * H + kh * G + g;
             scores[r * n + (j - k0)] = score(dot(q + r * D, kr, D));
@@ -239,7 +251,7 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
           std::fill(kt.begin(), kt.end(), 0.0f);
           for (int64_t kk = 0; kk < c; ++kk) {
             const int64_t row = (page * p.ps + j1 + kk - pg * p.ps) * p.K + kh;
-            const float* kr = row_f32(p.k, p.f16, row, D, kbuf.data());
+            const float* kr = row_f32(p.k, p.pool, row, D, kbuf.data());
             for (int64_t d = 0; d < D; ++d) kt[d * KEYS + kk] = kr[d];
           }
           for (int64_t t = 0; t < nt; ++t) {
@@ -285,7 +297,7 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
           if (m[r] == NEG) continue;
           const float w = scores[r * n + (j - k0)];
           if (w == 0.0f) continue;
-          if (!vr) vr = row_f32(p.v, p.f16, row + kh, D, vbuf.data());
+          if (!vr) vr = row_f32(p.v, p.pool, row + kh, D, vbuf.data());
           float* __restrict a = acc + r * D;
           for (int64_t d = 0; d < D; ++d) a[d] += w * vr[d];
         }
@@ -333,9 +345,13 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::An
         "[L, P, ps, K, D], the page table [B, M]");
   if (k.element_type() != v.element_type() || k.size_bytes() != v.size_bytes())
     return ffi::Error::InvalidArgument("LlamayPagedAttention: K and V pools differ");
-  const bool f16 = k.element_type() == ffi::DataType::F16;
-  if (!f16 && k.element_type() != ffi::DataType::F32)
-    return ffi::Error::InvalidArgument("LlamayPagedAttention: the pool must be f32 or f16");
+  const auto et = k.element_type();
+  const int pool_type = et == ffi::DataType::F32    ? POOL_F32
+                        : et == ffi::DataType::F16  ? POOL_F16
+                        : et == ffi::DataType::BF16 ? POOL_BF16
+                                                    : -1;
+  if (pool_type < 0)
+    return ffi::Error::InvalidArgument("LlamayPagedAttention: the pool must be f32, f16 or bf16");
   const int64_t r = kd.size();
   Problem p;
   p.B = qd[0], p.T = qd[1], p.H = qd[2], p.D = qd[3];
@@ -351,10 +367,10 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::An
     if (l < 0 || l >= kd[0])
       return ffi::Error::InvalidArgument("LlamayPagedAttention: layer index out of range");
   }
-  const int64_t elem = f16 ? 2 : 4, layer_bytes = p.P * p.ps * p.K * p.D * elem;
+  const int64_t elem = pool_type == POOL_F32 ? 4 : 2, layer_bytes = p.P * p.ps * p.K * p.D * elem;
   p.k = static_cast<const uint8_t*>(k.untyped_data()) + l * layer_bytes;
   p.v = static_cast<const uint8_t*>(v.untyped_data()) + l * layer_bytes;
-  p.f16 = f16;
+  p.pool = pool_type;
   p.q = q.typed_data();
   p.table = table.typed_data();
   p.qpos = qpos.typed_data();
