@@ -34,9 +34,14 @@ from llamay.quant import (
 from llamay.quant.qtensor import LLAMACPP_Q8_VARIANT
 
 _T = GGMLType
+#: The i-quants, ternary types and MXFP4 (exact numerics only, so far): src/blocks.h's
+#: iq_parts over the grids build.py generates from llamay.quant.iq_tables.
+IQ_TYPES = (_T.IQ4_NL, _T.IQ4_XS, _T.MXFP4, _T.TQ1_0, _T.TQ2_0, _T.IQ2_XXS, _T.IQ2_XS)
+IQ_TYPES += (_T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S, _T.IQ1_S, _T.IQ1_M)
 EXACT_TYPES = frozenset(
     (_T.F32, _T.F16, _T.BF16, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0)
     + (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K)
+    + IQ_TYPES
 )
 Q8_TYPES = frozenset((_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
 K_TYPES = frozenset((_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))

@@ -214,6 +214,29 @@ struct DQ6_K {
   }
 };
 
+// The i-quants, ternary types and MXFP4: blocks.h's iq_parts (int8 quants from the
+// generated grids, one scale per sub-block), widened to f32 vectors.
+constexpr int iq_subs(int32_t t) {
+  return t == IQ4_NL || t == MXFP4 || t == TQ1_0 || t == TQ2_0 ? 1
+         : t == IQ2_XS || t == IQ2_S || t == IQ1_M            ? 16
+                                                                : 8;
+}
+template <int32_t T>
+struct DIQ {
+  static constexpr int BYTES = T == IQ4_NL ? 18 : T == MXFP4 ? 17 : T == IQ2_XXS ? 66
+                             : T == IQ2_XS ? 74 : T == IQ2_S ? 82 : T == IQ3_XXS ? 98
+                             : T == IQ3_S ? 110 : T == IQ1_S ? 50 : T == IQ1_M ? 56
+                             : T == IQ4_XS ? 136 : T == TQ1_0 ? 54 : 66;
+  static constexpr int VECS = T == IQ4_NL || T == MXFP4 ? 2 : 16;
+  static constexpr int SUBS = iq_subs(T), OFFS = 0;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    int8_t buf[16 * VECS];
+    iq_parts(T, b, buf, sc);
+    for (int v = 0; v < VECS; ++v) q[v] = tof(wide_s((const uint8_t*)buf + 16 * v));
+    for (int s = 0; s < SUBS; ++s) of[s] = 0.0f;
+  }
+};
+
 constexpr int MAX_DECODE_ROWS = 8;
 
 // Σx per sub-block of each x row: sx[m][k / sub] (for the offsets).
@@ -390,6 +413,18 @@ Plan plan(int32_t t, int64_t m) {
     case Q4_K: return plan_of<DQ45_K<false>>(m);
     case Q5_K: return plan_of<DQ45_K<true>>(m);
     case Q6_K: return plan_of<DQ6_K>(m);
+    case IQ4_NL: return plan_of<DIQ<IQ4_NL>>(m);
+    case IQ4_XS: return plan_of<DIQ<IQ4_XS>>(m);
+    case MXFP4: return plan_of<DIQ<MXFP4>>(m);
+    case TQ1_0: return plan_of<DIQ<TQ1_0>>(m);
+    case TQ2_0: return plan_of<DIQ<TQ2_0>>(m);
+    case IQ2_XXS: return plan_of<DIQ<IQ2_XXS>>(m);
+    case IQ2_XS: return plan_of<DIQ<IQ2_XS>>(m);
+    case IQ2_S: return plan_of<DIQ<IQ2_S>>(m);
+    case IQ3_XXS: return plan_of<DIQ<IQ3_XXS>>(m);
+    case IQ3_S: return plan_of<DIQ<IQ3_S>>(m);
+    case IQ1_S: return plan_of<DIQ<IQ1_S>>(m);
+    case IQ1_M: return plan_of<DIQ<IQ1_M>>(m);
   }
 #endif
   switch (t) {
@@ -406,6 +441,18 @@ Plan plan(int32_t t, int64_t m) {
     case Q4_K: p.row = &scalar_row<Q4_K>; break;
     case Q5_K: p.row = &scalar_row<Q5_K>; break;
     case Q6_K: p.row = &scalar_row<Q6_K>; break;
+    case IQ4_NL: p.row = &scalar_row<IQ4_NL>; break;
+    case IQ4_XS: p.row = &scalar_row<IQ4_XS>; break;
+    case MXFP4: p.row = &scalar_row<MXFP4>; break;
+    case TQ1_0: p.row = &scalar_row<TQ1_0>; break;
+    case TQ2_0: p.row = &scalar_row<TQ2_0>; break;
+    case IQ2_XXS: p.row = &scalar_row<IQ2_XXS>; break;
+    case IQ2_XS: p.row = &scalar_row<IQ2_XS>; break;
+    case IQ2_S: p.row = &scalar_row<IQ2_S>; break;
+    case IQ3_XXS: p.row = &scalar_row<IQ3_XXS>; break;
+    case IQ3_S: p.row = &scalar_row<IQ3_S>; break;
+    case IQ1_S: p.row = &scalar_row<IQ1_S>; break;
+    case IQ1_M: p.row = &scalar_row<IQ1_M>; break;
   }
   return p;
 }
