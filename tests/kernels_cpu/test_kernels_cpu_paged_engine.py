@@ -76,3 +76,16 @@ def test_tiny_gemma3_sliding_windows_paged_native_equals_dense(native_calls):
     got = _paged(m, ids, n, slots=3, page_size=4, chunk=8, n_pages=64, local_pages=40)
     assert native_calls and 1 in native_calls and max(native_calls) > 1
     assert got == want
+
+
+@pytest.mark.model
+def test_gemma3_270m_paged_native_equals_dense(gemma3_path, native_calls):
+    """The real Gemma 3 (head dim 256, one kv head, local and global layers in their own
+    pools)."""
+    m = llamay.load(gemma3_path, n_ctx=512)
+    ids = [m.tokenize(p, add_special=True, parse_special=True) for p in PROMPTS[:2]]
+    n = 10
+    want = [list(m.generation(i, n, GREEDY)) for i in ids]
+    got = _paged(m, ids, n, slots=2, page_size=16, chunk=16)
+    assert native_calls and 1 in native_calls
+    assert got == want
