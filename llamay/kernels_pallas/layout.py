@@ -17,6 +17,12 @@ into `PackedWeight`, transposed so that N (the output dim) is the dense last dim
 - `offset`: f32 [..., K/32, N] or None: what a group adds (Q4_1/Q5_1: m; Q4_K/Q5_K:
   -dmin·min, exact), so that value = (q - zero)·scale + offset.
 
+The non-linear 4-bit types (IQ4_NL, IQ4_XS, MXFP4) keep their nibbles as indices into a
+16-entry codebook (`Format.codebook`, from llamay.quant.iq_tables: ggml's kvalues, e2m1
+doubled), looked up in-kernel by a tree of 15 selects (no gather: elementwise on every
+Pallas backend), so that value = codebook[q]·scale; scale is IQ4_NL's d, IQ4_XS's exact
+d·(ls - 32) (the product ggml rounds first), MXFP4's e8m0 exponent halved (bit-built).
+
 Every value equals llamay.quant's (and gguf-py's) dequantisation bit for bit: the
 products are the same exact f32 products, the one rounding is the same final add.
 Bytes per element (Q4_0: 5 bits vs 4.5 in GGUF; Q4_K: 6 vs 4.5; Q6_K: 8 vs 6.56):
@@ -32,7 +38,7 @@ import jax.numpy as jnp
 
 from llamay.errors import UnsupportedTensorTypeError
 from llamay.gguf.constants import GGMLType
-from llamay.quant import QTensor, layout_of
+from llamay.quant import QTensor, iq_tables, iquants, layout_of
 from llamay.quant.formulas import q4k_scales_mins, unpack_bits
 from llamay.quant.layouts import blocks_of, jax_backend
 from llamay.quant.matrix import Matrix, SpecFn
@@ -49,6 +55,7 @@ class Format:
     zero: int
     group: int  # elements per scale: 32, or 16 (Q6_K)
     has_offset: bool
+    codebook: tuple[int, ...] | None = None  # nibble -> integer value (IQ4_NL, MXFP4)
 
     @property
     def high_bits(self) -> int:
@@ -64,7 +71,11 @@ FORMATS: dict[GGMLType, Format] = {
     _T.Q4_K: Format(4, 0, 32, True),
     _T.Q5_K: Format(5, 0, 32, True),
     _T.Q6_K: Format(6, 32, 16, False),
+    _T.IQ4_NL: Format(4, 0, 32, False, iq_tables.IQ4NL_VALUES),
+    _T.IQ4_XS: Format(4, 0, 32, False, iq_tables.IQ4NL_VALUES),
+    _T.MXFP4: Format(4, 0, 32, False, iq_tables.MXFP4_VALUES),
 }
+CODEBOOK_TYPES = frozenset(t for t, f in FORMATS.items() if f.codebook is not None)
 KERNEL_TYPES = frozenset(FORMATS)
 
 
@@ -151,6 +162,12 @@ def _quants(w: QTensor) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     def planes(x, shifts, mask):  # K-quant order: 32-byte runs, one run of values per shift
         runs = x.reshape(*x.shape[:-1], -1, 32)
         return unpack_bits(bk, runs, shifts, mask, -2).reshape(*x.shape[:-1], -1)
+
+    if t in CODEBOOK_TYPES:  # nibble indices in 16-byte runs; iquants' scales
+        qs = f["qs"]
+        q = nibbles(qs.reshape(*qs.shape[:-1], -1, 16)).reshape(flat)
+        scale = iquants.PARTS[t](bk, f)[1]  # [..., N, n_blocks, 1 or 8]
+        return q, scale.reshape(*lead[:-1], -1), None
 
     d = f["d"][..., 0].astype(F32) if t != _T.Q6_K else f["d"].astype(F32)
     offset = None
@@ -246,8 +263,19 @@ def dequantize_tile(
     return w
 
 
+def codebook_lookup(v: jax.Array, table: tuple[int, ...]) -> jax.Array:
+    """table[v] for int32 v in 0..15, as int32: a tree of 15 selects over v's 4 bits (no
+    gather, which Triton and Mosaic do not lower for a tile)."""
+    vals = [jnp.int32(c) for c in table]
+    for bit in range(4):
+        on = ((v >> bit) & 1) == 1
+        vals = [jnp.where(on, vals[2 * i + 1], vals[2 * i]) for i in range(len(vals) // 2)]
+    return jnp.broadcast_to(vals[0], v.shape)
+
+
 def integer_tile(q: jax.Array, high: jax.Array | None, fmt: Format) -> jax.Array:
-    """q - zero as int32 [k, n] from the quant planes' rows (see `dequantize_tile`)."""
+    """q - zero (codebook types: codebook[q]) as int32 [k, n] from the quant planes' rows
+    (see `dequantize_tile`)."""
     if fmt.bits == 8:
         return q.astype(jnp.int32) - fmt.zero
     b = q.astype(jnp.int32)
@@ -264,6 +292,8 @@ def integer_tile(q: jax.Array, high: jax.Array | None, fmt: Format) -> jax.Array
         shifts = (hb * jnp.arange(per_word, dtype=jnp.uint32)).reshape(1, 1, per_word, 1)
         hv = ((words >> shifts) & ((1 << hb) - 1)).astype(jnp.int32).reshape(g, 32, n)
         v = v | (hv << 4)
+    if fmt.codebook is not None:
+        return codebook_lookup(v, fmt.codebook).reshape(2 * half, n)
     return v.reshape(2 * half, n) - fmt.zero
 
 

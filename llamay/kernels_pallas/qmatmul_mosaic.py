@@ -42,7 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from llamay.kernels_pallas.layout import F32, Format, PackedWeight
+from llamay.kernels_pallas.layout import F32, Format, PackedWeight, codebook_lookup
 from llamay.kernels_pallas.qmatmul import _divisor, as_rows, plane_names
 
 LANES = 128  # threads of one warpgroup: the strided layout spreads a row over them
@@ -141,8 +141,12 @@ def _group(g, planes: dict, x_ref, accs: tuple, *, fmt: Format, layout):
         elif hb == 2:  # bits 2e of the 64-bit pair: word 0 for e < 16, word 1 above
             lo = lo | (((words[0] >> (2 * j)) & 3).astype(jnp.int32) << 4)
             hi = hi | (((words[1] >> (2 * j)) & 3).astype(jnp.int32) << 4)
-        accs = add(accs, j, lo - fmt.zero)
-        accs = add(accs, 16 + j, hi - fmt.zero)
+        if fmt.codebook is not None:  # IQ4_NL / IQ4_XS / MXFP4: nibble -> value
+            lo, hi = codebook_lookup(lo, fmt.codebook), codebook_lookup(hi, fmt.codebook)
+        else:
+            lo, hi = lo - fmt.zero, hi - fmt.zero
+        accs = add(accs, j, lo)
+        accs = add(accs, 16 + j, hi)
     return accs
 
 
