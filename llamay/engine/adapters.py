@@ -21,15 +21,7 @@ import jax
 import numpy as np
 
 from llamay.errors import RequestError
-from llamay.kernels.lora import LoraMatrix, adapter_count, map_lora
-
-
-def global_scales(weights: dict[str, Any]) -> np.ndarray:
-    """[N] the scales the weights apply to every row (the load's scales)."""
-    for v in [*weights.values(), *weights["layers"].values()]:
-        if isinstance(v, LoraMatrix):
-            return np.asarray(v.scale, np.float32).copy()
-    return np.zeros(0, np.float32)
+from llamay.kernels.lora import adapter_count, load_scales, map_lora
 
 
 def _scale(v: Any, where: str) -> float:
@@ -82,4 +74,4 @@ def row_weights(weights: dict[str, Any], rows: np.ndarray | None) -> dict[str, A
     return map_lora(weights, lambda w: dataclasses.replace(w, row_scales=r))
 
 
-__all__ = ["adapter_count", "global_scales", "request_scales", "row_weights", "salt"]
+__all__ = ["adapter_count", "load_scales", "request_scales", "row_weights", "salt"]

@@ -94,7 +94,7 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         # LoRA adapters loaded with the model: each request picks its scales
         # (`Request.lora`, `llamay.engine.adapters`); these apply when it names none
         self.n_adapters = adapters.adapter_count(self.weights)
-        self.lora_scales = adapters.global_scales(self.weights)
+        self.lora_scales = adapters.load_scales(self.weights)
         self.n_ctx = model.n_ctx
         self.n_slots, self.page_size, self.chunk = slots, page_size, chunk
         self.gather_s = gather_s

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from llamay.quant.matrix import Matrix, scan_split
@@ -139,9 +140,20 @@ def map_lora(weights: dict[str, Any], fn) -> dict[str, Any]:
     return out
 
 
-def adapter_count(weights: dict[str, Any]) -> int:
-    """How many adapters the weight pytree carries (0: none attached)."""
+def _first_lora(weights: dict[str, Any]) -> LoraMatrix | None:
     for v in [*weights.values(), *weights["layers"].values()]:
         if isinstance(v, LoraMatrix):
-            return v.scale.shape[0]
-    return 0
+            return v
+    return None
+
+
+def adapter_count(weights: dict[str, Any]) -> int:
+    """How many adapters the weight pytree carries (0: none attached)."""
+    w = _first_lora(weights)
+    return 0 if w is None else w.scale.shape[0]
+
+
+def load_scales(weights: dict[str, Any]) -> np.ndarray:
+    """[N] the scales the weight pytree applies to every row (the load's), a copy."""
+    w = _first_lora(weights)
+    return np.zeros(0, np.float32) if w is None else np.asarray(w.scale, np.float32).copy()
