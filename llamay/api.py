@@ -580,10 +580,12 @@ def load(
     by default f32 (exact) or f16 (llamacpp). See `llamay.kv.types`."""
     from llamay.ollama import find_blob
     from llamay.store import resolve
-    from llamay.store.entries import adapter_paths
+    from llamay.store.entries import adapter_paths, projector_path
 
     if not Path(path_or_name).is_file():  # a store model's ADAPTER layers, at scale 1
         lora = [*((p, 1.0) for p in adapter_paths(str(path_or_name))), *lora]
+        if mmproj is None:  # and its projector layer (a vision model's mmproj GGUF)
+            mmproj = projector_path(str(path_or_name))
 
     model = Model(
         resolve(str(path_or_name), progress=progress, elsewhere=find_blob)

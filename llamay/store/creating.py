@@ -245,6 +245,8 @@ def _base_layers(
         params = json.dumps(other.params, separators=(",", ":"), sort_keys=True) + "\n"
         inherited.append(put_blob(root, params.encode(), media.PARAMS))
     inherited += [put_blob(root, text.encode(), media.LICENSE) for text in other.license]
+    if getattr(other, "projector", None) is not None:  # a vision model's mmproj GGUF
+        inherited.append(_import_file(root, ref, other.projector, progress, media.PROJECTOR))
     return _import_file(root, ref, other.model_path, progress), tuple(inherited)
 
 
@@ -299,7 +301,7 @@ def create(
         mf.params = params
         by_type[media.PARAMS] = put_blob(root, mf.params_json(), media.PARAMS)
     licenses += [put_blob(root, text.encode(), media.LICENSE) for text in mf.licenses]
-    order = (media.TEMPLATE, media.SYSTEM, media.PARAMS)
+    order = (media.PROJECTOR, media.TEMPLATE, media.SYSTEM, media.PARAMS)  # projector: mmproj
     layers = (model, *adapters, *(by_type[t] for t in order if t in by_type), *licenses)
     cfg = put_blob(root, _config(blob_path(model.digest, root)), media.CONFIG)
     man = Manifest(config=cfg, layers=layers)

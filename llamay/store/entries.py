@@ -104,6 +104,16 @@ def adapter_paths(name: str, root: Path | None = None) -> list[Path]:
     return [] if entry is None else entry.adapter_paths()
 
 
+def projector_path(name: str, root: Path | None = None) -> Path | None:
+    """The vision projector blob (a `projector` layer: an mmproj GGUF) of the store's model
+    `name`; None when it has none, or the name is no model of the store."""
+    try:
+        entry = read_entry(root or store_dir(), parse_name(name))
+    except (LlamayError, OSError, ValueError):
+        return None
+    return None if entry is None else entry.layer_path(media.PROJECTOR)
+
+
 def read_entry(root: Path, ref: ModelRef) -> ModelEntry | None:
     """The manifest's entry for `ref`, or None if there is no (readable) manifest."""
     path = manifest_path(manifests_dir(root), ref)

@@ -39,3 +39,26 @@ def test_projector_layer_is_the_models_mmproj(tmp_path: Path) -> None:
         assert list(ids) == [int(g["top_ids_wide45x29"][0])]  # a 0.77 margin
     finally:
         m.close()
+
+
+def test_llamay_store_model_made_from_it_keeps_the_projector(tmp_path: Path, monkeypatch) -> None:
+    """`llamay create` FROM the Ollama model inherits its projector layer, and
+    `llamay.load(name)` of the new store model attaches it by itself."""
+    import llamay
+    from llamay.store.entries import projector_path
+
+    layout = OllamaLayout(tmp_path / "ollama")
+    path = layout.model(
+        ("registry.ollama.ai", "library", "tinyvis", "latest"), tiny_model_file("llama")
+    )
+    man = json.loads(path.read_bytes())
+    mmproj = fixture("vision", "mlp.mmproj.gguf")
+    man["layers"].append(layout.blob(mmproj.read_bytes(), media.PROJECTOR))
+    path.write_bytes(go_json(man))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    monkeypatch.setenv("LLAMAY_HOME", str(tmp_path / "home"))
+    library.create("mine:1", "FROM tinyvis\n", progress=False)
+    got = projector_path("mine:1")
+    assert got is not None and got.read_bytes() == mmproj.read_bytes()
+    with llamay.load("mine:1", progress=False) as m:
+        assert m.projector is not None and m.projector.kind == "mlp"
