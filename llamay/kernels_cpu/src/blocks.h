@@ -359,7 +359,7 @@ inline int iq_parts(int32_t t, const uint8_t* b, int8_t* q, float* sc) {
           for (int j = 0; j < 4; ++j) o[4 * h + j] = v[j];
         }
         const uint8_t bits = b[74 + g];
-        for (int j = 0; j < 8; ++j) if ((bits >> j) & 1) o[j] = (int8_t)-o[j];
+        for (int j = 0; j < 8; ++j) o[j] = (bits >> j) & 1 ? (int8_t)-o[j] : o[j];
       }
       for (int ib = 0; ib < 8; ++ib)
         sc[ib] = d * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF));

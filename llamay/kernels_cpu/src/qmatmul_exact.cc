@@ -237,6 +237,41 @@ struct DIQ {
   }
 };
 
+#if defined(__AVX512F__)
+// The 4-bit codebook types on AVX-512: 16 nibbles (as int32 lanes) through the table held
+// as one f32 vector (vpermps): no per-element table loads.
+template <int32_t T>
+struct DNL {
+  static constexpr int BYTES = T == IQ4_NL ? 18 : T == MXFP4 ? 17 : 136;
+  static constexpr int VECS = T == IQ4_XS ? 16 : 2;
+  static constexpr int SUBS = T == IQ4_XS ? 8 : 1, OFFS = 0;
+  static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
+    const int8_t* table = T == MXFP4 ? MXFP4_VALUES : IQ4NL_VALUES;
+    const __m512 tab = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)table)));
+    const uint8_t* qs = b + (T == IQ4_NL ? 2 : T == MXFP4 ? 1 : 8);
+    for (int g = 0; g < VECS / 2; ++g) {
+      const i16v v = wide(qs + 16 * g);
+      q[2 * g] = (f16v)_mm512_permutexvar_ps((__m512i)(v & 0xF), tab);
+      q[2 * g + 1] = (f16v)_mm512_permutexvar_ps((__m512i)(v >> 4), tab);
+    }
+    if (T == IQ4_XS) {
+      const float d = rdf16(b);
+      const uint16_t sh = rd16(b + 2);
+      for (int ib = 0; ib < 8; ++ib) {
+        const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+        sc[ib] = d * (float)(ls - 32);
+      }
+    } else {
+      sc[0] = T == MXFP4 ? e8m0_half(b[0]) : rdf16(b);
+    }
+    for (int s = 0; s < SUBS; ++s) of[s] = 0.0f;
+  }
+};
+#else
+template <int32_t T>
+using DNL = DIQ<T>;
+#endif
+
 constexpr int MAX_DECODE_ROWS = 8;
 
 // Σx per sub-block of each x row: sx[m][k / sub] (for the offsets).
@@ -413,9 +448,9 @@ Plan plan(int32_t t, int64_t m) {
     case Q4_K: return plan_of<DQ45_K<false>>(m);
     case Q5_K: return plan_of<DQ45_K<true>>(m);
     case Q6_K: return plan_of<DQ6_K>(m);
-    case IQ4_NL: return plan_of<DIQ<IQ4_NL>>(m);
-    case IQ4_XS: return plan_of<DIQ<IQ4_XS>>(m);
-    case MXFP4: return plan_of<DIQ<MXFP4>>(m);
+    case IQ4_NL: return plan_of<DNL<IQ4_NL>>(m);
+    case IQ4_XS: return plan_of<DNL<IQ4_XS>>(m);
+    case MXFP4: return plan_of<DNL<MXFP4>>(m);
     case TQ1_0: return plan_of<DIQ<TQ1_0>>(m);
     case TQ2_0: return plan_of<DIQ<TQ2_0>>(m);
     case IQ2_XXS: return plan_of<DIQ<IQ2_XXS>>(m);
