@@ -903,6 +903,8 @@ def architectures_page(version: str) -> dict[str, str]:
 
 def quant_page(version: str) -> dict[str, str]:
     from llamay.gguf.constants import BLOCK_SIZES, GGMLType
+    from llamay.kernels_cpu.qmatmul import EXACT_TYPES, K_TYPES, Q8_TYPES
+    from llamay.kernels_pallas import KERNEL_TYPES
     from llamay.quant import LAYOUTS, VEC_DOT_TYPES
 
     heads = Headings()
@@ -921,6 +923,12 @@ def quant_page(version: str) -> dict[str, str]:
                 f"{bpw:.4g}",
                 "yes" if supported else "no",
                 f"<code>{esc(dot.name)}</code>" if dot is not None else "",
+                ", ".join(
+                    n
+                    for n, types in (("exact", EXACT_TYPES), ("llamacpp", Q8_TYPES | K_TYPES))
+                    if t in types
+                ),
+                "yes" if t in KERNEL_TYPES else "",
             ]
         )
     n_sup = sum(t in LAYOUTS for t in GGMLType)
@@ -933,7 +941,11 @@ def quant_page(version: str) -> dict[str, str]:
         "are dequantised inside the compiled step.</p>"
         "<p>The last column is the activation type llama.cpp rounds activations to before a "
         "matmul with a weight of that type (<code>llamay.quant.VEC_DOT_TYPES</code>), which "
-        '<code>numerics="llamacpp"</code> reproduces.</p>',
+        '<code>numerics="llamacpp"</code> reproduces.</p>'
+        "<p>The last two: the numerics the native CPU matmul kernels take a type in "
+        "(<code>llamay.kernels_cpu</code>; the others dequantise and dot through XLA), and "
+        "whether the Pallas matmul kernel (GPU/TPU, <code>llamay.kernels_pallas</code>) "
+        "dequantises its tiles in-kernel (the others dequantise and dot).</p>",
         table(
             [
                 "type",
@@ -943,6 +955,8 @@ def quant_page(version: str) -> dict[str, str]:
                 "bits / weight",
                 "llamay runs it",
                 "llama.cpp activation type",
+                "native CPU kernel",
+                "Pallas kernel",
             ],
             rows,
         ),
