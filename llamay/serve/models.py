@@ -59,7 +59,8 @@ class Known:
     size: int = 0
     modified: datetime | None = None
     digest: str = ""
-    #: The store manifest's extra layers by media type (template, system, params) → blob.
+    #: The store manifest's extra layers by media type (template, system, params,
+    #: projector) → blob.
     layers: dict[str, Path] = field(default_factory=dict)
     #: LoRA adapters it loads with, [(path, scale)]: its ADAPTER layers (Ollama applies
     #: them at scale 1), and `llamay serve --lora` for the default model.
@@ -68,6 +69,12 @@ class Known:
     @property
     def created(self) -> int:
         return int((self.modified or datetime.now(UTC)).timestamp())
+
+
+def _projector(known: Known) -> Path | None:
+    from llamay.store import manifest as media
+
+    return known.layers.get(media.PROJECTOR)
 
 
 @dataclass
@@ -209,7 +216,7 @@ class Models:
 
             for e in entries:
                 layers = {}
-                for mt in (media.TEMPLATE, media.SYSTEM, media.PARAMS):
+                for mt in (media.TEMPLATE, media.SYSTEM, media.PARAMS, media.PROJECTOR):
                     p = e.layer_path(mt)
                     if p is not None:
                         layers[mt] = p
@@ -259,7 +266,9 @@ class Models:
             if lm is None:
                 t0 = time.perf_counter()
                 loop = asyncio.get_running_loop()
-                model = await loop.run_in_executor(None, self._load, known.path, known.adapters)
+                model = await loop.run_in_executor(
+                    None, self._load, known.path, known.adapters, _projector(known)
+                )
                 draft = await loop.run_in_executor(None, self._drafting, known)
                 engine = self.engine_factory(model, self.parallel, **draft)
                 lm = Loaded(known, model, engine, load_seconds=time.perf_counter() - t0)
@@ -286,11 +295,14 @@ class Models:
         opts = {k: v for k, v in spec.items() if k != "draft"}
         return {"speculative": speculation(spec["draft"], load, **opts)}
 
-    def _load(self, path: Path, adapters=()):
+    def _load(self, path: Path, adapters=(), projector: Path | None = None):
+        """`projector`: the model's own vision projector (its store `projector` layer)."""
         lora = {"lora": list(adapters)} if adapters else {}  # custom loaders may take none
         model = self.loader(path, self.n_ctx, self.numerics, **lora, **self.cache_types)
         if self.mmproj is not None and path == next(iter(self.configured.values())):
             model.attach_projector(self.mmproj)
+        elif projector is not None:
+            model.attach_projector(projector)
         if self.pooling is not None:
             model.pooling = self.pooling
         if self.mesh is not None:

@@ -225,3 +225,45 @@ def test_serve_cli_mmproj_flag(monkeypatch, tmp_path):
     assert models.mmproj == fixture("vision", "mlp.mmproj.gguf")
     r = CliRunner().invoke(app, ["serve", "--no-store", "--mmproj", mmproj])
     assert r.exit_code != 0 and "--mmproj" in r.output
+
+
+def test_store_model_with_a_projector_layer_takes_images(tmp_path, monkeypatch, png):
+    """A store model whose manifest has a `projector` layer (here made by `llamay create`
+    FROM an Ollama-layout vision model) reads images over HTTP without --mmproj."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ollama"))
+    import json
+
+    from ollama_layout import OllamaLayout, go_json
+
+    from llamay import library
+    from llamay.store import manifest as media
+
+    layout = OllamaLayout(tmp_path / "ollama")
+    path = layout.model(("registry.ollama.ai", "library", "tv", "latest"), tiny_model_file("llama"))
+    man = json.loads(path.read_bytes())
+    man["layers"].append(
+        layout.blob(fixture("vision", "mlp.mmproj.gguf").read_bytes(), media.PROJECTOR)
+    )
+    path.write_bytes(go_json(man))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    monkeypatch.setenv("LLAMAY_HOME", str(tmp_path / "home"))
+    library.create("vis:1", "FROM tv\n", progress=False)
+    openai = oracle("openai")
+    models = Models({}, use_store=True, default_keep_alive=-1)
+    with running(create_app(models, max_tokens_limit=8)) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x")
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        parts = [{"type": "image_url", "image_url": {"url": url}}]
+        r = client.chat.completions.create(
+            model="vis:1",
+            messages=[{"role": "user", "content": parts}],
+            max_tokens=2,
+            temperature=0,
+        )
+    with llamay.load(tiny_model_file("llama")) as m:
+        prompt = chat_prompt(m, [{"role": "user", "content": "<__media__>"}])
+    expect, n = _library(prompt, png, 2)
+    assert r.choices[0].message.content == expect and r.usage.prompt_tokens == n
