@@ -86,11 +86,6 @@ class DraftModelError(ModelFormatError):
     tokenizer, layers the drafter does not support)."""
 
 
-class DraftModelError(ModelFormatError):
-    """A draft model for speculative decoding that cannot draft for its target (another
-    tokenizer, layers the drafter does not support)."""
-
-
 class ModelNotFoundError(LlamayError):
     """A model name is neither a file nor a name the store knows or can fetch."""
 
