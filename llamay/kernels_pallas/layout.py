@@ -22,6 +22,7 @@ The non-linear 4-bit types (IQ4_NL, IQ4_XS, MXFP4) keep their nibbles as indices
 doubled), looked up in-kernel by a tree of 15 selects (no gather: elementwise on every
 Pallas backend), so that value = codebook[q]·scale; scale is IQ4_NL's d, IQ4_XS's exact
 d·(ls - 32) (the product ggml rounds first), MXFP4's e8m0 exponent halved (bit-built).
+The other i-quants and TQ1_0/TQ2_0 take the 8-bit plane (`INT8_TYPES`).
 
 Every value equals llamay.quant's (and gguf-py's) dequantisation bit for bit: the
 products are the same exact f32 products, the one rounding is the same final add.
@@ -76,6 +77,15 @@ FORMATS: dict[GGMLType, Format] = {
     _T.MXFP4: Format(4, 0, 32, False, iq_tables.MXFP4_VALUES),
 }
 CODEBOOK_TYPES = frozenset(t for t, f in FORMATS.items() if f.codebook is not None)
+# The grid i-quants and the ternary types: their int8 quants (iquants' affine parts: grid
+# value × sign, IQ1's 8·grid ± 1, trit - 1) in the 8-bit plane, one f32 scale per 32 or
+# 16 elements (TQ's one d per 256 repeated per 32): 8 bits a weight in the kernel layout
+# (the GGUF blocks have 1.56-3.44), dequantised in-kernel as q·scale, bit-exact.
+INT8_TYPES = {
+    _T.IQ2_XXS: 32, _T.IQ2_XS: 16, _T.IQ2_S: 16, _T.IQ3_XXS: 32, _T.IQ3_S: 32,
+    _T.IQ1_S: 32, _T.IQ1_M: 16, _T.TQ1_0: 32, _T.TQ2_0: 32,
+}  # fmt: skip
+FORMATS.update({t: Format(8, 0, group, False) for t, group in INT8_TYPES.items()})
 KERNEL_TYPES = frozenset(FORMATS)
 
 
@@ -163,6 +173,12 @@ def _quants(w: QTensor) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         runs = x.reshape(*x.shape[:-1], -1, 32)
         return unpack_bits(bk, runs, shifts, mask, -2).reshape(*x.shape[:-1], -1)
 
+    if t in INT8_TYPES:  # iquants' int8 quants and scales, the scales per group
+        q, scale, _ = iquants.PARTS[t](bk, f)  # [..., N, nb, 256], [..., N, nb, subs]
+        per = 256 // scale.shape[-1]
+        if per > INT8_TYPES[t]:
+            scale = jnp.repeat(scale, per // INT8_TYPES[t], axis=-1)
+        return q.reshape(flat), scale.reshape(*lead[:-1], -1), None
     if t in CODEBOOK_TYPES:  # nibble indices in 16-byte runs; iquants' scales
         qs = f["qs"]
         q = nibbles(qs.reshape(*qs.shape[:-1], -1, 16)).reshape(flat)

@@ -13,15 +13,21 @@ from jax.experimental.pallas import tpu as pltpu
 
 from llamay.errors import UnsupportedTensorTypeError
 from llamay.gguf.constants import GGMLType
-from llamay.kernels_pallas.layout import CODEBOOK_TYPES, FORMATS, dequantize_packed, repack
+from llamay.kernels_pallas.layout import (
+    CODEBOOK_TYPES,
+    FORMATS,
+    INT8_TYPES,
+    dequantize_packed,
+    repack,
+)
 from llamay.kernels_pallas.qmatmul import Tiling, qmatmul_pallas, qmatmul_reference, tiling_for
 from llamay.kernels_pallas.w4a8 import error_bound, w4a8_pallas, w4a8_reference
 from llamay.quant import QTensor
 from llamay.quant.quantize import random_blocks
 
 T = GGMLType
-# Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K (the codebook types: test_pallas_qmatmul_iquants.py)
-TYPES = [t for t in FORMATS if t not in CODEBOOK_TYPES]
+# Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K (the i-quants, TQ*, MXFP4: test_pallas_qmatmul_iquants.py)
+TYPES = [t for t in FORMATS if t not in CODEBOOK_TYPES and t not in INT8_TYPES]
 
 
 def random_weight(t: GGMLType, n: int, k: int, seed: int = 0) -> QTensor:

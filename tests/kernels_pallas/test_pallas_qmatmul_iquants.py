@@ -1,6 +1,7 @@
-"""The Pallas quantised matmul of the codebook types IQ4_NL, IQ4_XS and MXFP4 (nibble
-indices into ggml's kvalues / doubled e2m1, looked up in-kernel, `layout.codebook_lookup`)
-in interpret mode: the repack round trip bit-equal to gguf-py's dequantisation, the
+"""The Pallas quantised matmul of the i-quants, TQ1_0/TQ2_0 and MXFP4 in interpret mode:
+the codebook types IQ4_NL, IQ4_XS and MXFP4 (nibble indices into ggml's kvalues / doubled
+e2m1, looked up in-kernel, `layout.codebook_lookup`) and the grid/ternary types in the 8-bit
+plane (`layout.INT8_TYPES`): the repack round trip bit-equal to gguf-py's dequantisation, the
 kernel within f32 summation rounding of the reference (dequantise with llamay.quant, dot)
 on both platforms' tilings (decode matvec, multi-block grids, split-K, prefill), and the
 Mosaic GPU decode kernel (its interpreter) the same."""
@@ -14,24 +15,38 @@ import numpy as np
 import pytest
 
 from llamay.gguf.constants import GGMLType
-from llamay.kernels_pallas.layout import CODEBOOK_TYPES, dequantize_packed, repack
+from llamay.kernels_pallas.layout import (
+    CODEBOOK_TYPES,
+    INT8_TYPES,
+    KERNEL_TYPES,
+    dequantize_packed,
+    repack,
+)
 from llamay.kernels_pallas.qmatmul import Tiling, qmatmul_pallas, qmatmul_reference
 from llamay.quant import LAYOUTS, QTensor
 from llamay.quant.quantize import random_blocks
 
 T = GGMLType
-TYPES = [T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+CODEBOOK = [T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+INT8 = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0]
+TYPES = CODEBOOK + INT8
 
 
 def random_weight(t: GGMLType, n: int, k: int, seed: int = 0) -> QTensor:
-    """Random blocks (every nibble), f16 scales in ±0.01; MXFP4's exponent byte 118..125
-    (finite, normal scales: the subnormal and infinite ones are tests/quant's)."""
+    """Random blocks (every quant bit), f16 scales in ±0.01; MXFP4's exponent byte 118..125
+    (finite, normal scales: the subnormal and infinite ones are tests/quant's), IQ1_M's d
+    (the top nibbles of its four u16 scales) in 0.001..0.01."""
     raw = random_blocks(t, n, k, seed, scales=(-0.01, 0.01))
+    raw = raw.reshape(n, -1, LAYOUTS[t].block_bytes)
+    rng = np.random.default_rng(seed)
     if t == T.MXFP4:
-        raw = raw.reshape(n, -1, LAYOUTS[t].block_bytes)
-        raw[..., 0] = np.random.default_rng(seed).integers(118, 126, raw.shape[:-1])
-        raw = raw.reshape(n, -1)
-    return QTensor.from_raw(raw, t)
+        raw[..., 0] = rng.integers(118, 126, raw.shape[:-1])
+    elif t == T.IQ1_M:
+        sc = raw[..., -8:].copy().view(np.uint16) & 0x0FFF
+        d = rng.uniform(0.001, 0.01, raw.shape[:-1]).astype(np.float16).view(np.uint16)
+        sc |= ((d[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12
+        raw[..., -8:] = sc.view(np.uint8)
+    return QTensor.from_raw(raw.reshape(n, -1), t)
 
 
 def random_x(m: int, k: int, seed: int = 1) -> jnp.ndarray:
@@ -45,8 +60,9 @@ def assert_f32_close(y, ref, x, w: QTensor) -> None:
     assert err.max() < 1e-6, err.max()
 
 
-def test_the_codebook_types_are_kernel_types():
-    assert CODEBOOK_TYPES == set(TYPES)
+def test_the_new_types_are_kernel_types():
+    assert CODEBOOK_TYPES == set(CODEBOOK) and set(INT8_TYPES) == set(INT8)
+    assert set(TYPES) <= KERNEL_TYPES
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
@@ -65,8 +81,12 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[3]}-M{s[0]}-N{s[1]}-K{s[2]}")
-@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+CASES = [(t, s) for t in CODEBOOK for s in SHAPES] + [(t, s) for t in INT8 for s in SHAPES[1:3]]
+
+
+@pytest.mark.parametrize(
+    ("t", "shape"), CASES, ids=[f"{t.name}-{s[3]}-M{s[0]}-N{s[1]}-K{s[2]}" for t, s in CASES]
+)
 def test_qmatmul_kernel_equals_reference(t, shape):
     m, n, k, platform, tiling = shape
     w, x = random_weight(t, n, k, seed=n), random_x(m, k)
