@@ -10,20 +10,19 @@ positions write nothing (their page is out of range and dropped).
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from llamay.arch import architecture_of
+from llamay.engine.programs import persistent_jit
 from llamay.model import forward
 from llamay.sample import SamplingParams, sample
 
 PAD_POSITION = 1 << 30  # past any page table: never written, never attended
 
 
-@partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
+@persistent_jit(static_argnames=("cfg",), donate_argnames=("kv",))  # kept on disk: programs.py
 def paged_step(
     cfg,
     weights,
@@ -57,7 +56,7 @@ def paged_step(
     return arch.head(cfg, weights, x_last)[:, 0], kv
 
 
-@jax.jit  # state not donated: a pipelined step's log-probabilities are read after the next
+@persistent_jit  # state not donated: a pipelined step's log-probabilities are read after the next
 def paged_sample(logits, sampling, slots, params, state, mask=None):
     """The sampling half of a step: logits [R, V], sampling [R] bool (rows that sample
     now), slots [R] (each row's engine slot; padding rows: out of range), params and
@@ -87,6 +86,6 @@ def set_rows(params: SamplingParams | object, rows, new):
     return _set_rows(params, jax.device_put(idx), new)
 
 
-@jax.jit  # one program (per row count), not a dozen eager scatters at a request's start
+@persistent_jit  # one program (per row count), not a dozen eager scatters at a request's start
 def _set_rows(params, idx, new):
     return jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b, mode="drop"), params, new)

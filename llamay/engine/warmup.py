@@ -36,7 +36,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import jax
@@ -44,6 +44,8 @@ import numpy as np
 
 from llamay.engine.paged_steps import paged_sample, paged_step, set_rows
 from llamay.engine.planning import table_widths
+from llamay.engine.programs import Program, abstract
+from llamay.engine.programs import enabled as programs_enabled
 from llamay.engine.scheduler import LOGPROB_WIDTH, LOGPROB_WIDTH_MAX, MIN_VIEW, BatchEngine
 from llamay.errors import RequestError
 from llamay.kv import bucket
@@ -191,29 +193,65 @@ def prime(
     rows: Iterable[int] | None = None,
     length: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
 ) -> float:
-    """Run each program `engine` dispatches for `rows` concurrent sequences (default:
-    every row bucket up to its slots) of up to `length` positions (default: its
-    context), prefill buckets included, once on its worker (see the module docstring),
-    one program per worker call so requests and `close` are served in between.
-    `progress(done, total)` is called after each step program. Returns the seconds."""
+    """Make ready each program `engine` dispatches for `rows` concurrent sequences
+    (default: every row bucket up to its slots) of up to `length` positions (default:
+    its context), prefill buckets included (see the module docstring). The step
+    programs, kept on disk (`llamay.engine.programs`), are loaded or built on `workers`
+    threads (default: the CPU count, at most 4) from their inputs' shapes, without
+    running; with the program cache off each is run once on the worker instead, one
+    per worker call so requests and `close` are served in between. The sampling
+    programs run once on the worker. `progress(done, total)` is called after each step
+    program. Returns the seconds."""
     t0 = time.perf_counter()
     rows = list(rows) if rows is not None else _powers(1, bucket(engine.n_slots, 1))
     shapes = step_shapes(engine, rows, length or engine.n_ctx)
     logits: dict[int, jax.Array] = {}
-    for i, shape in enumerate(shapes):
-        logits[shape.rows] = engine.on_worker(lambda e, shape=shape: _prime_step(e, shape))
-        if progress is not None:
-            progress(i + 1, len(shapes))
+    if isinstance(paged_step, Program) and programs_enabled():
+        _prepare_steps(engine, shapes, progress, workers)
+        for R in sorted({s.rows for s in shapes}):  # logits to sample: the narrowest decode
+            first = min((s for s in shapes if s.rows == R), key=lambda s: (s.tokens, s.pages))
+            logits[R] = engine.on_worker(lambda e, s=first: _prime_step(e, s))
+    else:
+        for i, shape in enumerate(shapes):
+            logits[shape.rows] = engine.on_worker(lambda e, shape=shape: _prime_step(e, shape))
+            if progress is not None:
+                progress(i + 1, len(shapes))
     for R, out in logits.items():
         engine.on_worker(lambda e, R=R, out=out: _prime_sampling(e, R, out))
     return time.perf_counter() - t0
 
 
-def _prime_step(engine: BatchEngine, shape: StepShape) -> jax.Array:
+def _prepare_steps(engine, shapes, progress, workers) -> None:
+    """Load or build every step program in `shapes` on a thread pool (tracing holds the
+    GIL, XLA's compiling and loading do not). The inputs are read on the worker, which
+    owns the pool, as shapes only."""
+    args = engine.on_worker(lambda e: [abstract(_step_args(e, s)) for s in shapes])
+    total = len(args)
+    if not total:
+        return
+    paged_step.prepare(*args[0])  # alone: the native kernels register themselves once
+    if progress is not None:
+        progress(1, total)
+    n = workers or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="llamay-prime") as pool:
+        futures = [pool.submit(paged_step.prepare, *a) for a in args[1:]]
+        for i, fut in enumerate(as_completed(futures), 2):
+            fut.result()
+            if progress is not None:
+                progress(i, total)
+
+
+def _step_args(engine: BatchEngine, shape: StepShape) -> tuple:
     plan = engine._blank_plan(shape.rows, shape.tokens, shape.pages)
-    step, _ = engine._step_inputs(plan, None, None, None)
-    logits, engine.kv = paged_step(*step)  # padding rows: the pool is unchanged
+    return engine._step_inputs(plan, None, None, None)[0]
+
+
+def _prime_step(engine: BatchEngine, shape: StepShape) -> jax.Array:
+    logits, engine.kv = paged_step(
+        *_step_args(engine, shape)
+    )  # padding rows: the pool is unchanged
     return logits
 
 

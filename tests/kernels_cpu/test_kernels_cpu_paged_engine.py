@@ -24,6 +24,7 @@ def native_calls(monkeypatch):
     traces cleared first, so this test's steps are traced afresh)."""
     monkeypatch.delenv(build.ENV, raising=False)
     monkeypatch.delenv("LLAMAY_BACKEND", raising=False)
+    monkeypatch.setenv("LLAMAY_NO_PROGRAM_CACHE", "1")  # traced, not read from disk
     taken = []
     real = plug.paged_attention_native
 
