@@ -24,10 +24,13 @@ Sequences longer than the engine's starting pool grow the pool, a new shape: `le
 is capped there. `warmup` compiles the default sampler's program; constrained
 generation (token masks) and top-N log-probabilities vary only the sampling program.
 
-`prime` is a server's warm-up: on the engine's own worker it runs every step program
-once over padding rows (which write nothing), and the sampling program for each row
-count with and without token masks and at each log-probability width, so jit's
-in-memory caches hold them all and a request's first step neither compiles nor traces.
+`prime` is a server's warm-up: it loads from disk, or builds and stores, every step
+program (`llamay.engine.programs`: a second process reads them back without tracing,
+lowering or compiling) from the inputs' shapes on a thread pool, without running them,
+then runs on the engine's own worker the sampling program for each row count with and
+without token masks and at each log-probability width, so a request's first step
+neither compiles nor traces. With the program cache off it runs every step program once
+over padding rows (which write nothing) instead, for jit's in-memory caches.
 """
 
 from __future__ import annotations
