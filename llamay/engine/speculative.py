@@ -49,11 +49,24 @@ from llamay.engine.drafts import ModelDrafter, ngram_draft
 from llamay.errors import RequestError
 from llamay.kv import bucket
 from llamay.model import forward
-from llamay.sample import sample
+from llamay.sample import Sampler, SamplerState, SamplingParams, sample
+from llamay.sample.constraint import mask_words
 
 # verify steps feed k+1 tokens per row, T bucketed to powers of two from this (the
 # planner's prefill buckets start at 16: a draft of 2 would cost a 16-token forward)
 VERIFY_MIN_T = 4
+
+
+def fit_bucket(k: int) -> int:
+    """The longest draft of at most k tokens whose step (k+1 tokens) fills its T
+    bucket: 8 -> 7 (T = 8, not 9 padded to 16), 15 and 16 -> 15, up to 3 unchanged.
+    On the CPU a verify forward is compute-bound (its cost grows with T: SmolLM2-135M,
+    T = 4/8/16 forward 21/40/67 ms vs a whole T = 1 step 12 ms, load 7), so padding
+    positions cost as much as real ones and one draft token less halves the step."""
+    if k + 1 <= VERIFY_MIN_T:
+        return k
+    return (1 << ((k + 1).bit_length() - 1)) - 1
+
 
 # llama.cpp's defaults (common/common.h: speculative n_max, n_min, p_min)
 DRAFT_MAX, DRAFT_MIN, DRAFT_P_MIN = 16, 0, 0.75
@@ -165,6 +178,43 @@ class Speculating:
         for k in ("draft_tokens", "draft_accepted", "spec_steps"):
             self.counters[k] = 0
 
+    def verify_buckets(self) -> list[int]:
+        """The T buckets this engine's verify steps take (up to a full draft's)."""
+        k = min(self.spec.draft_max, self.chunk - 1)
+        if jax.default_backend() == "cpu":
+            k = fit_bucket(k)
+        top, out = bucket(k + 1, VERIFY_MIN_T), [VERIFY_MIN_T]
+        while out[-1] < top:
+            out.append(out[-1] * 2)
+        return out
+
+    def _prime_verify(self, shapes) -> None:
+        """Run each verify program once for the (rows, pages) of `shapes` (warm-up's
+        step shapes) at every verify bucket, with and without a constraint's masks;
+        padding rows, so the pool is unchanged. On the engine's worker."""
+        if self.spec is None:
+            return
+        samplers = [Sampler()] * self.n_slots
+        params = SamplingParams.stack(samplers, self._vocab)
+        words = mask_words(self._vocab or 0)
+        done = set()
+        for R, M in sorted({(s.rows, s.pages) for s in shapes}):
+            for T in self.verify_buckets():
+                plan = self._blank_plan(R, T, M)
+                step, (sampling, slots, *_) = self._step_inputs(plan, None, None, None)
+                x, self.kv = paged_verify(*step[:6], *step[7:])
+                if (R, T) in done:  # verify_sample's shapes do not depend on M
+                    continue
+                done.add((R, T))
+                state = SamplerState.init(samplers, history=self.n_ctx)
+                drafts = jax.device_put((np.zeros((R, T), np.int32), np.zeros(R, np.int32)))
+                full = np.full((R, T, words), 0xFFFFFFFF, np.uint32)
+                for masks in (None, jax.device_put(full)):
+                    toks, *_ = verify_sample(
+                        self.cfg, step[1], x, *drafts, sampling, slots, params, state, masks
+                    )
+                toks.block_until_ready()
+
     def _draft_len(self, a) -> int:
         """The most draft tokens row `a` may have this step (0: none)."""
         r = a.handle.request
@@ -174,7 +224,12 @@ class Speculating:
         if n <= 0 or a.logprobs is not None or (con is not None and not hasattr(con, "rollback")):
             return 0
         # its emitted tokens stay within its budget and the context; the step within a chunk
-        return max(0, min(n, a.budget - 1, self.chunk - 1, self.n_ctx - len(a.seq.tokens) - 1))
+        n = max(0, min(n, a.budget - 1, self.chunk - 1, self.n_ctx - len(a.seq.tokens) - 1))
+        if jax.default_backend() != "cpu":  # T = k+1 padded costs about T = k+1 there
+            return n
+        lo = self.spec.draft_min if getattr(r, "draft_min", None) is None else r.draft_min
+        fit = fit_bucket(n)
+        return fit if fit >= lo else n
 
     def _speculate(self, decode: list[int], prefill: list[int]) -> bool:
         """Run this iteration's steps with drafts for the decoding rows; False (nothing
