@@ -11,12 +11,12 @@ compiling them: a jitted function whose executables persist by what they are bui
 JAX's persistent compilation cache (`llamay.runtime`) is keyed by the lowered program,
 so a process still traces and lowers every program before it can look one up: on a
 2-core CPU that is most of a server's start. Here a call's key is what the program is
-compiled from (the function, its static arguments, the dynamic arguments' pytree
-structure, shapes, dtypes, weak types and shardings, JAX's tracing configuration) plus
-the process's environment (llamay's own sources, jax/jaxlib and Python versions, the
-backend, its devices, the CPU's features, `LLAMAY_*` settings and `XLA_FLAGS`). A miss
-lowers and compiles through `jax.jit` (so the XLA cache still serves a program whose
-sources changed but whose HLO did not) and writes the executable, serialised with
+compiled from (the function and its file, its static arguments, the dynamic arguments'
+pytree structure, shapes, dtypes, weak types and shardings, JAX's tracing configuration)
+plus the process's environment (llamay's own sources, jax/jaxlib and Python versions,
+the backend, its devices, the CPU's features, `LLAMAY_*` settings and `XLA_FLAGS`). A
+miss lowers and compiles through `jax.jit`, afresh (`_compile`: never an executable
+read from JAX's cache), and writes the executable, serialised with
 `jax.experimental.serialize_executable` (donation and shardings are part of it), to
 `$LLAMAY_CACHE/programs/<key>.prog` (atomic write); a hit in a later process loads it
 in tens of milliseconds, and a call in the same process finds it in memory.
@@ -110,6 +110,10 @@ class Program:
         self._jit = jax.jit(fun, static_argnames=static_argnames, donate_argnames=donate_argnames)
         functools.update_wrapper(self, fun)
         self.name = f"{fun.__module__}.{fun.__qualname__}"
+        try:  # keyed by its own file too: a function outside llamay's sources
+            self._file = inspect.getsourcefile(fun)
+        except TypeError:
+            self._file = None
         params = list(inspect.signature(fun).parameters.values())
         self._plain = any(p.kind not in _PARAM_KINDS for p in params)
         self._names = [p.name for p in params]
@@ -146,8 +150,8 @@ class Program:
         self._jit.clear_cache()
 
     def __call__(self, *args, **kwargs):
-        if self._plain or not enabled():
-            return self._jit(*args, **kwargs)
+        if self._plain or not enabled() or not _trace_state_clean():
+            return self._jit(*args, **kwargs)  # off, or called inside another trace
         full = self._full(args, kwargs)
         dyn = [full[i] for i in self._dynamic]
         key = self._key(full, dyn)
@@ -204,6 +208,7 @@ class Program:
             [
                 f"format {FORMAT}",
                 self.name,
+                _file_digest(self._file),
                 _stable(statics),
                 _checked(str(tree)),
                 _stable(avals),
@@ -306,6 +311,15 @@ def _aval(x):
     return (type(x),)  # a Python scalar: weakly typed, its value not in the program
 
 
+def _trace_state_clean() -> bool:
+    try:
+        from jax._src import core
+
+        return core.trace_state_clean()
+    except Exception:  # noqa: BLE001 - an internal that may move: assume a top-level call
+        return True
+
+
 def _trace_context():
     try:
         from jax._src import config
@@ -365,6 +379,17 @@ def _stable(obj) -> str:
         )
         return f"{type(obj).__module__}.{type(obj).__qualname__}({fields})"
     return _checked(f"{type(obj).__qualname__}:{obj!r}")
+
+
+def _file_digest(path: str | None) -> str:
+    """The bytes of the file a function is defined in (llamay's are in `_environment`
+    already; an outside one's imports are not followed)."""
+    if path is None:
+        raise _Unkeyable("no source file")
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise _Unkeyable(f"source file unreadable: {exc}") from None
 
 
 #: llamay's rooms that no program is traced from (HTTP, storage): edits there keep keys.

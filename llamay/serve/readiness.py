@@ -1,9 +1,10 @@
 """A server ready before its first request: at start it loads each configured model and
 primes its engine's programs in the background (`llamay.engine.warmup.prime`: every step
 shape the engine can dispatch for sequences up to WARM_LENGTH, prefix hits'
-narrow-prefill-over-wide-tables among them,
-and the sampling program with token masks and top-N log-probabilities), logging its
-progress; `/health` answers 503 with llama-server's "Loading model" body until then.
+narrow-prefill-over-wide-tables among them, and the sampling program with token masks
+and top-N log-probabilities; a second start reads the step programs back from disk,
+`llamay.engine.programs`), logging its progress; `/health` answers 503 with
+llama-server's "Loading model" body until then.
 Requests that arrive meanwhile are served (between programs), only not yet fast.
 """
 
@@ -13,6 +14,7 @@ import asyncio
 import sys
 import time
 
+from llamay.engine import programs
 from llamay.engine.warmup import prime
 from llamay.serve.state import ServerState
 
@@ -40,7 +42,7 @@ async def warm_up(st: ServerState, log=_log) -> None:
     loop = asyncio.get_running_loop()
     try:
         for name in list(st.models.configured):
-            t0 = time.perf_counter()
+            t0, before = time.perf_counter(), programs.STATS.copy()
             try:
                 lm = await st.models.get(name)
                 lm.busy += 1  # not reaped while it warms up
@@ -63,6 +65,10 @@ async def warm_up(st: ServerState, log=_log) -> None:
             except Exception as exc:  # noqa: BLE001 - reported; the server still serves
                 log(f"warming up {name} failed: {type(exc).__name__}: {exc}")
                 continue
-            log(f"{name} ready in {time.perf_counter() - t0:.1f}s")
+            got = programs.STATS - before
+            log(
+                f"{name} ready in {time.perf_counter() - t0:.1f}s ({got['disk']} programs "
+                f"read from disk, {got['compiled'] + got['unstored']} built)"
+            )
     finally:
         st.extra[_KEY] = False
