@@ -49,8 +49,7 @@ from llamay.engine.drafts import ModelDrafter, ngram_draft
 from llamay.errors import RequestError
 from llamay.kv import bucket
 from llamay.model import forward
-from llamay.sample import Sampler, SamplerState, SamplingParams, sample
-from llamay.sample.constraint import mask_words
+from llamay.sample import sample
 
 # verify steps feed k+1 tokens per row, T bucketed to powers of two from this (the
 # planner's prefill buckets start at 16: a draft of 2 would cost a 16-token forward)
@@ -177,43 +176,6 @@ class Speculating:
             )
         for k in ("draft_tokens", "draft_accepted", "spec_steps"):
             self.counters[k] = 0
-
-    def verify_buckets(self) -> list[int]:
-        """The T buckets this engine's verify steps take (up to a full draft's)."""
-        k = min(self.spec.draft_max, self.chunk - 1)
-        if jax.default_backend() == "cpu":
-            k = fit_bucket(k)
-        top, out = bucket(k + 1, VERIFY_MIN_T), [VERIFY_MIN_T]
-        while out[-1] < top:
-            out.append(out[-1] * 2)
-        return out
-
-    def _prime_verify(self, shapes) -> None:
-        """Run each verify program once for the (rows, pages) of `shapes` (warm-up's
-        step shapes) at every verify bucket, with and without a constraint's masks;
-        padding rows, so the pool is unchanged. On the engine's worker."""
-        if self.spec is None:
-            return
-        samplers = [Sampler()] * self.n_slots
-        params = SamplingParams.stack(samplers, self._vocab)
-        words = mask_words(self._vocab or 0)
-        done = set()
-        for R, M in sorted({(s.rows, s.pages) for s in shapes}):
-            for T in self.verify_buckets():
-                plan = self._blank_plan(R, T, M)
-                step, (sampling, slots, *_) = self._step_inputs(plan, None, None, None)
-                x, self.kv = paged_verify(*step[:6], *step[7:])
-                if (R, T) in done:  # verify_sample's shapes do not depend on M
-                    continue
-                done.add((R, T))
-                state = SamplerState.init(samplers, history=self.n_ctx)
-                drafts = jax.device_put((np.zeros((R, T), np.int32), np.zeros(R, np.int32)))
-                full = np.full((R, T, words), 0xFFFFFFFF, np.uint32)
-                for masks in (None, jax.device_put(full)):
-                    toks, *_ = verify_sample(
-                        self.cfg, step[1], x, *drafts, sampling, slots, params, state, masks
-                    )
-                toks.block_until_ready()
 
     def _draft_len(self, a) -> int:
         """The most draft tokens row `a` may have this step (0: none)."""
