@@ -40,6 +40,7 @@ from llamay.serve.llamacpp import timings
 from llamay.serve.logprobs import chat_logprobs, legacy_logprobs, prompt_logprobs
 from llamay.serve.lora_adapters import request_lora
 from llamay.serve.sampling import extra_params, make_sampler
+from llamay.serve.speculative import request_draft
 from llamay.serve.state import ServerState, state
 
 router = APIRouter(tags=["OpenAI"])
@@ -328,6 +329,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         g = st.textgen(lm, ids, max_tokens, _sampler(body, i), _stops(body.stop), con, start=start)
         g.logprobs = (body.top_logprobs or 0) if body.logprobs else None
         g.lora = request_lora(lm, body.model_extra)
+        g.draft = request_draft(body.model_extra)  # llama-server's speculative.n_max...
         gens.append(g)
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -464,6 +466,7 @@ async def completions(body: CompletionRequest, request: Request):
             # best_of ranks candidates by their tokens' log-probabilities
             g.logprobs = lp if lp is not None or best_of == body.n else 0
             g.lora = request_lora(lm, body.model_extra)
+            g.draft = request_draft(body.model_extra)
             gens.append(g)
     candidates = gens
     # echo with logprobs: the prompt's own tokens come first (OpenAI's legacy behaviour)

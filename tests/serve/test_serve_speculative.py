@@ -63,3 +63,42 @@ def test_bad_draft_field_is_400(http):
     r = http.post("/completion", json={"prompt": PROMPT, "n_predict": 2, "speculative.p_min": 2})
     assert r.status_code == 400, r.text
     assert "draft_p_min" in r.text
+
+
+def test_openai_endpoints_take_draft_fields(http, tiny):
+    # llama-server's OpenAI-compatible endpoints read the same per-request fields, sent
+    # here by the official client as extra body fields
+    openai = pytest.importorskip("openai")
+    oa = openai.OpenAI(base_url=str(http.base_url) + "/v1", api_key="x", max_retries=0)
+    want = _want(tiny, 12)
+    on = oa.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, extra_body={"n_draft": 4}
+    )
+    t = on.model_extra["timings"]
+    assert t["draft_n"] > 0 and t["draft_n_accepted"] == t["draft_n"]  # greedy self-draft
+    assert on.usage.completion_tokens == len(want)
+    off = oa.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"speculative": {"n_max": 0}},
+    )
+    assert off.choices[0].text == on.choices[0].text
+    assert "draft_n" not in off.model_extra["timings"]
+    two = oa.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"speculative.n_max": 2},
+    )
+    assert two.choices[0].text == on.choices[0].text
+    assert 0 < two.model_extra["timings"]["draft_n"] <= 2 * 12
+    with pytest.raises(openai.BadRequestError, match="draft_max"):
+        oa.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            extra_body={"speculative.n_max": -1},
+        )
