@@ -156,15 +156,20 @@ class Planner:
         ps, span = self.page_size, self.mgr.window - 1 + T
         return min(M, bucket((span + ps - 2) // ps + 1, max(1, MIN_VIEW // ps)))
 
-    def _masks(self, plan: Plan):
-        """Packed allowed-token masks [R, W] when a sampling row has a constraint (the
-        others allow everything), else None. Computed while planning, before any step
-        is dispatched, so a constraint that fails fails its request alone."""
-        cons = {
+    @staticmethod
+    def _constraints(plan: Plan) -> dict:
+        """{row: constraint} of the plan's sampling rows that have one."""
+        return {
             j: a.handle.request.constraint
             for j, a in enumerate(plan.rows)
             if plan.sampling[j] and a.handle.request.constraint is not None
         }
+
+    def _masks(self, plan: Plan):
+        """Packed allowed-token masks [R, W] when a sampling row has a constraint (the
+        others allow everything), else None. Computed while planning, before any step
+        is dispatched, so a constraint that fails fails its request alone."""
+        cons = self._constraints(plan)
         if not cons:
             return None
         got, failed = {}, {}

@@ -284,11 +284,7 @@ class Speculating:
 
     def _position_masks(self, plan, drafts, masks):
         """Packed masks [R, T, W] for the verify step's positions, or None."""
-        cons = {
-            j: a.handle.request.constraint
-            for j, a in enumerate(plan.rows)
-            if plan.sampling[j] and a.handle.request.constraint is not None
-        }
+        cons = self._constraints(plan)
         if not cons:
             return None
         per = {}
@@ -323,34 +319,6 @@ class Speculating:
             for tok in toks[j, :m].tolist():
                 if not self._take(i, a, tok):
                     break
-
-    def _take(self, i: int, a, tok: int) -> bool:
-        """Emit one token of slot i's request (as `_complete` does); False when that
-        ended it."""
-        con = a.handle.request.constraint
-        if tok in a.stop_ids and (con is None or con.accepting):
-            self.slots[i] = None
-            self._end(a, "stop")
-            return False
-        if con is not None:
-            try:
-                con.advance(tok)
-            except Exception as exc:
-                self.slots[i] = None
-                self._end(a, "error", exc)
-                return False
-        a.seq.tokens.append(tok)
-        a.budget -= 1
-        a.handle._emit(tok)
-        if con is not None and con.done:
-            self.slots[i] = None
-            self._end(a, "stop")
-            return False
-        if a.budget <= 0 or len(a.seq.tokens) >= self.n_ctx:
-            self.slots[i] = None
-            self._end(a, "length")
-            return False
-        return True
 
 
 def _constrained(con, draft: list[int]) -> tuple[list[int], list[np.ndarray]]:

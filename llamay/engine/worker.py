@@ -15,7 +15,7 @@ import numpy as np
 
 from llamay.engine.adapters import row_weights
 from llamay.engine.paged_steps import paged_sample, paged_step
-from llamay.engine.planning import Plan, RequestFailed
+from llamay.engine.planning import Active, Plan, RequestFailed
 from llamay.kv.pages import grow_paged_kv
 from llamay.sample import read_logprobs
 
@@ -204,25 +204,32 @@ class StepWorker:
                 self.slots[i] = None
                 self._end(a, "length")
                 continue
-            tok = int(nxt[j])
-            con = a.handle.request.constraint
-            if tok in a.stop_ids and (con is None or con.accepting):
+            self._take(i, a, int(nxt[j]), logprobs.get(j, (None, ())))
+
+    def _take(self, i: int, a: Active, tok: int, logprobs: tuple = (None, ())) -> bool:
+        """Emit one sampled token of slot i's request: stop, constraint, budget and
+        context ends applied. False when it ended the request."""
+        con = a.handle.request.constraint
+        if tok in a.stop_ids and (con is None or con.accepting):
+            self.slots[i] = None
+            self._end(a, "stop")
+            return False
+        if con is not None:
+            try:
+                con.advance(tok)
+            except Exception as exc:
                 self.slots[i] = None
-                self._end(a, "stop")
-                continue
-            if con is not None:
-                try:
-                    con.advance(tok)
-                except Exception as exc:
-                    self.slots[i] = None
-                    self._end(a, "error", exc)
-                    continue
-            a.seq.tokens.append(tok)
-            a.budget -= 1
-            a.handle._emit(tok, *logprobs.get(j, (None, ())))
-            if con is not None and con.done:
-                self.slots[i] = None
-                self._end(a, "stop")
-            elif a.budget <= 0 or len(a.seq.tokens) >= self.n_ctx:
-                self.slots[i] = None
-                self._end(a, "length")
+                self._end(a, "error", exc)
+                return False
+        a.seq.tokens.append(tok)
+        a.budget -= 1
+        a.handle._emit(tok, *logprobs)
+        if con is not None and con.done:
+            self.slots[i] = None
+            self._end(a, "stop")
+            return False
+        if a.budget <= 0 or len(a.seq.tokens) >= self.n_ctx:
+            self.slots[i] = None
+            self._end(a, "length")
+            return False
+        return True
