@@ -65,13 +65,14 @@ def warmup(
         int | None, typer.Option(min=1, help="Compile threads (default: CPUs, at most 4).")
     ] = None,
 ) -> None:
-    """Compile MODEL's programs ahead of time into the persistent compilation cache, so
-    the next `llamay generate` (or, with --serve, `llamay serve`) starts without
+    """Compile MODEL's programs ahead of time into the program cache, so the next
+    `llamay generate` (or, with --serve, `llamay serve`) starts without tracing or
     compiling: every step shape it runs for up to --batch concurrent sequences of up to
     --length positions (a decode step, and a prefill step per chunk bucket, per
-    page-table width). No forward pass runs. The cache is ~/.cache/llamay/jax
-    (LLAMAY_CACHE moves it); programs are per model, context size, engine and device,
-    so warm up with the settings the later commands use."""
+    page-table width), and the sampling programs. The caches are ~/.cache/llamay/programs
+    and ~/.cache/llamay/jax (LLAMAY_CACHE moves them); programs are per model shape,
+    context size, engine and device, so warm up with the settings the later commands
+    use."""
     import llamay
     from llamay.engine.warmup import warmup as run_warmup
 

@@ -138,7 +138,8 @@ def warmup(
     progress: Callable[[StepShape, float], None] | None = None,
 ) -> WarmupReport:
     """Compile every step `engine` runs for `rows` concurrent sequences of up to
-    `length` positions (see `step_shapes`), into the persistent compilation cache.
+    `length` positions (see `step_shapes`): into the step programs' disk cache
+    (`llamay.engine.programs`) when it is on, else JAX's persistent compilation cache.
     Lowering runs here; compiling on `workers` threads (default: the CPU count, at most
     4). `progress(shape, seconds)` is called as each one finishes."""
     shapes = step_shapes(engine, rows, length, prefill)
@@ -161,6 +162,8 @@ def warmup(
             # `nxt[:, None]`
             set_rows(state, list(range(k)), SamplerState.init(samplers[:k], history=engine.n_ctx))
             jax.device_put(np.zeros(bucket(k, 1), np.int32))[:, None].block_until_ready()
+        if isinstance(paged_step, Program) and programs_enabled():
+            return _warmup_programs(engine, shapes, workers, progress, t0)
         n = workers or min(4, os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=n, thread_name_prefix="llamay-warmup") as pool:
             futures = []
@@ -183,6 +186,32 @@ def warmup(
     finally:
         jax.monitoring.unregister_event_listener(count)
     return WarmupReport(done, counts[_HITS], counts[_REQUESTS], time.perf_counter() - t0)
+
+
+def _warmup_programs(engine, shapes, workers, progress, t0: float) -> WarmupReport:
+    """`warmup` into the step programs' own disk cache (`llamay.engine.programs`, what a
+    later process loads; JAX's cache never holds them): each step program loaded or
+    built from its inputs' shapes, then the sampling programs run as `prime` runs them.
+    A program loaded from disk (or already in memory) counts as cached."""
+    args = engine.on_worker(lambda e: [abstract(_step_args(e, s)) for s in shapes])
+
+    def one(shape: StepShape, a: tuple) -> tuple[StepShape, float, str]:
+        start = time.perf_counter()
+        got = paged_step.prepare(*a)
+        return shape, time.perf_counter() - start, got
+
+    results = [one(shapes[0], args[0])] if shapes else []  # alone: the native kernels
+    n = workers or min(4, os.cpu_count() or 1)  # register themselves once
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="llamay-warmup") as pool:
+        futures = [pool.submit(one, s, a) for s, a in zip(shapes[1:], args[1:], strict=True)]
+        results += [f.result() for f in futures]
+    for shape, seconds, _ in results:
+        if progress is not None:
+            progress(shape, seconds)
+    _prime_samplers(engine, shapes)
+    cached = sum(got in ("disk", "memory") for *_, got in results)
+    done = [(shape, seconds) for shape, seconds, _ in results]
+    return WarmupReport(done, cached, len(results), time.perf_counter() - t0)
 
 
 def _timed(lowered) -> float:
@@ -213,17 +242,24 @@ def prime(
     logits: dict[int, jax.Array] = {}
     if isinstance(paged_step, Program) and programs_enabled():
         _prepare_steps(engine, shapes, progress, workers)
-        for R in sorted({s.rows for s in shapes}):  # logits to sample: the narrowest decode
-            first = min((s for s in shapes if s.rows == R), key=lambda s: (s.tokens, s.pages))
-            logits[R] = engine.on_worker(lambda e, s=first: _prime_step(e, s))
-    else:
-        for i, shape in enumerate(shapes):
-            logits[shape.rows] = engine.on_worker(lambda e, shape=shape: _prime_step(e, shape))
-            if progress is not None:
-                progress(i + 1, len(shapes))
+        _prime_samplers(engine, shapes)
+        return time.perf_counter() - t0
+    for i, shape in enumerate(shapes):
+        logits[shape.rows] = engine.on_worker(lambda e, shape=shape: _prime_step(e, shape))
+        if progress is not None:
+            progress(i + 1, len(shapes))
     for R, out in logits.items():
         engine.on_worker(lambda e, R=R, out=out: _prime_sampling(e, R, out))
     return time.perf_counter() - t0
+
+
+def _prime_samplers(engine: BatchEngine, shapes: list[StepShape]) -> None:
+    """Run each row count's sampling programs once on the worker, over the logits of its
+    narrowest decode step (run over padding rows: the pool is unchanged)."""
+    for R in sorted({s.rows for s in shapes}):
+        first = min((s for s in shapes if s.rows == R), key=lambda s: (s.tokens, s.pages))
+        out = engine.on_worker(lambda e, s=first: _prime_step(e, s))
+        engine.on_worker(lambda e, R=R, out=out: _prime_sampling(e, R, out))
 
 
 def _prepare_steps(engine, shapes, progress, workers) -> None:
