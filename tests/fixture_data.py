@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -83,10 +84,14 @@ def tiny_names() -> list[str]:
     return sorted(tiny_recipe()["models"])
 
 
-def tiny_cache_dir() -> Path:
+def _cached_fixtures() -> Path:
     root = os.environ.get("LLAMAY_CACHE")
     root = Path(root).expanduser() if root else Path.home() / ".cache" / "llamay"
-    return root / "fixtures" / "tiny"
+    return root / "fixtures"
+
+
+def tiny_cache_dir() -> Path:
+    return _cached_fixtures() / "tiny"
 
 
 @functools.cache
@@ -131,3 +136,29 @@ def _tokenizer_source() -> Path:
         return resolve(source["model"])
     except FetchError as e:
         missing(f"the tiny models need {source['model']}'s tokenizer, which cannot be fetched: {e}")
+
+
+def vision_mmproj(name: str) -> Path:
+    """The tiny mmproj file `name` (gemma3, idefics3, mlp, gemma3-f16, mlp-f16), rebuilt
+    into `$LLAMAY_CACHE/fixtures/vision/` by tests/fixtures/vision/make_models.py when
+    absent or altered (checked against its recorded sha256, as the tiny models are)."""
+    digests = json.loads((FIXTURES / "vision" / "mmproj.sha256.json").read_text())
+    if name not in digests:
+        raise KeyError(f"no tiny mmproj {name!r} in tests/fixtures/vision/mmproj.sha256.json")
+    path = _cached_fixtures() / "vision" / f"{name}.mmproj.gguf"
+    if not _verified(path, digests[name]):
+        oracle("gguf")  # gguf-py writes them, as it wrote the originals
+        spec = importlib.util.spec_from_file_location(
+            "vision_fixture_models", FIXTURES / "vision" / "make_models.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        kind = name.removesuffix("-f16")
+        module.write(kind, partial, f16=name.endswith("-f16"))
+        os.replace(partial, path)
+        _verified.cache_clear()
+        if not _verified(path, digests[name]):
+            raise AssertionError(f"{path}: rebuilt, but not the recorded bytes (sha256)")
+    return path

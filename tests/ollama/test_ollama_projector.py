@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from fixture_data import fixture, tiny_model_file
+from fixture_data import fixture, tiny_model_file, vision_mmproj
 from ollama_layout import OllamaLayout, go_json
 
 from llamay import library, multimodal
@@ -22,7 +22,7 @@ def test_projector_layer_is_the_models_mmproj(tmp_path: Path) -> None:
     name = ("registry.ollama.ai", "library", "tinyvision", "latest")
     path = layout.model(name, tiny_model_file("llama"))
     man = json.loads(path.read_bytes())
-    mmproj = fixture("vision", "mlp.mmproj.gguf")
+    mmproj = vision_mmproj("mlp")
     man["layers"].append(layout.blob(mmproj.read_bytes(), media.PROJECTOR))
     path.write_bytes(go_json(man))
 
@@ -52,7 +52,7 @@ def test_llamay_store_model_made_from_it_keeps_the_projector(tmp_path: Path, mon
         ("registry.ollama.ai", "library", "tinyvis", "latest"), tiny_model_file("llama")
     )
     man = json.loads(path.read_bytes())
-    mmproj = fixture("vision", "mlp.mmproj.gguf")
+    mmproj = vision_mmproj("mlp")
     man["layers"].append(layout.blob(mmproj.read_bytes(), media.PROJECTOR))
     path.write_bytes(go_json(man))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))

@@ -10,7 +10,7 @@ import io
 import numpy as np
 import pytest
 from conftest import chat_prompt, running
-from fixture_data import fixture, oracle, tiny_model_file
+from fixture_data import fixture, oracle, tiny_model_file, vision_mmproj
 
 import llamay
 from llamay import multimodal
@@ -33,7 +33,7 @@ def vision_server(serve_home):
         {"tiny": tiny_model_file("llama")},
         use_store=False,
         default_keep_alive=-1,
-        mmproj=fixture("vision", "mlp.mmproj.gguf"),
+        mmproj=vision_mmproj("mlp"),
     )
     with running(create_app(models, max_tokens_limit=64)) as s:
         yield s
@@ -51,7 +51,7 @@ def test_openai_image_url_reaches_the_model(vision_server, png):
     r = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=4, temperature=0
     )
-    with llamay.load(tiny_model_file("llama"), mmproj=fixture("vision", "mlp.mmproj.gguf")) as m:
+    with llamay.load(tiny_model_file("llama"), mmproj=vision_mmproj("mlp")) as m:
         prompt = chat_prompt(m, [{"role": "user", "content": "What is in <__media__>?"}])
         chs = multimodal.chunks(m.tokenizer, m.projector, prompt, [png])
         expect = m.generate(prompt, images=[png], max_tokens=4, temperature=0)
@@ -92,7 +92,7 @@ def test_images_without_a_projector_are_refused(server, png):
 def _library(prompt: str, png: bytes, n: int) -> tuple[str, int]:
     """What the library gives for the same prompt text and image (greedy), and the
     prompt's positions (text tokens plus the image's 16 embeddings)."""
-    with llamay.load(tiny_model_file("llama"), mmproj=fixture("vision", "mlp.mmproj.gguf")) as m:
+    with llamay.load(tiny_model_file("llama"), mmproj=vision_mmproj("mlp")) as m:
         chs = multimodal.chunks(m.tokenizer, m.projector, prompt, [png])
         return m.generate(
             prompt, images=[png], max_tokens=n, temperature=0
@@ -216,13 +216,13 @@ def test_serve_cli_mmproj_flag(monkeypatch, tmp_path):
     monkeypatch.setattr(
         "llamay.serve.app.run_server", lambda app_, *a, **k: served.append(app_), raising=False
     )
-    mmproj = str(fixture("vision", "mlp.mmproj.gguf"))
+    mmproj = str(vision_mmproj("mlp"))
     model = str(tiny_model_file("llama"))
     r = CliRunner().invoke(app, ["serve", "--no-store", "-m", model, "--mmproj", mmproj])
     assert r.exit_code == 0, r.output
     [server] = served
     models = server.state.llamay.models
-    assert models.mmproj == fixture("vision", "mlp.mmproj.gguf")
+    assert models.mmproj == vision_mmproj("mlp")
     r = CliRunner().invoke(app, ["serve", "--no-store", "--mmproj", mmproj])
     assert r.exit_code != 0 and "--mmproj" in r.output
 
@@ -244,9 +244,7 @@ def test_store_model_with_a_projector_layer_takes_images(tmp_path, monkeypatch, 
     layout = OllamaLayout(tmp_path / "ollama")
     path = layout.model(("registry.ollama.ai", "library", "tv", "latest"), tiny_model_file("llama"))
     man = json.loads(path.read_bytes())
-    man["layers"].append(
-        layout.blob(fixture("vision", "mlp.mmproj.gguf").read_bytes(), media.PROJECTOR)
-    )
+    man["layers"].append(layout.blob(vision_mmproj("mlp").read_bytes(), media.PROJECTOR))
     path.write_bytes(go_json(man))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
     monkeypatch.setenv("LLAMAY_HOME", str(tmp_path / "home"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixture_data import fixture, tiny_model_file
+from fixture_data import fixture, tiny_model_file, vision_mmproj
 
 import llamay
 from llamay import multimodal
@@ -40,7 +40,7 @@ def model(kind):
 
 @pytest.fixture(scope="module")
 def projector(kind):
-    return Projector.load(fixture("vision", f"{kind}.mmproj.gguf"))
+    return Projector.load(vision_mmproj(kind))
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_gemma3_image_attends_non_causally(images):
     """mtmd decodes gemma3's image tokens with causal attention off; the causal variant's
     logits are measurably further from llama.cpp's, so the test above checks that path."""
     m = llamay.load(tiny_model_file("gemma3"), numerics="llamacpp")
-    p = Projector.load(fixture("vision", "gemma3.mmproj.gguf"))
+    p = Projector.load(vision_mmproj("gemma3"))
     g = np.load(fixture("vision", "gemma3.llamacpp.npz"))
     chs = multimodal.chunks(m.tokenizer, p, str(g["prompt"]), [images["square32"]])
     a, _, _ = multimodal.prefill(m.config, m.weights, m.runtime.kv_dtype, chs, 256)
@@ -107,7 +107,7 @@ def test_idefics3_needs_its_marker_tokens(images):
     """SmolVLM's layout uses tokens the tiny SmolLM2 vocabulary lacks: a clear error."""
     m = llamay.load(tiny_model_file("llama"))
     try:
-        p = Projector.load(fixture("vision", "idefics3.mmproj.gguf"))
+        p = Projector.load(vision_mmproj("idefics3"))
         with pytest.raises(ImageError, match="lacks '<fake_token_around_image>'"):
             multimodal.chunks(m.tokenizer, p, "x <__media__>", [images["square32"]])
     finally:
@@ -118,7 +118,7 @@ def test_load_with_mmproj_generates_from_an_image(images):
     """llamay.load(path, mmproj=...) and Model.generate(prompt, images=[...]): the first
     greedy token is llama.cpp's top logit after the image prompt."""
     g = np.load(fixture("vision", "mlp.llamacpp.npz"))
-    mmproj = fixture("vision", "mlp.mmproj.gguf")
+    mmproj = vision_mmproj("mlp")
     with llamay.load(tiny_model_file("llama"), numerics="llamacpp", mmproj=mmproj) as m:
         assert m.projector is not None and m.projector.kind == "mlp"
         ids = list(
@@ -141,7 +141,7 @@ def test_images_need_a_projector_of_the_models_width(images):
             m.generate("<__media__>", images=[images["square32"]], max_tokens=1)
     with llamay.load(tiny_model_file("qwen3")) as m:  # width 256, the projector's 64
         with pytest.raises(ProjectorError, match="output width 64 is not this model's"):
-            m.attach_projector(fixture("vision", "gemma3.mmproj.gguf"))
+            m.attach_projector(vision_mmproj("gemma3"))
 
 
 def test_cli_generate_with_mmproj_and_image(images, tmp_path):
@@ -156,7 +156,7 @@ def test_cli_generate_with_mmproj_and_image(images, tmp_path):
     png = tmp_path / "wide.png"
     Image.fromarray(images["wide45x29"]).save(png)
     args = ["generate", "-m", str(tiny_model_file("llama")), "-n", "1", "--temperature", "0"]
-    args += ["--mmproj", str(fixture("vision", "mlp.mmproj.gguf")), "--image", str(png)]
+    args += ["--mmproj", str(vision_mmproj("mlp")), "--image", str(png)]
     r = CliRunner().invoke(app, [*args, str(g["prompt"])])
     assert r.exit_code == 0, r.output
     with llamay.load(tiny_model_file("llama")) as m:
@@ -171,7 +171,7 @@ def test_cli_generate_with_mmproj_and_image(images, tmp_path):
 def test_prefix_cache_is_keyed_by_image_content(images):
     """The K/V up to an image prompt's last image are reused for the same text and image
     (same logits), not for another image."""
-    with llamay.load(tiny_model_file("llama"), mmproj=fixture("vision", "mlp.mmproj.gguf")) as m:
+    with llamay.load(tiny_model_file("llama"), mmproj=vision_mmproj("mlp")) as m:
         cache = multimodal.ImagePrefixCache()
         cfg, w, kvt = m.config, m.weights, m.runtime.kv_dtype
 

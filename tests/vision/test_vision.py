@@ -9,7 +9,7 @@ import io
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fixture_data import fixture
+from fixture_data import fixture, vision_mmproj
 
 from llamay.errors import ImageError, ProjectorError
 from llamay.vision import Projector, decode_image, encode_jit, prepare, read_mmproj
@@ -32,7 +32,7 @@ def kind(request):
 
 @pytest.fixture(scope="module")
 def projector(kind):
-    return Projector.load(fixture("vision", f"{kind}.mmproj.gguf"))
+    return Projector.load(vision_mmproj(kind))
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def _close_f16(got: np.ndarray, ref: np.ndarray) -> None:
 def test_f16_weights_round_the_activations(images):
     """The same draws stored F32 and F16: llamay's F16 tower is not its F32 one with
     rounded weights only; the activations' rounding moves it towards llama.cpp's."""
-    p16 = Projector.load(fixture("vision", "gemma3-f16.mmproj.gguf"))
+    p16 = Projector.load(vision_mmproj("gemma3-f16"))
     g = np.load(fixture("vision", "gemma3-f16.llamacpp.npz"))
     assert "proj" in p16.cfg.half and "blk.attn_q.weight" in p16.cfg.half
     plain = Projector(dataclasses.replace(p16.cfg, half=frozenset()), p16.weights)
