@@ -74,10 +74,25 @@ STATS: Counter = Counter()
 _PARAM_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
+_disabled: list[str] = []
+
+
 def enabled() -> bool:
     return not (
-        os.environ.get("LLAMAY_NO_PROGRAM_CACHE") or os.environ.get("LLAMAY_NO_COMPILE_CACHE")
+        _disabled
+        or os.environ.get("LLAMAY_NO_PROGRAM_CACHE")
+        or os.environ.get("LLAMAY_NO_COMPILE_CACHE")
     )
+
+
+def disable(reason: str) -> None:
+    """Turn the program cache off for the rest of this process (once, logged): a model
+    sharded over several devices. A compiled executable takes its arguments only where
+    it was compiled for them and returns committed arrays, where jax.jit places
+    uncommitted ones (a KV pool made on the default device) beside the sharded weights."""
+    if not _disabled:
+        log.info("program cache off in this process: %s", reason)
+        _disabled.append(reason)
 
 
 def cache_dir() -> Path:

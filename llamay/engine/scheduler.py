@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from llamay.arch.decoder import local_layers
-from llamay.engine import adapters
+from llamay.engine import adapters, programs
 from llamay.engine.api import Handle, Request
 from llamay.engine.generate import check_prompt
 from llamay.engine.paged_steps import set_rows
@@ -91,6 +91,8 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         self.model = model
         cfg = model.config
         self.cfg, self.weights = cfg, model.weights
+        if len(_devices(self.weights)) > 1:
+            programs.disable("a model sharded over several devices")
         # LoRA adapters loaded with the model: each request picks its scales
         # (`Request.lora`, `llamay.engine.adapters`); these apply when it names none
         self.n_adapters = adapters.adapter_count(self.weights)
@@ -409,3 +411,13 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
             self._state = set_rows(self._state, fresh, rows)
             for i in fresh:
                 self.slots[i].fresh = False
+
+
+def _devices(tree) -> set:
+    """The devices a pytree's arrays live on."""
+    return {
+        d
+        for leaf in jax.tree_util.tree_leaves(tree)
+        if hasattr(leaf, "sharding")
+        for d in leaf.sharding.device_set
+    }
