@@ -424,10 +424,11 @@ def test_unknown_layers_are_kept_and_reported(env, registry, tiny_gguf, monkeypa
     monkeypatch.setenv("OLLAMA_MODELS", str(env.home.parent / "no-ollama-here"))
     repo = _repo()
     pushed = registry.push_model(repo, "latest", tiny_gguf)
-    projector = registry.push_blob(repo, b"not really a projector", media.PROJECTOR)
-    man = Manifest(config=pushed.config, layers=(*pushed.layers, projector))
-    registry.push_manifest(repo, "vision", man)
-    name = f"{registry.host}/{repo}:vision"
+    # a layer llamay does not use (a projector was one until vision models: issue 25)
+    messages = registry.push_blob(repo, b'[{"role": "user", "content": "hi"}]', media.MESSAGES)
+    man = Manifest(config=pushed.config, layers=(*pushed.layers, messages))
+    registry.push_manifest(repo, "messages", man)
+    name = f"{registry.host}/{repo}:messages"
     store.pull(name, progress=False)
-    assert (env.home / "blobs" / f"sha256-{projector.hex}").is_file()
-    assert library.layered_model(name).ignored_layers == (media.PROJECTOR,)
+    assert (env.home / "blobs" / f"sha256-{messages.hex}").is_file()
+    assert library.layered_model(name).ignored_layers == (media.MESSAGES,)
