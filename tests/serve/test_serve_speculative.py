@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from fixture_data import oracle
 
 from llamay.sample import GREEDY
 from llamay.serve import create_app
@@ -68,7 +69,7 @@ def test_bad_draft_field_is_400(http):
 def test_openai_endpoints_take_draft_fields(http, tiny):
     # llama-server's OpenAI-compatible endpoints read the same per-request fields, sent
     # here by the official client as extra body fields
-    openai = pytest.importorskip("openai")
+    openai = oracle("openai")
     oa = openai.OpenAI(base_url=str(http.base_url) + "/v1", api_key="x", max_retries=0)
     want = _want(tiny, 12)
     on = oa.completions.create(

@@ -9,7 +9,7 @@ import io
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fixture_data import fixture, vision_mmproj
+from fixture_data import fixture, oracle, vision_mmproj
 
 from llamay.errors import ImageError, ProjectorError
 from llamay.vision import Projector, decode_image, encode_jit, prepare, read_mmproj
@@ -118,7 +118,7 @@ def test_encoder_is_batched(projector, images):
 def test_resize_equals_pillow_on_wide_images(images):
     """mtmd's resampler is Pillow's; for images Pillow resamples horizontally first (it picks
     the order by size, llama.cpp always goes horizontal first) the bytes are Pillow's."""
-    Image = pytest.importorskip("PIL.Image")
+    Image = oracle("PIL.Image")
     im = images["wide45x29"]
     for algo, method in (
         ("bilinear", Image.BILINEAR),
@@ -131,7 +131,7 @@ def test_resize_equals_pillow_on_wide_images(images):
 
 
 def test_decode_png_bytes_and_errors(images):
-    Image = pytest.importorskip("PIL.Image")
+    Image = oracle("PIL.Image")
     buf = io.BytesIO()
     Image.fromarray(images["wide45x29"]).save(buf, format="PNG")
     np.testing.assert_array_equal(decode_image(buf.getvalue()), images["wide45x29"])
@@ -149,7 +149,7 @@ def test_text_model_is_not_a_projector():
 
 
 def test_unsupported_projector_type(tmp_path):
-    gguf = pytest.importorskip("gguf")
+    gguf = oracle("gguf")
     w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "clip")
     w.add_bool("clip.has_vision_encoder", True)
     w.add_string("clip.projector_type", "qwen2vl")
