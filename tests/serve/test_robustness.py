@@ -46,7 +46,7 @@ def _declined(response) -> bool:
 @pytest.mark.parametrize("mode", ["positive", "negative"])
 def test_no_server_errors(fuzz_server, mode):
     """Every operation, a bounded number of generated requests each: no 5xx (but
-llama-server's deliberate 501s)."""
+    llama-server's deliberate 501s)."""
     spec = httpx.get(fuzz_server.url + "/openapi.json").json()
     schema = schemathesis.openapi.from_dict(spec)
     failures = []
