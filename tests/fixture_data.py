@@ -63,15 +63,22 @@ def fixture(*parts: str) -> Path:
     return path
 
 
-def generator():
-    """tests/fixtures/tiny/generate.py as a module."""
-    name = "tiny_fixture_generate"
+def fixture_module(*parts: str):
+    """A generator script under tests/fixtures/ (`fixture_module("lora", "make_lora.py")`)
+    as a module, loaded once per process."""
+    path = FIXTURES.joinpath(*parts)
+    name = "fixture_" + "_".join(parts).removesuffix(".py").replace("-", "_").replace("/", "_")
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, TINY_GOLDENS / "generate.py")
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def generator():
+    """tests/fixtures/tiny/generate.py as a module."""
+    return fixture_module("tiny", "generate.py")
 
 
 @functools.cache
@@ -148,11 +155,7 @@ def vision_mmproj(name: str) -> Path:
     path = _cached_fixtures() / "vision" / f"{name}.mmproj.gguf"
     if not _verified(path, digests[name]):
         oracle("gguf")  # gguf-py writes them, as it wrote the originals
-        spec = importlib.util.spec_from_file_location(
-            "vision_fixture_models", FIXTURES / "vision" / "make_models.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = fixture_module("vision", "make_models.py")
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         kind = name.removesuffix("-f16")

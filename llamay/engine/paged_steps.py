@@ -41,7 +41,16 @@ def paged_step(
     token, kv). Sampling is its own program (`paged_sample`), so what only sampling
     varies (constraint masks, top-N log-probabilities) compiles a program per row count,
     not one per step shape."""
-    arch = architecture_of(cfg)
+    x, kv = paged_hidden(cfg, weights, kv, tokens, positions, page_table, local_table, local_base)
+    x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
+    return architecture_of(cfg).head(cfg, weights, x_last)[:, 0], kv
+
+
+def paged_hidden(
+    cfg, weights, kv, tokens, positions, page_table, local_table=None, local_base=None
+):
+    """The blocks over the paged pool (the arguments of `paged_step`): (final hidden
+    states [R, T, E] at every fed position, kv)."""
     x, kv, _ = forward(
         cfg,
         weights,
@@ -52,8 +61,7 @@ def paged_step(
         local_table=local_table,
         local_base=local_base,
     )
-    x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
-    return arch.head(cfg, weights, x_last)[:, 0], kv
+    return x, kv
 
 
 @persistent_jit  # state not donated: a pipelined step's log-probabilities are read after the next

@@ -46,9 +46,9 @@ import numpy as np
 
 from llamay.arch import architecture_of
 from llamay.engine.drafts import ModelDrafter, ngram_draft
+from llamay.engine.paged_steps import paged_hidden
 from llamay.errors import RequestError
 from llamay.kv import bucket
-from llamay.model import forward
 from llamay.sample import sample
 
 # verify steps feed k+1 tokens per row, T bucketed to powers of two from this (the
@@ -98,24 +98,9 @@ def check_draft_params(n_max, n_min, p_min) -> None:
         raise RequestError(f"draft_p_min must be a number in [0, 1], not {p_min!r}")
 
 
-@partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
-def paged_verify(
-    cfg, weights, kv, tokens, positions, page_table, local_table=None, local_base=None
-):
-    """`paged_step`'s forward, returning the hidden states at every fed position
-    [R, T, D] (the head runs per position in `verify_sample`, only where a row still
-    verifies)."""
-    x, kv, _ = forward(
-        cfg,
-        weights,
-        kv,
-        tokens,
-        positions,
-        page_table=page_table,
-        local_table=local_table,
-        local_base=local_base,
-    )
-    return x, kv
+#: `paged_step`'s forward, returning the hidden states at every fed position [R, T, E]
+#: (the head runs per position in `verify_sample`, only where a row still verifies)
+paged_verify = jax.jit(paged_hidden, static_argnames=("cfg",), donate_argnames=("kv",))
 
 
 @partial(jax.jit, static_argnames=("cfg",))  # state not donated, as paged_sample's

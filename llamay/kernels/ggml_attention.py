@@ -90,16 +90,7 @@ def attention(
         capped = jnp.tanh(opaque(scores * (np.float32(1) / np.float32(softcap))))
         scores = opaque(capped * np.float32(softcap))
     wp = opaque(scores * kq_scale)
-    j = jnp.arange(S)[None, None, :]
-    i = q_pos[:, :, None]
-    if causal:
-        visible = j <= i
-    else:
-        last = jnp.max(jnp.where(q_pos < S, q_pos, -1), axis=1)
-        visible = jnp.broadcast_to(j <= last[:, None, None], (B, T, S))
-    if window is not None:
-        w = jnp.asarray(window)
-        visible = visible & ((w <= 0) | (i - j < w))
+    visible = _visible(q_pos, S, causal, window)
     visible = visible[:, None, None, :, :]
     mx = jnp.max(jnp.where(visible, wp, -jnp.inf), axis=-1, keepdims=True)
     mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
@@ -228,16 +219,7 @@ def flash_attention(q, k_cache, v_cache, q_pos, *, scale, window=None, softcap=N
     s = opaque(scores * kq_scale)  # [B, K, G, T, S]
     if softcap:
         s = opaque(np.float32(softcap) * jnp.tanh(s))
-    j = jnp.arange(S)[None, None, :]
-    i = q_pos[:, :, None]
-    if causal:
-        visible = j <= i
-    else:
-        last = jnp.max(jnp.where(q_pos < S, q_pos, -1), axis=1)
-        visible = jnp.broadcast_to(j <= last[:, None, None], (B, T, S))
-    if window is not None:
-        w = jnp.asarray(window)
-        visible = visible & ((w <= 0) | (i - j < w))
+    visible = _visible(q_pos, S, causal, window)
     f16_acc = vt.name == "F16"
     vals = kv_cache.decode(v_cache, D).astype(F32)  # [B, S, K, D], exact
 
@@ -269,3 +251,21 @@ def flash_attention(q, k_cache, v_cache, q_pos, *, scale, window=None, softcap=N
     inv = jnp.where(Ssum == 0, 0.0, 1.0 / opaque(jnp.where(Ssum == 0, 1.0, Ssum)))
     out = opaque(acc * inv[..., None])  # [B, K, G, T, D]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H, D)
+
+
+def _visible(q_pos: jax.Array, S: int, causal: bool, window) -> jax.Array:
+    """[B, T, S]: which of S cache slots each query at `q_pos` [B, T] sees (causal: slots
+    up to its position; else up to its row's last real position; within `window` where
+    it is positive)."""
+    B, T = q_pos.shape
+    j = jnp.arange(S)[None, None, :]
+    i = q_pos[:, :, None]
+    if causal:
+        visible = j <= i
+    else:
+        last = jnp.max(jnp.where(q_pos < S, q_pos, -1), axis=1)
+        visible = jnp.broadcast_to(j <= last[:, None, None], (B, T, S))
+    if window is not None:
+        w = jnp.asarray(window)
+        visible = visible & ((w <= 0) | (i - j < w))
+    return visible

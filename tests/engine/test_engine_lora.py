@@ -6,12 +6,9 @@ settings; new scales are new values, not new programs."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import numpy as np
 import pytest
-from fixture_data import FIXTURES, oracle, tiny_model_file
+from fixture_data import FIXTURES, fixture_module, oracle, tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
@@ -23,17 +20,7 @@ from llamay.sample import GREEDY
 LORA = FIXTURES / "lora"
 
 
-def _make_lora():
-    if "make_lora" in sys.modules:
-        return sys.modules["make_lora"]
-    spec = importlib.util.spec_from_file_location("make_lora", LORA / "make_lora.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["make_lora"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-make_lora = _make_lora()
+make_lora = fixture_module("lora", "make_lora.py")
 
 #: (request's lora field, the adapters that setting means) per row of the mixed batch
 ROWS = [

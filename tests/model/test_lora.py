@@ -4,13 +4,11 @@ with the adapters merged into the weights, and a batch mixing adapters against e
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from fixture_data import FIXTURES, oracle, tiny_model_file
+from fixture_data import FIXTURES, fixture_module, oracle, tiny_model_file
 
 import llamay
 from llamay.errors import AdapterError
@@ -18,15 +16,7 @@ from llamay.errors import AdapterError
 LORA = FIXTURES / "lora"
 
 
-def _make_lora():
-    spec = importlib.util.spec_from_file_location("make_lora", LORA / "make_lora.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["make_lora"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-make_lora = _make_lora()
+make_lora = fixture_module("lora", "make_lora.py")
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,12 @@ tests/fixtures/embeddings/reranker.json, README.md), Jina/Cohere request shapes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import httpx
 import numpy as np
 import pytest
-from fixture_data import fixture, tiny_cache_dir, tiny_model_file
+from fixture_data import fixture, fixture_module, tiny_cache_dir, tiny_model_file
 
 import llamay
 from llamay.model.embed import rank_head
@@ -35,11 +34,7 @@ def goldens():
 @pytest.fixture(scope="module")
 def reranker_path(goldens):
     path = tiny_cache_dir() / "bert-reranker.gguf"
-    spec = importlib.util.spec_from_file_location(
-        "reranker_fixture", fixture("embeddings", "reranker.py")
-    )
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = fixture_module("embeddings", "reranker.py")
     if not path.exists() or gen.sha256_of(path) != goldens["sha256"]:
         gen.build(tiny_model_file("bert"), path)
     assert gen.sha256_of(path) == goldens["sha256"], "the rebuilt reranker is not the recorded one"

@@ -7,14 +7,12 @@ only that setting, and requests with different adapters run in one batch."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import pytest
-from fixture_data import FIXTURES, oracle
+from fixture_data import FIXTURES, fixture_module, oracle
 
 import llamay
 from llamay.sample import GREEDY
@@ -25,20 +23,10 @@ from tests.serve.conftest import chat_prompt, running
 LORA = FIXTURES / "lora"
 
 
-def _make_lora():
-    if "make_lora" in sys.modules:
-        return sys.modules["make_lora"]
-    spec = importlib.util.spec_from_file_location("make_lora", LORA / "make_lora.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["make_lora"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def adapters(tiny_paths, tmp_path_factory):
     oracle("gguf")
-    mk = _make_lora()
+    mk = fixture_module("lora", "make_lora.py")
     paths = mk.write_adapters(tiny_paths["tiny"], "tiny-llama", tmp_path_factory.mktemp("lora"))
     gold = np.load(LORA / "tiny-llama.llamacpp.npz")
     for name, path in paths.items():

@@ -6,13 +6,10 @@ on the tiny llama): `llamay create` stores the adapter as an
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import httpx
 import numpy as np
 import pytest
-from fixture_data import FIXTURES, oracle, tiny_model_file
+from fixture_data import FIXTURES, fixture_module, oracle, tiny_model_file
 from typer.testing import CliRunner
 
 import llamay
@@ -26,21 +23,11 @@ from llamay.store.modelfile import parse
 LORA = FIXTURES / "lora"
 
 
-def _make_lora():
-    if "make_lora" in sys.modules:
-        return sys.modules["make_lora"]
-    spec = importlib.util.spec_from_file_location("make_lora", LORA / "make_lora.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["make_lora"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A directory with the tiny llama (tiny.gguf) and its adapters (wide.gguf, narrow.gguf)."""
     oracle("gguf")
-    mk = _make_lora()
+    mk = fixture_module("lora", "make_lora.py")
     d = tmp_path_factory.mktemp("modelfile")
     base = tiny_model_file("llama")
     (d / "tiny.gguf").write_bytes(base.read_bytes())
