@@ -59,9 +59,6 @@ class DenseLayer:
         """The layer's shape [B, S, K, D]."""
         return self.stack.shape[1:]
 
-    def view(self) -> jax.Array:
-        return jax.lax.dynamic_index_in_dim(self.stack, self.layer, keepdims=False)
-
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
@@ -143,5 +140,5 @@ def attention(q, k_cache, v_cache, q_pos, **kw):
         return kernels.attention(q, k_cache.pages, v_cache.pages, q_pos,
                                  page_table=k_cache.table, layer=k_cache.layer, **kw)  # fmt: skip
     if isinstance(k_cache, DenseLayer):
-        return kernels.attention(q, k_cache.view(), v_cache.view(), q_pos, **kw)
+        return kernels.attention(q, k_cache.stack, v_cache.stack, q_pos, layer=k_cache.layer, **kw)
     return kernels.attention(q, k_cache, v_cache, q_pos, **kw)

@@ -15,6 +15,10 @@ page tables, the implementation chosen at trace time from the backend
                                                         paged_attention.paged_attention_reference`)
     paged   llamacpp   any                              "paged-ggml" (the pages gathered, then
                                                         `ggml_attention.attention`)
+    dense   exact      CPU auto, causal, float cache    "native" (the paged kernel over the
+                                                        cache viewed as pages: `dense_pages`,
+                                                        no copy, T <= 16); on None
+                                                        the row below
     dense   exact      any                              "reference" (`kernels_pallas.
                                                         paged_attention.attention_reference`)
     dense   llamacpp   any                              "ggml" (`ggml_attention.attention`)
@@ -31,6 +35,7 @@ kernel holds T·(H/K) query rows per kv head on chip.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from llamay import kernels_cpu
 from llamay.kernels import ggml_attention
@@ -63,7 +68,9 @@ def attention(
 ) -> jax.Array:
     """Attention of q [B, T, H, D] at positions q_pos [B, T] -> [B, T, H, D] f32.
 
-    Dense (page_table None): k, v are caches [B, S, K, D] whose slot j holds position j.
+    Dense (page_table None): k, v are caches [B, S, K, D] whose slot j holds position j,
+    or the stacks of all layers [L, B, S, K, D] and `layer` (traced) naming the one to read
+    (the layer scan hands the whole stack: a copied-out slice would cost a copy per layer).
     Paged: k, v are one layer's pages [P, ps, K, D], or the pool [L, P, ps, K, D] and
     `layer`, read through page_table [B, M] (entry m of row b: the page holding positions
     m·ps .. m·ps+ps-1). Masks and scaling as `attention_reference`; numerics "llamacpp"
@@ -73,10 +80,16 @@ def attention(
               q_prescaled=q_prescaled)  # fmt: skip
     be = backend()
     quantised = kv_cache.is_quantised(k) or kv_cache.is_quantised(v)
-    if page_table is not None and be.native and not quantised:
-        y = kernels_cpu.paged_attention(q, k, v, page_table, q_pos, layer, **kw)
+    if be.native and not quantised:
+        if page_table is not None:
+            y = kernels_cpu.paged_attention(q, k, v, page_table, q_pos, layer, **kw)
+        else:
+            y = kernels_cpu.paged_attention(q, *dense_pages(k, v), q_pos, layer, **kw)
         if y is not None:
             return y
+    if page_table is None and layer is not None:  # one layer of the dense stacks
+        k = jax.lax.dynamic_index_in_dim(k, layer, keepdims=False)
+        v = jax.lax.dynamic_index_in_dim(v, layer, keepdims=False)
     choice = attention_choice(q, paged=page_table is not None, causal=causal,
                               numerics=numerics, be=be, quantised=quantised)  # fmt: skip
     if choice == "pallas":
@@ -87,6 +100,15 @@ def attention(
     if page_table is not None:
         return paged_reference(q, k, v, page_table, q_pos, layer, **kw)
     return dense_reference(q, k, v, q_pos, **kw)
+
+
+def dense_pages(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A dense cache [(L,) B, S, K, D] as a page pool of one S-position page per row
+    (the same array: a reshape into smaller pages made XLA copy the stacks to another
+    layout per layer) and the page tables [B, 1] = row b's page b, so the paged kernel
+    reads the cache in place (it splits a row's keys over the threads by itself)."""
+    B = k.shape[-4]
+    return k, v, jnp.arange(B, dtype=jnp.int32)[:, None]
 
 
 def attention_choice(q: jax.Array, *, paged: bool, causal: bool = True, numerics: str = "exact",

@@ -175,3 +175,50 @@ def test_long_prefill_chunks_keep_the_reference(monkeypatch):
         if native:
             want = paged_attention_reference(q, k, v, table, pos, jnp.int32(0), scale=0.2)
             _check(got, want, pos, 40)
+
+
+# rows, query tokens, q heads, kv heads, head dim, cache slots, window, softcap, dtype
+DENSE_CASES = [
+    (1, 1, 9, 3, 64, 256, None, None, jnp.float32),  # SmolLM2 decoding (bench's context)
+    (1, 1, 4, 1, 256, 100, 40, None, jnp.float16),  # Gemma 3 local layer, S not a multiple
+    (3, 1, 8, 8, 32, 37, None, 50.0, jnp.float32),  # MHA, softcap, odd S
+    (2, 5, 9, 3, 64, 64, None, None, jnp.bfloat16),  # a verify chunk
+    (8, 1, 16, 4, 16, 48, 13, None, jnp.float32),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DENSE_CASES)))
+def test_dense_cache_runs_native_and_equals_reference(monkeypatch, case):
+    """A dense cache — one layer [B, S, K, D], or the stack [L, B, S, K, D] the layer scan
+    hands with `layer` — goes to the native kernel (read in place as one page per row)
+    on CPU and equals the dense reference (`attention_reference`) at each row's queries."""
+    from llamay.kernels_pallas.paged_attention import attention_reference
+
+    monkeypatch.delenv("LLAMAY_BACKEND", raising=False)
+    monkeypatch.delenv(build.ENV, raising=False)
+    B, T, H, K, D, S, window, softcap, dtype = DENSE_CASES[case]
+    rng = np.random.default_rng(100 + case)
+    k = jnp.asarray(rng.standard_normal((3, B, S, K, D)), dtype)
+    v = jnp.asarray(rng.standard_normal((3, B, S, K, D)), dtype)
+    q = jnp.asarray(rng.standard_normal((B, T, H, D)) * 2, jnp.float32)
+    ends = rng.integers(T, S + 1, size=B)
+    pos = jnp.asarray(np.stack([np.arange(n - T, n) for n in ends]), jnp.int32)
+    kw = dict(scale=D**-0.5, window=window, softcap=softcap)
+
+    def stacked(q, k, v, pos, layer):
+        return kernels.attention(q, k, v, pos, layer=layer, **kw)
+
+    def one_layer(q, k, v, pos):
+        return kernels.attention(q, k, v, pos, **kw)
+
+    for layer in (0, 2):
+        want = attention_reference(q, k[layer], v[layer], pos, **kw)
+        args = (q, k, v, pos, jnp.int32(layer))
+        assert _native_in_program(stacked, *args)
+        _check(jax.jit(stacked)(*args), want, pos, S)
+        assert _native_in_program(one_layer, q, k[layer], v[layer], pos)
+        _check(jax.jit(one_layer)(q, k[layer], v[layer], pos), want, pos, S)
+    monkeypatch.setenv(build.ENV, "xla")  # the reference, the layer read out of the stack
+    assert not _native_in_program(stacked, q, k, v, pos, jnp.int32(1))
+    want = attention_reference(q, k[1], v[1], pos, **kw)
+    _check(jax.jit(stacked)(q, k, v, pos, jnp.int32(1)), want, pos, S)
