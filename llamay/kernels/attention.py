@@ -3,9 +3,10 @@ page tables, the implementation chosen at trace time from the backend
 (`backend.backend()`), the numerics and the query block.
 
     cache   numerics   backend                          implementation
-    paged   exact      CPU auto, causal, float pool     "native" (`kernels_cpu.paged_attention`:
+    paged   exact      CPU auto, causal, any KV type    "native" (`kernels_cpu.paged_attention`:
                                                         the pages read in place through the
-                                                        table, T <= 16 query tokens); when
+                                                        table, quantised rows dequantised
+                                                        as read, T <= 16 query tokens); when
                                                         it returns None (not built, longer
                                                         chunks, another pool type), the
                                                         rows below
@@ -24,10 +25,11 @@ page tables, the implementation chosen at trace time from the backend
     dense   llamacpp   any                              "ggml" (`ggml_attention.attention`)
 
 The references live beside the Pallas kernel they are the oracle of; the CPU path runs
-exactly them. A quantised cache (q8_0, q4_0, ...: `llamay.kv.types`) takes neither the
-native nor the Pallas kernel: its pages are gathered, then read by the dense reference
-(exact: dequantised; llamacpp: `ggml_attention`'s emulation of llama.cpp's flash
-attention over that cache type).
+exactly them. A quantised cache (q8_0, q4_0, ...: `llamay.kv.types`): a paged pool in
+exact numerics takes the native kernel on CPU (each row dequantised as it is read);
+otherwise (no native kernel, a dense cache, llamacpp numerics) its pages are gathered,
+then read by the dense reference (exact: dequantised; llamacpp: `ggml_attention`'s
+emulation of llama.cpp's flash attention over that cache type).
 Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the reference: the
 kernel holds T·(H/K) query rows per kv head on chip.
 """
@@ -80,7 +82,7 @@ def attention(
               q_prescaled=q_prescaled)  # fmt: skip
     be = backend()
     quantised = kv_cache.is_quantised(k) or kv_cache.is_quantised(v)
-    if be.native and not quantised:
+    if be.native and (page_table is not None or not quantised):  # paged: any KV type
         if page_table is not None:
             y = kernels_cpu.paged_attention(q, k, v, page_table, q_pos, layer, **kw)
         else:

@@ -8,13 +8,16 @@ tokens (one token decoding; a prefill or verify chunk in blocks) and page-aligne
 of the visible keys (so one row's decode step spreads over the threads), the scores of
 every kv head's rows (causal, sliding window, softcap as the reference), the chunk's
 softmax state, the weighted values; the chunks merged as flash-decoding does. Exact
-numerics, f32, f16 or bf16 pools, any query length; equal to the reference up to the f32
-summation order (1e-5 relative). Queries whose output is unused differ: one that sees
+numerics, any query length; equal to the reference up to the f32 summation order (1e-5
+relative). Pools: f32, f16 or bf16, or quantised (q8_0, q5_1, q5_0, q4_1, q4_0: uint8 rows
+of GGUF blocks, `llamay.kv.types`), K and V of independent types; a quantised row is
+dequantised as it is read (the values of `llamay.quant.kv_cache.decode` bit for bit), so
+the reference for those is the pages gathered, dequantised, then `attention_reference`. Queries whose output is unused differ: one that sees
 no key, or at a position outside the table (padding), gives 0 (the reference: NaN, or
 attention over the padded table).
 
 Not handled here (None: the dispatcher's reference): numerics "llamacpp", non-causal
-attention, pools of other dtypes (quantised KV types), other shapes.
+attention, pools of other dtypes or row widths, other shapes.
 """
 
 from __future__ import annotations
@@ -23,27 +26,42 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.build import targets
+from llamay.quant import kv_cache
 
 POOL_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
+#: The block KV types the kernel reads in place (uint8 rows of D/32 GGUF blocks).
+BLOCK_TYPES = (GGMLType.Q8_0, GGMLType.Q5_1, GGMLType.Q5_0, GGMLType.Q4_1, GGMLType.Q4_0)
+
+
+def pool_type(pages, head_dim: int) -> GGMLType | None:
+    """The KV type of a pool the kernel reads (`llamay.quant.kv_cache.cache_type`): f32,
+    f16 or bf16 rows of head_dim, or uint8 rows of a `BLOCK_TYPES` type; None otherwise."""
+    if pages.dtype in POOL_DTYPES:
+        return kv_cache.cache_type(pages, head_dim) if pages.shape[-1] == head_dim else None
+    try:
+        t = kv_cache.cache_type(pages, head_dim)
+    except ValueError:
+        return None
+    return t if t in BLOCK_TYPES else None
 
 
 def applies(q, k_pages, v_pages, page_table, q_pos, layer, *, causal=True, numerics="exact"):
     """Whether the kernel computes this call (trace time; the build aside)."""
     if numerics != "exact" or not causal:
         return False
-    if not all(isinstance(a, jax.Array) for a in (k_pages, v_pages)):  # not a quantised pool
+    if not all(isinstance(a, jax.Array) for a in (k_pages, v_pages)):  # not a pytree
         return False
     q, page_table, q_pos = (jnp.asarray(a) for a in (q, page_table, q_pos))
-    if k_pages.dtype not in POOL_DTYPES or v_pages.dtype != k_pages.dtype:
-        return False
-    if k_pages.shape != v_pages.shape or k_pages.ndim != (4 if layer is None else 5):
+    if k_pages.shape[:-1] != v_pages.shape[:-1] or k_pages.ndim != (4 if layer is None else 5):
         return False
     B, T, H, D = q.shape if q.ndim == 4 else (0, 0, 0, 0)
+    if pool_type(k_pages, D) is None or pool_type(v_pages, D) is None:  # (F32 is 0)
+        return False
     K = k_pages.shape[-2]
     return (
         q.ndim == 4
-        and k_pages.shape[-1] == D
         and K > 0
         and H % K == 0
         and page_table.shape[:1] == (B,)

@@ -3,10 +3,13 @@
 // (gather each row's pages into a dense view, then `attention_reference`); this kernel
 // computes the same thing without the gathered copy.
 //
-// Operands: q f32 [B, T, H, D]; the K and V pools, f32, f16 or bf16, one layer's pages
-// [P, ps, K, D] or the pool [L, P, ps, K, D] with `layer` (an s32 scalar: the layer
-// scan hands the whole pool, not a copied-out slice); the page tables s32 [B, M] (entry
-// m: the page holding positions m*ps .. m*ps+ps-1); q_pos s32 [B, T]; the window (s32
+// Operands: q f32 [B, T, H, D]; the K and V pools, each f32, f16 or bf16 [..., D] or a
+// quantised KV type (uint8 [..., D/32 * block bytes]: rows of Q8_0, Q5_1, Q5_0, Q4_1 or
+// Q4_0 blocks, told apart by their bytes a block; read through `Pool` below), K and V
+// of independent types, one layer's pages [P, ps, K, row] or the pool [L, P, ps, K, row]
+// with `layer` (an s32 scalar: the layer scan hands the whole pool, not a copied-out
+// slice); the page tables s32 [B, M] (entry m: the page holding positions
+// m*ps .. m*ps+ps-1); q_pos s32 [B, T]; the window (s32
 // scalar, <= 0: global). Attributes: scale, softcap (0: none). Result f32 [B, T, H, D].
 //
 // Tasks: a block of query tokens of one row (a decode step: its one token; a prefill or
@@ -133,16 +136,112 @@ inline float exp_shifted(const float* x, float mx, float* out, int64_t n) {
   return sum;
 }
 
-// One key or value row of the pool as f32: the row itself (f32 pool) or converted into
-// `buf` (f16 or bf16 pool).
-enum Pool : int { POOL_F32 = 0, POOL_F16 = 1, POOL_BF16 = 2 };
+// One key or value row of a pool as f32. A pool is f32 (the row itself), f16 or bf16
+// (converted into `buf`), or rows of GGUF blocks of a 32-element type (Q8_0, Q5_1, Q5_0,
+// Q4_1, Q4_0: llamay.kv.types), each block decoded in registers (its quants widened to
+// f32, times the f16 scale d, plus the _1 types' m) into `buf`: the values of
+// llamay.quant's dequantisation bit for bit (d·q is exact in f32, the one rounding is
+// the + m, which an FMA rounds the same way).
+struct Pool {
+  const uint8_t* base;  // this layer's rows
+  int32_t type;         // GGML type (blocks.h)
+  int64_t row_bytes;
+};
 
-inline const float* row_f32(const uint8_t* base, int pool, int64_t index, int64_t d, float* buf) {
-  if (pool == POOL_F32) return reinterpret_cast<const float*>(base) + index * d;
-  const uint16_t* h = reinterpret_cast<const uint16_t*>(base) + index * d;
+#if !defined(LLAMAY_SCALAR) && (defined(__AVX512F__) || defined(__AVX2__))
+#define LLAMAY_PA_VECTOR 1
+typedef float f16v __attribute__((vector_size(64)));   // 16 floats
+typedef int32_t i16v __attribute__((vector_size(64)));  // 16 int32
+// 16 bytes widened to 16 int32, unsigned / signed.
+#if defined(__AVX512F__)
+inline i16v wide_u8(const uint8_t* p) {
+  return (i16v)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+}
+inline i16v wide_s8(const uint8_t* p) {
+  return (i16v)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
+}
+#else
+inline i16v wide_u8(const uint8_t* p) {
+  i16v v;
+  const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+  std::memcpy(&v, &lo, 32);
+  std::memcpy((char*)&v + 32, &hi, 32);
+  return v;
+}
+inline i16v wide_s8(const uint8_t* p) {
+  i16v v;
+  const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+  std::memcpy(&v, &lo, 32);
+  std::memcpy((char*)&v + 32, &hi, 32);
+  return v;
+}
+#endif
+inline f16v to_f(i16v v) { return __builtin_convertvector(v, f16v); }
+inline void store16(float* p, f16v v) { std::memcpy(p, &v, 64); }
+const i16v LANE16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// The 32 values of one block of type T (a 32-element type) into out[0..31].
+template <int32_t T>
+inline void block32(const uint8_t* b, float* out) {
+  const float d = rdf16(b);
+  i16v lo, hi;
+  float m = 0.0f;
+  if constexpr (T == Q8_0) {
+    lo = wide_s8(b + 2);
+    hi = wide_s8(b + 18);
+  } else if constexpr (T == Q4_0 || T == Q4_1) {
+    const int off = T == Q4_1 ? 4 : 2;
+    if constexpr (T == Q4_1) m = rdf16(b + 2);
+    const i16v v = wide_u8(b + off);
+    lo = v & 0xF;
+    hi = v >> 4;
+    if constexpr (T == Q4_0) lo -= 8, hi -= 8;
+  } else {  // Q5_0, Q5_1
+    const int off = T == Q5_1 ? 4 : 2;
+    if constexpr (T == Q5_1) m = rdf16(b + 2);
+    uint32_t qh;
+    std::memcpy(&qh, b + off, 4);
+    const i16v v = wide_u8(b + off + 4), h = (i16v){} + (int32_t)qh;
+    lo = (v & 0xF) | (((h >> LANE16) & 1) << 4);
+    hi = (v >> 4) | (((h >> (LANE16 + 16)) & 1) << 4);
+    if constexpr (T == Q5_0) lo -= 16, hi -= 16;
+  }
+  if constexpr (T == Q4_1 || T == Q5_1) {
+    store16(out, d * to_f(lo) + m);
+    store16(out + 16, d * to_f(hi) + m);
+  } else {
+    store16(out, d * to_f(lo));
+    store16(out + 16, d * to_f(hi));
+  }
+}
+
+template <int32_t T>
+inline void blocks_row(const uint8_t* row, int64_t d, float* buf) {
+  constexpr int64_t BB = T == Q8_0 ? 34 : T == Q5_1 ? 24 : T == Q5_0 ? 22 : T == Q4_1 ? 20 : 18;
+  for (int64_t i = 0; i < d / 32; ++i) block32<T>(row + i * BB, buf + 32 * i);
+}
+#endif
+
+inline const float* row_f32(const Pool& pool, int64_t index, int64_t d, float* buf) {
+  const uint8_t* row = pool.base + index * pool.row_bytes;
+  switch (pool.type) {
+    case F32: return reinterpret_cast<const float*>(row);
+    case F16: case BF16: break;
+#if defined(LLAMAY_PA_VECTOR)
+    case Q8_0: blocks_row<Q8_0>(row, d, buf); return buf;
+    case Q4_0: blocks_row<Q4_0>(row, d, buf); return buf;
+    case Q4_1: blocks_row<Q4_1>(row, d, buf); return buf;
+    case Q5_0: blocks_row<Q5_0>(row, d, buf); return buf;
+    case Q5_1: blocks_row<Q5_1>(row, d, buf); return buf;
+#endif
+    default: dequant_row(pool.type, row, buf, d); return buf;  // blocks.h, scalar
+  }
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
   int64_t i = 0;
 #if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
-  if (pool == POOL_F16) {
+  if (pool.type == F16) {
     for (; i + 16 <= d; i += 16)
       _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
   } else {
@@ -152,7 +251,7 @@ inline const float* row_f32(const uint8_t* base, int pool, int64_t index, int64_
     }
   }
 #endif
-  if (pool == POOL_F16)
+  if (pool.type == F16)
     for (; i < d; ++i) buf[i] = f16_to_f32(h[i]);
   else
     for (; i < d; ++i) buf[i] = bf16_to_f32(h[i]);
@@ -161,9 +260,7 @@ inline const float* row_f32(const uint8_t* base, int pool, int64_t index, int64_
 
 struct Problem {
   const float* q;
-  const uint8_t* k;  // this layer's pages [P, ps, K, D]
-  const uint8_t* v;
-  int pool;  // Pool
+  Pool k, v;  // this layer's pages [P, ps, K, row]
   const int32_t* table;
   const int32_t* qpos;
   float* out;
@@ -171,6 +268,9 @@ struct Problem {
   int32_t window;
   float scale, softcap;
 };
+
+// Keys per chunk granule: chunks of a block's keys start at multiples of min(ps, this).
+constexpr int64_t CHUNK_GRANULE = 16;
 
 // A block of query tokens t0..t1-1 of row b: the keys any of them sees, j0..hi (hi < 0:
 // none), split into `n_chunks` page-aligned chunks, one task each.
@@ -231,7 +331,7 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
         const float* kr = nullptr;
         for (int64_t t = 0; t < nt; ++t) {
           if (!sees(t, j)) continue;
-          if (!kr) kr = row_f32(p.k, p.pool, row + kh, D, kbuf.data());
+          if (!kr) kr = row_f32(p.k, row + kh, D, kbuf.data());
           for (int64_t g = 0; g < G; ++g) {
             const int64_t r = t * H + kh * G + g;
             scores[r * n + (j - k0)] = score(dot(q + r * D, kr, D));
@@ -251,7 +351,7 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
           std::fill(kt.begin(), kt.end(), 0.0f);
           for (int64_t kk = 0; kk < c; ++kk) {
             const int64_t row = (page * p.ps + j1 + kk - pg * p.ps) * p.K + kh;
-            const float* kr = row_f32(p.k, p.pool, row, D, kbuf.data());
+            const float* kr = row_f32(p.k, row, D, kbuf.data());
             for (int64_t d = 0; d < D; ++d) kt[d * KEYS + kk] = kr[d];
           }
           for (int64_t t = 0; t < nt; ++t) {
@@ -297,7 +397,7 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
           if (m[r] == NEG) continue;
           const float w = scores[r * n + (j - k0)];
           if (w == 0.0f) continue;
-          if (!vr) vr = row_f32(p.v, p.pool, row + kh, D, vbuf.data());
+          if (!vr) vr = row_f32(p.v, row + kh, D, vbuf.data());
           float* __restrict a = acc + r * D;
           for (int64_t d = 0; d < D; ++d) a[d] += w * vr[d];
         }
@@ -343,23 +443,35 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::An
     return ffi::Error::InvalidArgument(
         "LlamayPagedAttention: q must be [B, T, H, D], the pool [P, ps, K, D] or "
         "[L, P, ps, K, D], the page table [B, M]");
-  if (k.element_type() != v.element_type() || k.size_bytes() != v.size_bytes())
-    return ffi::Error::InvalidArgument("LlamayPagedAttention: K and V pools differ");
-  const auto et = k.element_type();
-  const int pool_type = et == ffi::DataType::F32    ? POOL_F32
-                        : et == ffi::DataType::F16  ? POOL_F16
-                        : et == ffi::DataType::BF16 ? POOL_BF16
-                                                    : -1;
-  if (pool_type < 0)
-    return ffi::Error::InvalidArgument("LlamayPagedAttention: the pool must be f32, f16 or bf16");
   const int64_t r = kd.size();
+  auto vd = v.dimensions();
+  if (vd.size() != kd.size())
+    return ffi::Error::InvalidArgument("LlamayPagedAttention: K and V pools differ");
+  for (int64_t i = 0; i + 1 < r; ++i)
+    if (vd[i] != kd[i])
+      return ffi::Error::InvalidArgument("LlamayPagedAttention: K and V pools differ");
   Problem p;
   p.B = qd[0], p.T = qd[1], p.H = qd[2], p.D = qd[3];
   p.P = kd[r - 4], p.ps = kd[r - 3], p.K = kd[r - 2];
   p.M = td[1];
-  if (kd[r - 1] != p.D || p.K == 0 || p.H % p.K || td[0] != p.B ||
-      qpos.element_count() != (size_t)(p.B * p.T))
+  if (p.K == 0 || p.H % p.K || td[0] != p.B || qpos.element_count() != (size_t)(p.B * p.T))
     return ffi::Error::InvalidArgument("LlamayPagedAttention: shapes do not fit");
+  // Each pool's type from its element type and row width: f32/f16/bf16 rows of D, or
+  // uint8 rows of D/32 blocks of a 32-element type (its bytes a block tell which).
+  auto type_of = [&](ffi::DataType et, int64_t width) -> int32_t {
+    if (et == ffi::DataType::F32 || et == ffi::DataType::F16 || et == ffi::DataType::BF16)
+      return width == p.D ? (et == ffi::DataType::F32 ? F32 : et == ffi::DataType::F16 ? F16 : BF16)
+                          : -1;
+    if (et != ffi::DataType::U8 || p.D % 32 || width % (p.D / 32)) return -1;
+    for (int32_t t : {Q8_0, Q5_1, Q5_0, Q4_1, Q4_0})
+      if (block_bytes(t) == width / (p.D / 32)) return t;
+    return -1;
+  };
+  const int32_t kt = type_of(k.element_type(), kd[r - 1]), vt = type_of(v.element_type(), vd[r - 1]);
+  if (kt < 0 || vt < 0)
+    return ffi::Error::InvalidArgument(
+        "LlamayPagedAttention: a pool must be f32, f16 or bf16 rows of D, or uint8 rows of "
+        "D/32 Q8_0, Q5_1, Q5_0, Q4_1 or Q4_0 blocks");
   p.G = p.H / p.K;
   int64_t l = 0;
   if (r == 5) {
@@ -367,10 +479,13 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::An
     if (l < 0 || l >= kd[0])
       return ffi::Error::InvalidArgument("LlamayPagedAttention: layer index out of range");
   }
-  const int64_t elem = pool_type == POOL_F32 ? 4 : 2, layer_bytes = p.P * p.ps * p.K * p.D * elem;
-  p.k = static_cast<const uint8_t*>(k.untyped_data()) + l * layer_bytes;
-  p.v = static_cast<const uint8_t*>(v.untyped_data()) + l * layer_bytes;
-  p.pool = pool_type;
+  auto pool_of = [&](ffi::AnyBuffer& buf, int32_t t, int64_t width) {
+    const int64_t row_bytes = width * (t == F32 ? 4 : t == F16 || t == BF16 ? 2 : 1);
+    const int64_t layer_bytes = p.P * p.ps * p.K * row_bytes;
+    return Pool{static_cast<const uint8_t*>(buf.untyped_data()) + l * layer_bytes, t, row_bytes};
+  };
+  p.k = pool_of(k, kt, kd[r - 1]);
+  p.v = pool_of(v, vt, vd[r - 1]);
   p.q = q.typed_data();
   p.table = table.typed_data();
   p.qpos = qpos.typed_data();
@@ -399,11 +514,13 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::An
     float* m = ms.data() + (task / n_chunks * n_chunks) * nq + c * nqb;
     float* l = ls.data() + (m - ms.data());
     float* acc = accs.data() + (m - ms.data()) * p.D;
-    // page-aligned chunk c of keys j0..hi
-    const int64_t pg0 = blk.j0 / p.ps, pages = blk.hi < 0 ? 0 : blk.hi / p.ps - pg0 + 1;
+    // chunk c of keys j0..hi, aligned to granules of at most CHUNK_GRANULE keys (pages
+    // of paged pools; a dense cache viewed as one page per row is split too)
+    const int64_t g = std::min<int64_t>(p.ps, CHUNK_GRANULE);
+    const int64_t pg0 = blk.j0 / g, pages = blk.hi < 0 ? 0 : blk.hi / g - pg0 + 1;
     const int64_t per = (pages + n_chunks - 1) / n_chunks;
-    const int64_t k0 = std::max(blk.j0, (pg0 + c * per) * p.ps);
-    const int64_t k1 = std::min(blk.hi, (pg0 + (c + 1) * per) * p.ps - 1);
+    const int64_t k0 = std::max(blk.j0, (pg0 + c * per) * g);
+    const int64_t k1 = std::min(blk.hi, (pg0 + (c + 1) * per) * g - 1);
     chunk(p, blk, k0, k1, m, l, acc);
   });
   parallel_for(pool, n_blocks, [&](int64_t i) {
