@@ -43,6 +43,8 @@ from llamay.quant.act_quant import (
 )
 from llamay.quant.cpu_dot import CHUNK_ELEMS, chunked_rows, keep_on_thunks
 from llamay.quant.formulas import unpack_bits
+from llamay.quant.ggml_iq_dot import IQ_DOT_TYPES, iq_dot
+from llamay.quant.ggml_iq_dot import kernel_for as iq_kernel_for
 from llamay.quant.layouts import blocks_of, jax_backend, layout_of
 from llamay.quant.matrix import Matrix, SpecFn
 
@@ -192,10 +194,8 @@ def dequant_matmul(x: jax.Array, w: QTensor) -> jax.Array:
 
 _T = GGMLType
 _Q8_ACTS = {_T.Q8_0: quantize_q8_0, _T.Q8_1: quantize_q8_1}
-# Weights with ggml's integer block dot emulated here; the others of the Q8_0 family
-# (IQ4_NL, MXFP4), like the i-quants and TQ* of the Q8_K family, take the rounded
-# activations against the dequantised weight (`dequant_matmul`): llama.cpp's values up
-# to the order of summation, not bit for bit.
+# Weights with ggml's integer block dot emulated here; the i-quants, TQ* and the Q8_0
+# family's IQ4_NL and MXFP4 in `ggml_iq_dot`.
 _Q8_BLOCK_TYPES = (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0)
 _FLOAT_DOTS = {  # vec_dot type -> (sgemm dot, its k step, vec dot)
     _T.F32: (ggml_float.dot_f32_sgemm, 16, ggml_float.dot_f32_vec),
@@ -267,6 +267,9 @@ def _ggml_kernel(x: jax.Array, w: QTensor, batched: bool | None = None):
     if dot == _T.Q8_K and t in _KQUANT_DOTS:
         repacked = t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0
         return on(_kquant_dot, "repack" if repacked else "tiled" if n >= 8 else t.name)
+    if t in IQ_DOT_TYPES:  # the i-quants, TQ1_0/TQ2_0, MXFP4: `ggml_iq_dot`
+        kernel = iq_kernel_for(t, n_rows, n)
+        return lambda x, data: iq_dot(x, data, t, kernel)
 
     return on(dequant_matmul)
 
