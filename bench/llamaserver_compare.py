@@ -1,9 +1,13 @@
 """`llamay serve` against llama.cpp's `llama-server -np N` on the same GGUF (issues 5, 18).
 
     .venv/bin/python -m bench.llamaserver_compare [--model smollm2:135m] [--streams 1,4,8,16]
-        [--tokens 64] [--prefix 2000] [--reps 2]
+        [--tokens 64] [--prefix 2000] [--reps 2] [--quick] [--no-prime] [--label quiet]
         [--engines llama-server,llama-server-passive,llamay]
         [--resume bench/results/llamaserver-<time>.json] [--llama-server PATH] [--dry-run]
+
+    # the lead's end-of-session run, on a quiet machine (about 15-25 min with a primed
+    # program cache; `--quick`: N = 1 and 8, 32 tokens, one rep, a 1,000-token prefix)
+    .venv/bin/python -m bench.llamaserver_compare --label quiet
 
 HTTP against HTTP: both servers run as their own processes on a free loopback port and this
 process drives them with one client (httpx, asyncio) over the same API, llama.cpp's
@@ -12,9 +16,16 @@ process drives them with one client (httpx, asyncio) over the same API, llama.cp
 as many tokens. llamay's engine alone (`bench/batch.py`) would leave out the HTTP, JSON and
 detokenisation work that llama-server's numbers include.
 
+- `prime` (llamay, before anything is timed, unless `--no-prime`): each N's llamay server
+  started once and stopped when fully ready (`/health` `{"status": "ok"}`, nothing
+  warming), so its step programs are in the program cache (`$LLAMAY_CACHE/programs`) and
+  the timed servers read them back in seconds (`prime_ready_s`: that start's readiness,
+  minutes on a fresh cache). As `llamay warmup` before `llamay serve`.
 - `fresh` N (first on every server, once `/health` is 200): `ready_s`, the seconds from the
-  server's start to its first 200 from `/health` (llamay: loading and priming its programs),
-  and `first_request_s`, one 8-token prompt + 4 tokens, end to end.
+  server's start until it is ready with nothing warming (llamay: loading and priming its
+  programs), `serving_s` its first 200 (llamay serves from there on while the rest
+  builds: `llamay.serve.readiness`; llama-server: equal to `ready_s`), and
+  `first_request_s`, one 8-token prompt + 4 tokens, end to end.
 - `ttft` (on the N = 1 servers, before anything else but `fresh`): a `--prefix`-token prompt +
   8 tokens (uncached), then the same prefix + 8 other tokens (cached: llama-server's
   `cache_prompt` slot reuse, llamay's prefix cache); the first such pair is the fresh
@@ -77,7 +88,8 @@ DEFAULT_BINARY = Path.home() / ".cache" / "llamay" / "llama-server" / "build" / 
 ENGINES = ("llama-server", "llama-server-passive", "llamay")
 PROMPT_TOKENS = 8  # the decode prompts and the tails after the TTFT prefix
 METRICS = {
-    "fresh": ("ready_s", "first_request_s"),
+    "prime": ("prime_ready_s",),
+    "fresh": ("serving_s", "ready_s", "first_request_s"),
     "ttft": ("first_miss_s", "first_hit_s", "ttft_uncached_s", "ttft_cached_s"),
     "decode": ("decode_tok_s", "ttft_p50_s", "ttft_p99_s"),
 }
@@ -215,12 +227,14 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)
 
 
-async def measure_fresh(url: str, prompt: list[int], ready_s: float) -> dict:
-    """A fresh server's first request, end to end (nothing sent to it before)."""
+async def measure_fresh(url: str, prompt: list[int], ready: tuple[float, float]) -> dict:
+    """A fresh server's first request, end to end (nothing sent to it before); `ready`:
+    (its first /health 200, its readiness with nothing warming), seconds from its start."""
     async with http_client(url) as client:
         first = await complete(client, prompt, 4)
     return {
-        "ready_s": round(ready_s, 3),
+        "serving_s": round(ready[0], 3),
+        "ready_s": round(ready[1], 3),
         "first_request_s": round(first.t_end - first.t_start, 4),
         "first_request_ttft_s": round(first.ttft, 4),
     }
@@ -290,9 +304,11 @@ def server_env(engine: str) -> dict:
 
 
 @contextlib.contextmanager
-def running(cmd: list[str], port: int, env: dict, log: Path, timeout: float = 1800):
-    """Start `cmd` (its own process group), wait for GET /health = 200, yield its URL and
-    the seconds that took (a warming-up llamay answers 503 until it is ready)."""
+def running(cmd: list[str], port: int, env: dict, log: Path, timeout: float = 3600):
+    """Start `cmd` (its own process group), wait until GET /health says it is ready with
+    nothing warming, yield its URL and (seconds to its first 200, seconds to that): a
+    warming-up llamay answers 503 while it loads, then 200 with a "warming" field while
+    the rest of its programs build (`llamay.serve.readiness`)."""
     import httpx
 
     url = f"http://127.0.0.1:{port}"
@@ -303,18 +319,22 @@ def running(cmd: list[str], port: int, env: dict, log: Path, timeout: float = 18
                                 start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + timeout
+        serving = None
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(
                     f"{cmd[0]} exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
                 )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                r = httpx.get(url + "/health", timeout=5)
+                if r.status_code == 200:
+                    serving = serving or time.perf_counter() - t0
+                    if "warming" not in r.json():
+                        break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{cmd[0]} not healthy after {timeout} s")
+                raise RuntimeError(f"{cmd[0]} not ready after {timeout} s")
             time.sleep(0.3)
-        yield url, time.perf_counter() - t0
+        yield url, (serving, time.perf_counter() - t0)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 15)
@@ -440,6 +460,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tokens", type=int, default=64, help="generated tokens per stream")
     ap.add_argument("--prefix", type=int, default=2000, help="TTFT prefix tokens (0: no TTFT)")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="N = 1 and 8, 32 tokens, 1 rep, a 1000-token prefix (unless given)",
+    )
+    ap.add_argument(
+        "--no-prime",
+        dest="prime",
+        action="store_false",
+        help="do not start each llamay server once first to fill its program cache",
+    )
+    ap.add_argument("--label", default="", help="in the results file's name and the table")
     ap.add_argument("--threads", type=int, default=2, help="llama-server -t/-tb")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--llama-server", default=None, help="the binary (default: see docstring)")
@@ -448,7 +480,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dry-run", action="store_true", help="fake servers, no engines")
     ap.add_argument("--fake-server", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--fake-token-ms", type=float, default=2.0, help=argparse.SUPPRESS)
+    given = set(argv if argv is not None else sys.argv[1:])
     args = ap.parse_args(argv)
+    if args.quick:  # what was not given explicitly
+        for flag, name, value in (("--streams", "streams", "1,8"), ("--tokens", "tokens", 32),
+                                  ("--reps", "reps", 1), ("--prefix", "prefix", 1000)):  # fmt: skip
+            if not any(g == flag or g.startswith(flag + "=") for g in given):
+                setattr(args, name, value)
     if args.fake_server is not None:
         fake_server(args.fake_server, args.fake_token_ms)
         return {}
@@ -471,13 +509,16 @@ def main(argv: list[str] | None = None) -> dict:
             sys.exit(f"{path} was run with {doc['params']}, not {params}")
     else:
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        path = args.out_dir / f"llamaserver-{time.strftime('%Y%m%dT%H%M', time.gmtime())}.json"
+        label = f"{args.label}-" if args.label else ""
+        stamp = time.strftime("%Y%m%dT%H%M", time.gmtime())
+        path = args.out_dir / f"llamaserver-{label}{stamp}.json"
         doc = {"params": params, "rows": []}
     binary = llama_server_binary(args.llama_server)
     if binary and not args.dry_run:
         version = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
         doc["llama_server_version"] = (version.stdout + version.stderr).strip().splitlines()[-2:]
     doc["model_path"] = str(model)
+    doc["label"] = args.label
     done = {(r["engine"], r["kind"], r["streams"]) for r in doc["rows"]}
 
     vocab = normal_token_ids(model)
@@ -488,7 +529,24 @@ def main(argv: list[str] | None = None) -> dict:
         return [[vocab[i] for i in rng.integers(0, len(vocab), length)] for _ in range(count)]
 
     logs = Path(tempfile.mkdtemp(prefix="llamaserver-bench-"))
-    for n, kinds in plan([int(s) for s in args.streams.split(",")], args.prefix > 0):
+    streams = [int(s) for s in args.streams.split(",")]
+    if args.prime and "llamay" in engines:
+        for n in sorted({n for n, _ in plan(streams, args.prefix > 0)}):
+            if ("llamay", "prime", n) in done:
+                continue
+            port = free_port()
+            cmd = server_command("llamay", args, model, n, port)
+            load0 = os.getloadavg()
+            with running(cmd, port, server_env("llamay"), logs / f"prime-{n}.log") as (_, ready):
+                pass
+            row = {"engine": "llamay", "kind": "prime", "streams": n,
+                   "prime_ready_s": round(ready[1], 3)}  # fmt: skip
+            row["loadavg"] = [round(v, 2) for v in (*load0, *os.getloadavg())]
+            row["time"] = time.strftime("%H:%M:%S", time.gmtime())
+            doc["rows"].append(row)
+            path.write_text(json.dumps(doc, indent=1) + "\n")
+            print("# " + json.dumps(row), flush=True)
+    for n, kinds in plan(streams, args.prefix > 0):
         work = {
             "fresh": prompts((n, 4), 1)[0],
             "decode": (prompts((n, 0), n), prompts((n, 1), n)),  # timed, warm-up
@@ -502,12 +560,12 @@ def main(argv: list[str] | None = None) -> dict:
             cmd = server_command(engine, args, model, n, port)
             with running(cmd, port, server_env(engine), logs / f"{engine}-{n}.log") as (
                 url,
-                ready_s,
+                ready,
             ):
                 for kind in todo:
                     load0 = os.getloadavg()
                     if kind == "fresh":
-                        coro = measure_fresh(url, work[kind], ready_s)
+                        coro = measure_fresh(url, work[kind], ready)
                     elif kind == "decode":
                         coro = measure_decode(url, *work[kind], args.tokens, args.reps)
                     else:
@@ -522,6 +580,9 @@ def main(argv: list[str] | None = None) -> dict:
                     print("# " + json.dumps(row), flush=True)
     doc["summary"] = summarise(doc["rows"])
     path.write_text(json.dumps(doc, indent=1) + "\n")
+    load = [round(v, 2) for v in os.getloadavg()]
+    label = args.label or "unlabelled"
+    print(f"# {label}: load average {load} at the end (each row's is in the file)")
     print(table(doc["summary"]))
     print(f"# wrote {path} (server logs in {logs})")
     return doc

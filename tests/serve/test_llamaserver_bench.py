@@ -92,12 +92,16 @@ def test_dry_run_against_fake_servers_and_resume(B, tmp_path):
     doc = _run(B, tmp_path, "--dry-run")
     rows = {(r["engine"], r["kind"], r["streams"]): r for r in doc["rows"]}
     kinds = (("fresh", 1), ("decode", 1), ("ttft", 1), ("fresh", 3), ("decode", 3))
-    assert sorted(rows) == sorted((e, k, n) for e in B.ENGINES for k, n in kinds)
+    primed = [("llamay", "prime", 1), ("llamay", "prime", 3)]  # its program cache filled first
+    assert sorted(rows) == sorted([(e, k, n) for e in B.ENGINES for k, n in kinds] + primed)
+    assert [r["kind"] for r in doc["rows"][:2]] == ["prime", "prime"]
     # the fakes' sleeps (server_command)
     token_ms = {"llama-server": 2.0, "llama-server-passive": 3.0, "llamay": 4.0}
     for (engine, kind, n), r in rows.items():
-        if kind == "fresh":
-            assert r["ready_s"] > 0
+        if kind == "prime":
+            assert r["prime_ready_s"] > 0
+        elif kind == "fresh":
+            assert 0 < r["serving_s"] <= r["ready_s"]
             assert r["first_request_s"] >= 4 * token_ms[engine] / 1e3  # 4 tokens
         elif kind == "decode":
             assert r["tokens_per_stream"] == [6]
@@ -124,6 +128,12 @@ def test_dry_run_against_fake_servers_and_resume(B, tmp_path):
     assert {(r["engine"], r["streams"]) for r in more["rows"][len(doc["rows"]) :]} == {
         (e, 2) for e in B.ENGINES
     }
+    assert ("llamay", "prime", 2) in {(r["engine"], r["kind"], r["streams"]) for r in more["rows"]}
+    quick = B.main(["--dry-run", "--quick", "--engines", "llama-server", "--prefix", "0",
+                    "--out-dir", str(tmp_path / "quick")])  # fmt: skip
+    assert quick["params"] == {"model": "smollm2:135m", "tokens": 32, "prefix": 0, "reps": 1,
+                               "threads": 2, "dry_run": True}  # fmt: skip
+    assert sorted({r["streams"] for r in quick["rows"]}) == [1, 8]
     with pytest.raises(SystemExit, match="was run with"):
         B.main(["--tokens", "7", "--dry-run", "--resume", str(saved)])
 
