@@ -82,6 +82,10 @@ def attention(
               q_prescaled=q_prescaled)  # fmt: skip
     be = backend()
     quantised = kv_cache.is_quantised(k) or kv_cache.is_quantised(v)
+    if numerics == "llamacpp" and be.native and not quantised:
+        y = kernels_cpu.ggml_attention(q, k, v, q_pos, page_table, layer, **kw)
+        if y is not None:
+            return y
     if be.native and (page_table is not None or not quantised):  # paged: any KV type
         if page_table is not None:
             y = kernels_cpu.paged_attention(q, k, v, page_table, q_pos, layer, **kw)

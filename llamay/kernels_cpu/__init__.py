@@ -10,8 +10,11 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
 - `paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw)`: exact
   attention through page tables read in place (`attention.py`), the arguments of
   `llamay.kernels.paged_reference`.
+- `ggml_attention(q, k, v, q_pos, page_table=None, layer=None, **kw)`: numerics="llamacpp"
+  attention over a dense cache or pages read in place (`ggml_attention.py`), bit for bit
+  `llamay.kernels.ggml_attention.attention`.
 """
 
-from llamay.kernels_cpu.plug import available, matmul, paged_attention
+from llamay.kernels_cpu.plug import available, ggml_attention, matmul, paged_attention
 
-__all__ = ["available", "matmul", "paged_attention"]
+__all__ = ["available", "ggml_attention", "matmul", "paged_attention"]

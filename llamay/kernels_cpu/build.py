@@ -43,11 +43,18 @@ SOURCES = {
     "qmatmul_ggml.cc": ("-ffp-contract=off",),
     "qmatmul_exact.cc": ("-ffp-contract=fast",),
     "paged_attention.cc": ("-ffp-contract=fast",),
+    "ggml_attention.cc": ("-ffp-contract=off",),
 }
 HEADERS = ("blocks.h", "operands.h", "parallel.h")
 #: Headers written at build time (into the build directory, on the include path).
 GENERATED = ("iq_tables.h",)
-HANDLERS = ("LlamayQmmExact", "LlamayQmmQ8", "LlamayQmmQ8K", "LlamayPagedAttention")
+HANDLERS = (
+    "LlamayQmmExact",
+    "LlamayQmmQ8",
+    "LlamayQmmQ8K",
+    "LlamayPagedAttention",
+    "LlamayGgmlAttention",
+)
 
 log = logging.getLogger("llamay.kernels_cpu")
 

@@ -1,5 +1,6 @@
 """The plug point the dispatcher (`llamay.kernels`) asks at trace time: `available`,
-`matmul`, `paged_attention` (the package docstring says what each returns)."""
+`matmul`, `paged_attention`, `ggml_attention` (the package docstring says what each
+returns)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import jax
 from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.attention import paged_attention_native
 from llamay.kernels_cpu.build import targets
+from llamay.kernels_cpu.ggml_attention import ggml_attention_native
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
 from llamay.quant import MixedQTensor, QTensor
 
@@ -75,3 +77,13 @@ def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw) ->
     if jax.default_backend() != "cpu" or q.shape[1] > NATIVE_MAX_QUERY_TOKENS:
         return None
     return paged_attention_native(q, k_pages, v_pages, page_table, q_pos, layer, **kw)
+
+
+def ggml_attention(q, k, v, q_pos, page_table=None, layer=None, **kw) -> jax.Array | None:
+    """numerics="llamacpp" attention by the native kernel (`ggml_attention.
+    ggml_attention_native`: bit for bit `llamay.kernels.ggml_attention.attention`), over a
+    dense cache (page_table None) or pages read in place; None when it does not apply
+    (softcaps, f32 or quantised caches, not on CPU) or is not built."""
+    if jax.default_backend() != "cpu":
+        return None
+    return ggml_attention_native(q, k, v, q_pos, page_table, layer, **kw)
