@@ -27,7 +27,7 @@ from llamay.arch import Architecture, get_architecture
 from llamay.arch.validate import check_tensors
 from llamay.engine import Generation, Runtime, check_prompt, padded_batch
 from llamay.engine.api import Handle, Request
-from llamay.errors import ConstraintIncompleteError, RequestError
+from llamay.errors import ConstraintIncompleteError, ImageError, RequestError
 from llamay.gguf import GGUFFile
 from llamay.kv import bucket, new_dense_kv
 from llamay.kv.types import kv_pair, kv_type
@@ -216,6 +216,7 @@ class Model:
                 f"model's embedding width {self.config.d_model} (an mmproj for another model?)"
             )
         self.projector = proj
+        self.close()  # the next engine sizes its steps for the projector's images
         return self
 
     def close(self) -> None:
@@ -474,9 +475,8 @@ class Model:
         `samplers`...) pass through `sampling` to `Sampler`.
 
         `images` (a model loaded with `mmproj=`): one per `<__media__>` in the prompt, each
-        encoded bytes, a path, a PIL image or an HxWx3 uint8 array (`llamay.multimodal`;
-        these run on a dense single-sequence cache, not the batching engine, without
-        structured output).
+        encoded bytes, a path, a PIL image or an HxWx3 uint8 array (`llamay.multimodal`:
+        their embeddings in place of tokens, in the same engine, prefix cache included).
 
         `lora` (a model loaded with adapters): this call's scale per adapter, {index: scale}
         (the others off; `{}`: the base model) or one per adapter; None: the load's scales.
@@ -493,11 +493,14 @@ class Model:
         con = self.constraint(
             json_schema, grammar, regex, choices, json, lenient, after, format, closed_objects
         )
+        spans = ()
         if images is not None:
-            return self._generate_images(prompt, images, max_tokens, sampler, con, stream)
-        ids = self.tokenize(prompt, add_special=True, parse_special=True)
+            ids, spans = self._image_prompt(prompt, images)
+        else:
+            ids = self.tokenize(prompt, add_special=True, parse_special=True)
         engine = self.engine
-        handle = engine.submit(Request(ids, max_tokens, sampler, constraint=con, lora=lora))
+        request = Request(ids, max_tokens, sampler, constraint=con, lora=lora, images=spans)
+        handle = engine.submit(request)
         pieces = self._stream_text(engine, handle)
         if stream:
             return pieces
@@ -510,24 +513,17 @@ class Model:
             raise
         return "".join(out)
 
-    def _generate_images(self, prompt, images, max_tokens, sampler, con, stream):
+    def _image_prompt(self, prompt: str, images) -> tuple[list[int], tuple]:
+        """(prompt ids, `ImageSpan`s) of a prompt with images (`llamay.multimodal.layout`)."""
         from llamay import multimodal
 
-        if con is not None:
-            raise RequestError("structured output with images is not supported yet")
-        ids = multimodal.generate_ids(self, prompt, images, max_tokens, sampler)
-
-        def pieces():
-            dec = IncrementalDecoder(self.tokenizer)
-            for tok in ids:
-                piece = dec.feed(tok)
-                if piece:
-                    yield piece
-            tail = dec.flush()
-            if tail:
-                yield tail
-
-        return pieces() if stream else "".join(pieces())
+        if self.projector is None:
+            raise ImageError(
+                "this model has no vision projector: load it with mmproj=FILE "
+                "(llama-server's --mmproj) to give it images"
+            )
+        p = multimodal.layout(self.tokenizer, self.projector, prompt, images)
+        return p.ids, p.images
 
     def _stream_text(self, engine, handle: Handle) -> Iterator[str]:
         dec = IncrementalDecoder(self.tokenizer)

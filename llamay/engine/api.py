@@ -30,6 +30,25 @@ from llamay.sample import Sampler
 _ids = itertools.count(1)
 
 
+@dataclass(frozen=True)
+class ImageSpan:
+    """An image's embeddings in a request's prompt (`llamay.multimodal.layout` makes them):
+    prompt positions `start` .. `start + len(embeddings) - 1` hold its placeholder id (a
+    negative id derived from the image's content hash: the prefix tree keys those positions
+    by it, so a later request with the same image reuses them and another image does not),
+    and the model sees `embeddings` [n, E] there in place of token embeddings.
+    `bidirectional`: its positions attend to one another non-causally, fed as a step of
+    their own (Gemma 3: mtmd_decode_use_non_causal)."""
+
+    start: int
+    embeddings: Any  # [n, E] float32
+    bidirectional: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.embeddings)
+
+
 @dataclass
 class Request:
     prompt_ids: list[int]
@@ -55,6 +74,9 @@ class Request:
     draft_max: int | None = None
     draft_min: int | None = None
     draft_p_min: float | None = None
+    # Images (`ImageSpan`s, in prompt order): their positions in prompt_ids hold their
+    # placeholder ids; the engine feeds their embeddings there
+    images: tuple[ImageSpan, ...] = ()
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
 

@@ -33,21 +33,26 @@ def paged_step(
     last,
     local_table=None,
     local_base=None,
+    embeds=None,
 ):
     """The forward half of a step over R packed rows: tokens/positions [R, T],
     page_table [R, M], last [R] (index in T of each row's last fed token), local_table
     [R, W] and local_base [R] (the local pool's tables, and the position each one's slot
-    0 holds: sliding-window models) or None. Returns (logits [R, V] at each row's last
+    0 holds: sliding-window models) or None, embeds: (values [R, T, E], mask [R, T]) of
+    the image embeddings fed in place of tokens (`forward`'s `embeds`) or None (text
+    steps: their programs as without images). Returns (logits [R, V] at each row's last
     token, kv). Sampling is its own program (`paged_sample`), so what only sampling
     varies (constraint masks, top-N log-probabilities) compiles a program per row count,
     not one per step shape."""
-    x, kv = paged_hidden(cfg, weights, kv, tokens, positions, page_table, local_table, local_base)
+    x, kv = paged_hidden(
+        cfg, weights, kv, tokens, positions, page_table, local_table, local_base, embeds
+    )
     x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
     return architecture_of(cfg).head(cfg, weights, x_last)[:, 0], kv
 
 
 def paged_hidden(
-    cfg, weights, kv, tokens, positions, page_table, local_table=None, local_base=None
+    cfg, weights, kv, tokens, positions, page_table, local_table=None, local_base=None, embeds=None
 ):
     """The blocks over the paged pool (the arguments of `paged_step`): (final hidden
     states [R, T, E] at every fed position, kv)."""
@@ -60,6 +65,7 @@ def paged_hidden(
         page_table=page_table,
         local_table=local_table,
         local_base=local_base,
+        embeds=embeds,
     )
     return x, kv
 

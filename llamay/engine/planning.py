@@ -76,6 +76,9 @@ class Plan:
     state: SamplerState | None = None  # the sampler state the step returned
     mask: Any = None  # packed allowed-token masks [R, W] on device (constraints) or None
     lora: np.ndarray | None = None  # [R, N] each row's adapter scales (None: no adapters)
+    # image embeddings fed in place of tokens: (values [R, T, E], mask [R, T]) or None
+    embeds: tuple[np.ndarray, np.ndarray] | None = None
+    causal: bool = True  # False: a step over bidirectional images' positions (`_in_image`)
 
 
 class RequestFailed(Exception):
@@ -101,7 +104,7 @@ class Planner:
         if after is not None:
             feed = [1] * len(rows)
         else:
-            feed = [min(len(a.seq.pending), self.chunk) for a in rows]
+            feed = [self._feed(a) for a in rows]
         T = 1 if max(feed) <= 1 else bucket(max(feed), 16)
         with self._lock:
             for j, a in enumerate(rows):
@@ -114,6 +117,8 @@ class Planner:
             s, n, start = a.seq, feed[j], a.seq.n_cached + done[j]
             if after is None:
                 p.tokens[j, :n] = s.pending[:n]
+                if a.handle.request.images:
+                    self._place_images(p, j, a, start, n)
             p.positions[j, :n] = np.arange(start, start + n)
             p.table[j, : len(s.pages)] = s.pages
             if p.local is not None:  # from the first page the step's queries can see
@@ -126,7 +131,46 @@ class Planner:
                 p.lora[j] = a.lora
             p.sampling[j] = after is not None or n == len(s.pending)
         p.mask = self._masks(p)
+        if after is None and any(a.handle.request.images for a in rows):
+            p.causal = not self._in_image(rows[0])
+            if any(self._in_image(a) == p.causal for a in rows):
+                raise ValueError("a step mixes bidirectional image rows with others")
         return p
+
+    def _feed(self, a: Active) -> int:
+        """Positions a row feeds next: its pending tokens up to the chunk, ending before a
+        bidirectional image; at one, the rest of that image, in a step of its own (every
+        position of the image sees all of it, as mtmd decodes it: one batch)."""
+        s = a.seq
+        n, p = min(len(s.pending), self.chunk), s.n_cached
+        for im in a.handle.request.images:
+            if not im.bidirectional or im.end <= p:
+                continue
+            if im.start <= p:
+                return im.end - p
+            return min(n, im.start - p)
+        return n
+
+    @staticmethod
+    def _in_image(a: Active) -> bool:
+        """Whether a row's next position is inside a bidirectional image."""
+        p = a.seq.n_cached
+        return any(im.bidirectional and im.start <= p < im.end for im in a.handle.request.images)
+
+    def _place_images(self, p: Plan, j: int, a: Active, start: int, n: int) -> None:
+        """Row j's image embeddings over the positions [start, start + n) it feeds (their
+        placeholder ids fed as token 0: never looked up)."""
+        for im in a.handle.request.images:
+            lo, hi = max(start, im.start), min(start + n, im.end)
+            if lo >= hi:
+                continue
+            if p.embeds is None:
+                R, T = p.tokens.shape
+                width = im.embeddings.shape[-1]
+                p.embeds = (np.zeros((R, T, width), np.float32), np.zeros((R, T), bool))
+            p.embeds[0][j, lo - start : hi - start] = im.embeddings[lo - im.start : hi - im.start]
+            p.embeds[1][j, lo - start : hi - start] = True
+            p.tokens[j, lo - start : hi - start] = 0
 
     def _blank_plan(self, R: int, T: int, M: int) -> Plan:
         """The inputs of a step over R rows of T tokens with M-page tables, every row

@@ -106,13 +106,17 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         self.local_layers = local_layers(cfg)
         n_local = int(self.local_layers.sum())
         window = cfg.window if n_local else 0
+        # the most positions one step feeds a row: a chunk, or a whole image chunk
+        # (bidirectional images go in one step: `Planner._feed`)
+        proj = getattr(model, "projector", None)
+        feed = max(chunk, proj.cfg.tokens_per_image if proj is not None else 0)
         if n_local and local_pages is None:
-            bound = local_bound(window, page_size, max(2, chunk), self.n_ctx)
+            bound = local_bound(window, page_size, max(2, feed), self.n_ctx)
             local_pages = min(n_pages, 2 * slots * bound + 1)
         local_pages = local_pages if n_local else 0
         max_local = max(max_pages or n_pages, local_pages)
         self.mgr = KVManager(
-            n_pages, page_size, prefix_cache, max_pages, window, local_pages, max_local, chunk
+            n_pages, page_size, prefix_cache, max_pages, window, local_pages, max_local, feed
         )
         self.kv = new_paged_kv(
             cfg.n_layers,
@@ -224,7 +228,9 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         logprobs = r.logprobs if r.logprobs is not None else (r.sampler.n_probs or None)
         if logprobs is not None and not 0 <= logprobs <= LOGPROB_WIDTH_MAX:
             raise RequestError(f"logprobs must be in [0, {LOGPROB_WIDTH_MAX}], not {logprobs}")
-        self._check_ids(r.prompt_ids)
+        self._check_ids(_text_ids(r) if r.images else r.prompt_ids)
+        if r.images:
+            self._check_images(r, seq)
         sampler = dataclasses.replace(r.sampler, n_probs=0)
         try:  # what the batch will build from it, once, here: it fails alone if it must
             self._stack([sampler])
@@ -272,6 +278,34 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         for t in ids:
             if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t < top:
                 raise RequestError(f"prompt token id {t!r} is not in the vocabulary (0..{top - 1})")
+
+    def _check_images(self, r: Request, seq: SeqKV | None) -> None:
+        """A request's `ImageSpan`s: in order, inside the prompt, over placeholder ids,
+        of the model's embedding width; a bidirectional one within one step's feed."""
+        if seq is not None:
+            raise RequestError(
+                "images in a continued (forked or restored) sequence are not supported"
+            )
+        end, width = 0, getattr(self.cfg, "d_model", None)
+        for im in r.images:
+            shape = getattr(im.embeddings, "shape", ())
+            if len(shape) != 2 or not shape[0] or (width is not None and shape[1] != width):
+                raise RequestError(
+                    f"an image's embeddings must be [tokens, {width}], not {list(shape)}"
+                )
+            if not end <= im.start < im.end <= len(r.prompt_ids):
+                raise RequestError(
+                    f"image positions {im.start}..{im.end - 1} are not in order inside the "
+                    f"prompt of {len(r.prompt_ids)} tokens"
+                )
+            if any(t >= 0 for t in r.prompt_ids[im.start : im.end]):
+                raise RequestError("an image's prompt positions must hold its placeholder ids")
+            if im.bidirectional and shape[0] > self.mgr.max_feed:
+                raise RequestError(
+                    f"an image of {shape[0]} tokens is longer than a step feeds "
+                    f"({self.mgr.max_feed}): the engine was made before the model's projector"
+                )
+            end = im.end
 
     def _reap_cancelled(self) -> None:
         for i, a in enumerate(self.slots):
@@ -369,7 +403,7 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
                 s = dataclasses.replace(a.sampler, n_probs=self._width())
                 try:
                     self._stack([s])
-                    SamplerState.init([s], [a.seq.tokens], history=self.n_ctx)
+                    SamplerState.init([s], [_history(a.seq.tokens)], history=self.n_ctx)
                 except Exception as own:
                     failed[a] = own
             if not failed:
@@ -405,12 +439,26 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
             pad = [fresh[-1]] * (bucket(len(fresh), 1) - len(fresh))
             rows = SamplerState.init(
                 [samplers[i] for i in fresh + pad],
-                [self.slots[i].seq.tokens for i in fresh + pad],
+                [_history(self.slots[i].seq.tokens) for i in fresh + pad],
                 history=self.n_ctx,  # the whole context: llama.cpp's repeat_last_n=-1
             )
             self._state = set_rows(self._state, fresh, rows)
             for i in fresh:
                 self.slots[i].fresh = False
+
+
+def _text_ids(r: Request) -> list[int]:
+    """A request's prompt ids outside its images' positions."""
+    keep = np.ones(len(r.prompt_ids), bool)
+    for im in r.images:
+        keep[max(0, im.start) : max(0, im.end)] = False
+    return [t for t, k in zip(r.prompt_ids, keep, strict=True) if k]
+
+
+def _history(tokens: list[int]) -> list[int]:
+    """The penalty history a sequence seeds its sampler with: its token ids, without
+    images' placeholders (negative)."""
+    return [t for t in tokens if t >= 0] if tokens and min(tokens) < 0 else tokens
 
 
 def _devices(tree) -> set:

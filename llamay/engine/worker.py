@@ -7,6 +7,7 @@ decodes and nothing waits, the next step is dispatched before this one is read b
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 
@@ -89,6 +90,13 @@ class StepWorker:
         busy = [i for i, a in enumerate(self.slots) if a is not None]
         decode = [i for i in busy if len(self.slots[i].seq.pending) == 1]
         prefill = [i for i in busy if len(self.slots[i].seq.pending) > 1]
+        images = [i for i in prefill if self._in_image(self.slots[i])]
+        if images:  # bidirectional images' positions: a non-causal step of their own
+            plan = self._plan(images)
+            self._complete(plan, np.asarray(self._dispatch(plan)))
+            prefill = [i for i in prefill if i not in images]
+            if not decode and not prefill:
+                return
         if decode and self.spec is not None and self._speculate(decode, prefill):
             return  # a verify step over the drafts (`llamay.engine.speculative`)
         plans = [self._plan(g) for g in (decode, prefill) if g]
@@ -158,8 +166,9 @@ class StepWorker:
             )
         )
         fed = fed if tokens is None else tokens
+        cfg = self.cfg if plan.causal else dataclasses.replace(self.cfg, causal=False)
         step = (
-            self.cfg,
+            cfg,
             row_weights(self.weights, plan.lora),  # each row's LoRA scales, if any
             self.kv,
             fed,
@@ -167,6 +176,7 @@ class StepWorker:
             table,
             last,
             *(local or (None, None)),
+            None if plan.embeds is None else jax.device_put(plan.embeds),
         )
         return step, (sampling, slots, params, state, plan.mask)
 

@@ -1,17 +1,17 @@
 """Images in HTTP requests (issue 25): data URLs and base64 payloads to bytes, and a
 generation over an image prompt for `TextGen` (its `start` hook).
 
-Image requests run through `llamay.multimodal` (the prompt laid out as llama.cpp's mtmd
-lays it out, the images' embeddings in place of tokens) on a dense single-sequence cache in
-a thread of their own, not in the batching engine: they are not in the prefix cache yet.
-http(s) image URLs are refused: the server fetches nothing from the network.
+Image requests run in the model's batching engine like any other (`llamay.multimodal`: the
+prompt laid out as llama.cpp's mtmd lays it out, each image's embeddings carried by the
+request and fed in place of its placeholder ids, which the prefix tree keys by the image's
+content). http(s) image URLs are refused: the server fetches nothing from the network.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import threading
+import dataclasses
 
 from llamay.engine.api import Handle, Request
 from llamay.errors import ImageError
@@ -54,9 +54,9 @@ def url_bytes(url: str, where: str) -> bytes:
 
 def image_prompt(lm, text: str, images: list[bytes]):
     """(prompt ids for counting, `start` for `TextGen`) of a rendered prompt with one
-    `<__media__>` per image. The ids hold 0 at image positions (never fed: the image's
-    embeddings take their place); `start` runs the generation in a thread and returns the
-    engine-style `Handle` TextGen reads."""
+    `<__media__>` per image. The ids hold 0 at image positions (what the edges count and
+    echo); `start` submits the request to the model's engine with the images'
+    placeholder ids and embeddings (`llamay.multimodal.layout`)."""
     from llamay import multimodal
 
     model = lm.model
@@ -65,29 +65,11 @@ def image_prompt(lm, text: str, images: list[bytes]):
             f"model {lm.name!r} has no vision projector: start the server with "
             "--mmproj FILE (llama-server's flag) to give it images"
         )
-    chs = multimodal.chunks(model.tokenizer, model.projector, text, images)
-    ids = [t for kind, c in chs for t in (c if kind == "text" else [0] * len(c))]
+    prompt = multimodal.layout(model.tokenizer, model.projector, text, images)
+    ids = [max(t, 0) for t in prompt.ids]
 
     async def start(request: Request) -> Handle:
-        handle = Handle(request)
-
-        def run() -> None:
-            n = 0
-            try:
-                gen = multimodal.generate_from_chunks(
-                    model, chs, request.max_tokens, request.sampler, request.stop_ids, handle.usage
-                )
-                for tok in gen:
-                    if handle.cancelled:
-                        handle._finish("cancelled")
-                        return
-                    handle._emit(tok)
-                    n += 1
-                handle._finish("length" if n >= request.max_tokens else "stop")
-            except BaseException as e:  # surfaced by the handle's iterator
-                handle._finish("error", e)
-
-        threading.Thread(target=run, name="llamay-image-request", daemon=True).start()
-        return handle
+        full = dataclasses.replace(request, prompt_ids=prompt.ids, images=prompt.images)
+        return lm.engine.submit(full)
 
     return ids, start

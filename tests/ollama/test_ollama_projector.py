@@ -13,6 +13,7 @@ from fixture_data import fixture, tiny_model_file, vision_mmproj
 from ollama_layout import OllamaLayout, go_json
 
 from llamay import library, multimodal
+from llamay.engine.api import Request
 from llamay.sample import Sampler
 from llamay.store import manifest as media
 
@@ -35,8 +36,9 @@ def test_projector_layer_is_the_models_mmproj(tmp_path: Path) -> None:
         assert m.projector is not None and m.projector.kind == "mlp"
         g = np.load(fixture("vision", "mlp.llamacpp.npz"))
         img = np.load(fixture("vision", "images.npz"))["wide45x29"]
-        ids = multimodal.generate_ids(m, str(g["prompt"]), [img], 1, Sampler(temperature=0))
-        assert list(ids) == [int(g["top_ids_wide45x29"][0])]  # a 0.77 margin
+        p = multimodal.layout(m.tokenizer, m.projector, str(g["prompt"]), [img])
+        h = m.engine.submit(Request(p.ids, 1, Sampler(temperature=0), images=p.images))
+        assert [ev.token_id for ev in h] == [int(g["top_ids_wide45x29"][0])]  # a 0.77 margin
     finally:
         m.close()
 

@@ -1,6 +1,9 @@
 """Images over HTTP (issue 25): `llamay serve --mmproj` and OpenAI `image_url` content parts
 (data URLs) through the official openai client over loopback, held to the library's
-`Model.generate(images=)` (itself held to llama.cpp in tests/vision); http URLs refused."""
+`Model.generate(images=)` (itself held to llama.cpp in tests/vision); http URLs refused.
+Image requests run in the server's batching engine: a second request with the same image
+takes the shared pages from its prefix tree (each API's cached-token count), another image
+does not."""
 
 from __future__ import annotations
 
@@ -16,6 +19,16 @@ import llamay
 from llamay import multimodal
 from llamay.serve import create_app
 from llamay.serve.models import Models
+
+PAGE = 16  # the server engine's page size (llamay.serve.models.make_engine)
+
+
+def _png(name: str) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.load(fixture("vision", "images.npz"))[name]).save(buf, format="PNG")
+    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -187,13 +200,14 @@ def test_same_image_reuses_the_cached_prefix(vision_server, png):
 
     first = ask("Cached: <__media__> one", b64)
     second = ask("Cached: <__media__> two", b64)
-    # "Cached: " and the image's 16 embeddings: what the two prompts share
+    # "Cached: " and the image's 16 embeddings: what the two prompts share, in whole pages
     with llamay.load(tiny_model_file("llama")) as m:
         n_text = len(m.tokenize("Cached: ", add_special=True, parse_special=True))
+    shared = (n_text + 16) // PAGE * PAGE
     assert first["timings"]["cache_n"] == 0
-    assert second["timings"]["cache_n"] == n_text + 16
+    assert second["timings"]["cache_n"] == shared > n_text  # image positions among them
     again = ask("Cached: <__media__> one", b64)
-    assert again["content"] == first["content"] and again["timings"]["cache_n"] == n_text + 16
+    assert again["content"] == first["content"] and again["timings"]["cache_n"] >= shared
     from PIL import Image
 
     buf = io.BytesIO()
@@ -265,3 +279,93 @@ def test_store_model_with_a_projector_layer_takes_images(tmp_path, monkeypatch, 
         prompt = chat_prompt(m, [{"role": "user", "content": "<__media__>"}])
     expect, n = _library(prompt, png, 2)
     assert r.choices[0].message.content == expect and r.usage.prompt_tokens == n
+
+
+def test_each_api_reuses_an_images_cached_prefix(vision_server, png):
+    """A chat's next request about the same image, through each official client, takes
+    the shared pages (image positions included) from the engine's prefix tree and counts
+    them (OpenAI cached_tokens, Anthropic cache_read_input_tokens, the server's prefix-cache
+    counter for Ollama, which reports none); a request with another image at the same
+    place reuses nothing of the image."""
+    openai, anthropic, ollama = oracle("openai"), oracle("anthropic"), oracle("ollama")
+    httpx = oracle("httpx")
+    other = _png("tall20x50")
+
+    def b64(img):
+        return base64.b64encode(img).decode()
+
+    def parts(text, img, image_part):
+        before, _, after = text.partition("<__media__>")
+        return [
+            {"type": "text", "text": before},
+            image_part(img),
+            {"type": "text", "text": after},
+        ]
+
+    client = openai.OpenAI(base_url=vision_server.url + "/v1", api_key="x")
+
+    def ask_openai(text, img):
+        url = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(img)}}
+        msg = {"role": "user", "content": parts(text, img, lambda _: url)}
+        r = client.chat.completions.create(
+            model="tiny", messages=[msg], max_tokens=2, temperature=0
+        )
+        return r.usage.prompt_tokens_details.cached_tokens
+
+    aclient = anthropic.Anthropic(base_url=vision_server.url, api_key="x")
+
+    def ask_anthropic(text, img):
+        source = {"type": "base64", "media_type": "image/png", "data": b64(img)}
+        block = {"type": "image", "source": source}
+        r = aclient.messages.create(
+            model="tiny",
+            max_tokens=2,
+            extra_body={"temperature": 0},
+            messages=[{"role": "user", "content": parts(text, img, lambda _: block)}],
+        )
+        return r.usage.cache_read_input_tokens
+
+    oclient = ollama.Client(host=vision_server.url)
+
+    def hits() -> float:
+        body = httpx.get(vision_server.url + "/metrics", timeout=30).text
+        line = next(x for x in body.splitlines() if x.startswith("llamay_prefix_cache_hit"))
+        return float(line.split()[-1])
+
+    def ask_ollama(text, img):  # the rendered chat prompt, raw
+        before = hits()
+        r = oclient.generate(
+            model="tiny",
+            prompt=chat(text),
+            images=[b64(img)],
+            raw=True,
+            options={"temperature": 0, "num_predict": 2},
+        )
+        assert r.prompt_eval_count == len(layout(text, img).ids)  # cached ones included
+        return hits() - before
+
+    with llamay.load(tiny_model_file("llama"), mmproj=vision_mmproj("mlp")) as m:
+
+        def chat(text):
+            return chat_prompt(m, [{"role": "user", "content": text}])
+
+        def layout(text, img):
+            return multimodal.layout(m.tokenizer, m.projector, chat(text), [img])
+
+        def expected(first, second, img):
+            """The second prompt's cached tokens after the first (with `png`): their
+            shared prefix in whole pages; and where its image starts."""
+            a, b = layout(first, png), layout(second, img)
+            common = 0
+            while common < min(len(a.ids), len(b.ids)) and a.ids[common] == b.ids[common]:
+                common += 1
+            return min(common, len(b.ids) - 1) // PAGE * PAGE, b.images[0].start
+
+        for api, ask in (("OpenAI", ask_openai), ("Claude", ask_anthropic), ("Ollama", ask_ollama)):
+            first = f"{api}, say what <__media__> shows."
+            second = f"{api}, say what <__media__> shows, briefly."
+            want, start = expected(first, second, png)
+            assert want > start, api  # the shared pages reach into the image
+            assert ask(first, png) <= start, api  # the template's text pages, at most
+            assert ask(second, png) == want, api
+            assert ask(second, other) <= expected(first, second, other)[1], api

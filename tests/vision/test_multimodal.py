@@ -1,8 +1,12 @@
 """Images in the token stream (llamay.multimodal) against llama.cpp's mtmd: the prompt's
-layout (mtmd_tokenize's tokens) and the logits after an image prompt, evaluated chunk by
-chunk as mtmd_helper_eval_chunks does (tests/fixtures/vision/README.md)."""
+layout (mtmd_tokenize's tokens) and the logits after an image prompt, run through the
+batching engine (each image's embeddings in place of its placeholder ids; gemma3's image a
+non-causal step of its own, as mtmd_helper_eval_chunks decodes it), its prefix tree keyed by
+the image's content (tests/fixtures/vision/README.md)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -10,9 +14,13 @@ from fixture_data import fixture, tiny_model_file, vision_mmproj
 
 import llamay
 from llamay import multimodal
-from llamay.errors import ImageError, ProjectorError
+from llamay.engine.api import Request
+from llamay.engine.scheduler import BatchEngine
+from llamay.errors import ImageError, ProjectorError, RequestError
 from llamay.sample import Sampler
 from llamay.vision import Projector
+
+GREEDY = Sampler(temperature=0)
 
 IMAGES = ("square32", "wide45x29", "tall20x50")
 PAIRS = {"gemma3": "gemma3", "mlp": "llama"}
@@ -33,7 +41,7 @@ def kind(request):
 
 @pytest.fixture(scope="module")
 def model(kind):
-    m = llamay.load(tiny_model_file(PAIRS[kind]), numerics="llamacpp")
+    m = llamay.load(tiny_model_file(PAIRS[kind]), numerics="llamacpp", mmproj=vision_mmproj(kind))
     yield m
     m.close()
 
@@ -61,40 +69,63 @@ def test_prompt_layout_equals_mtmd(model, projector, golden, images, name):
     assert _flat(chs) == golden[f"tokens_{name}"].tolist()
 
 
+def _top(engine, prompt, n_top=32, max_tokens=1, spans=None):
+    """(tokens, [{id: logprob}] per token, usage) of a greedy engine request over an
+    `ImagePrompt` (`spans`: its images replaced)."""
+    images = prompt.images if spans is None else spans
+    req = Request(prompt.ids, max_tokens, GREEDY, logprobs=n_top, images=images)
+    h = engine.submit(req)
+    evs = list(h)
+    return [e.token_id for e in evs], [dict(e.top_logprobs) for e in evs], h.usage
+
+
+def _error(top: dict, golden, name: str) -> float:
+    """The largest difference between the engine's log-probabilities and llama.cpp's
+    (its top logits less its log-sum-exp) over llama.cpp's top ids."""
+    ids = golden[f"top_ids_{name}"]
+    ref = golden[f"top_logits_{name}"] - float(golden[f"lse_{name}"])
+    got = np.array([top.get(int(i), -np.inf) for i in ids])
+    return float(np.abs(got - ref).max())
+
+
 @pytest.mark.parametrize("name", IMAGES)
-def test_logits_after_image_prompt_equal_llamacpp(model, projector, golden, images, kind, name):
-    chs = multimodal.chunks(model.tokenizer, projector, str(golden["prompt"]), [images[name]])
-    logits, _, n = multimodal.prefill(
-        model.config, model.weights, model.runtime.kv_dtype, chs, model.n_ctx
-    )
-    logits = np.asarray(logits, np.float64)
-    assert n == len(golden[f"tokens_{name}"])
-    ids, ref = golden[f"top_ids_{name}"], golden[f"top_logits_{name}"]
-    np.testing.assert_allclose(logits[ids], ref, atol=TOL[kind])
-    lse = logits.max() + np.log(np.exp(logits - logits.max()).sum())
-    assert abs(lse - float(golden[f"lse_{name}"])) < TOL[kind]
+def test_logits_after_image_prompt_equal_llamacpp(model, golden, images, kind, name):
+    """Through the engine: the log-probabilities after the image prompt (llama.cpp's top
+    logits less its log-sum-exp) and the greedy token, as llama.cpp computes them."""
+    p = multimodal.layout(model.tokenizer, model.projector, str(golden["prompt"]), [images[name]])
+    assert len(p.ids) == len(golden[f"tokens_{name}"])
+    toks, tops, usage = _top(model.engine, p)
+    assert usage.prompt_tokens == len(p.ids)
+    assert _error(tops[0], golden, name) < TOL[kind]
+    ref = golden[f"top_logits_{name}"]
     if ref[0] - ref[1] > TOL[kind]:
-        assert int(np.argmax(logits)) == int(ids[0])
+        assert toks[0] == int(golden[f"top_ids_{name}"][0])
+
+
+def test_gemma3_image_equals_llamacpp_bit_for_bit(images):
+    """The Gemma 3 pair's log-probabilities equal llama.cpp's to float rounding (the
+    engine's paged, batched path computes what mtmd's chunk-by-chunk decode does)."""
+    g = np.load(fixture("vision", "gemma3.llamacpp.npz"))
+    mmproj = vision_mmproj("gemma3")
+    with llamay.load(tiny_model_file("gemma3"), numerics="llamacpp", mmproj=mmproj) as m:
+        for name in IMAGES:
+            p = multimodal.layout(m.tokenizer, m.projector, str(g["prompt"]), [images[name]])
+            assert _error(_top(m.engine, p)[1][0], g, name) < 1e-5
 
 
 def test_gemma3_image_attends_non_causally(images):
     """mtmd decodes gemma3's image tokens with causal attention off; the causal variant's
-    logits are measurably further from llama.cpp's, so the test above checks that path."""
-    m = llamay.load(tiny_model_file("gemma3"), numerics="llamacpp")
-    p = Projector.load(vision_mmproj("gemma3"))
+    log-probabilities are measurably further from llama.cpp's, so the test above checks
+    that path."""
     g = np.load(fixture("vision", "gemma3.llamacpp.npz"))
-    chs = multimodal.chunks(m.tokenizer, p, str(g["prompt"]), [images["square32"]])
-    a, _, _ = multimodal.prefill(m.config, m.weights, m.runtime.kv_dtype, chs, 256)
-    saved = multimodal.NON_CAUSAL
-    try:
-        multimodal.NON_CAUSAL = frozenset()
-        b, _, _ = multimodal.prefill(m.config, m.weights, m.runtime.kv_dtype, chs, 256)
-    finally:
-        multimodal.NON_CAUSAL = saved
-        m.close()
-    ids, ref = g["top_ids_square32"], g["top_logits_square32"]
-    err_causal = np.abs(np.asarray(b)[ids] - ref).max()
-    err_ok = np.abs(np.asarray(a)[ids] - ref).max()
+    mmproj = vision_mmproj("gemma3")
+    with llamay.load(tiny_model_file("gemma3"), numerics="llamacpp", mmproj=mmproj) as m:
+        p = multimodal.layout(m.tokenizer, m.projector, str(g["prompt"]), [images["square32"]])
+        assert all(s.bidirectional for s in p.images)
+        causal = tuple(dataclasses.replace(s, bidirectional=False) for s in p.images)
+        err_ok = _error(_top(m.engine, p)[1][0], g, "square32")
+        m.close()  # a fresh engine: the prefix tree holds the non-causal image's K/V
+        err_causal = _error(_top(m.engine, p, spans=causal)[1][0], g, "square32")
     assert err_causal > 10 * max(err_ok, 1e-3), (err_causal, err_ok)
 
 
@@ -116,23 +147,22 @@ def test_idefics3_needs_its_marker_tokens(images):
 
 def test_load_with_mmproj_generates_from_an_image(images):
     """llamay.load(path, mmproj=...) and Model.generate(prompt, images=[...]): the first
-    greedy token is llama.cpp's top logit after the image prompt."""
+    greedy token is llama.cpp's top logit after the image prompt; structured output
+    constrains an image request as any other."""
     g = np.load(fixture("vision", "mlp.llamacpp.npz"))
     mmproj = vision_mmproj("mlp")
     with llamay.load(tiny_model_file("llama"), numerics="llamacpp", mmproj=mmproj) as m:
         assert m.projector is not None and m.projector.kind == "mlp"
-        ids = list(
-            multimodal.generate_ids(
-                m, str(g["prompt"]), [images["wide45x29"]], 3, Sampler(temperature=0)
-            )
-        )
-        assert ids[0] == int(g["top_ids_wide45x29"][0])
         text = m.generate(
             str(g["prompt"]), images=[images["wide45x29"]], max_tokens=3, temperature=0
         )
-        assert text == m.detokenize(ids)
+        assert m.tokenize(text, add_special=False)[0] == int(g["top_ids_wide45x29"][0])
         with pytest.raises(ImageError, match="1 <__media__> markers for 0 images"):
             m.generate("a <__media__>", images=[], max_tokens=1)
+        out = m.generate(
+            str(g["prompt"]), images=[images["wide45x29"]], choices=["cat", "dog"], temperature=0
+        )
+        assert out in ("cat", "dog")
 
 
 def test_images_need_a_projector_of_the_models_width(images):
@@ -169,21 +199,95 @@ def test_cli_generate_with_mmproj_and_image(images, tmp_path):
 
 
 def test_prefix_cache_is_keyed_by_image_content(images):
-    """The K/V up to an image prompt's last image are reused for the same text and image
-    (same logits), not for another image."""
-    with llamay.load(tiny_model_file("llama"), mmproj=vision_mmproj("mlp")) as m:
-        cache = multimodal.ImagePrefixCache()
-        cfg, w, kvt = m.config, m.weights, m.runtime.kv_dtype
+    """The engine's prefix tree keys an image's positions by its content: a second request
+    with the same image reuses the cached pages (counted in cached_tokens) and gets what a
+    fresh engine computes; another image at the same place shares nothing."""
+    mmproj = vision_mmproj("gemma3")
+    with llamay.load(tiny_model_file("gemma3"), numerics="llamacpp", mmproj=mmproj) as m:
+        ps = m.engine.page_size
 
-        def run(img, tail):
-            chs = multimodal.chunks(m.tokenizer, m.projector, "A <__media__>" + tail, [img])
-            logits, _, n, cached = multimodal.prefill_cached(cfg, w, kvt, chs, 256, 4, cache)
-            fresh, _, _ = multimodal.prefill(cfg, w, kvt, chs, 256, 4)
-            np.testing.assert_array_equal(np.asarray(logits), np.asarray(fresh))
-            return cached, n
+        def prompt(img, tail, head="A "):
+            return multimodal.layout(m.tokenizer, m.projector, head + "<__media__>" + tail, [img])
 
-        a = run(images["wide45x29"], " b")
-        assert a[0] == 0
-        b = run(images["wide45x29"], " c d")
-        assert b[0] == a[1] - 1 == b[1] - 2  # all but the tails: "A " and 16 embeddings
-        assert run(images["square32"], " b")[0] == 0
+        # a text start after which the second page boundary cuts the image (the tiny
+        # gemma3's window is 8: a hit ending at the first boundary would need local pages
+        # that the first request released as it went on)
+        for k in range(1, 4 * ps):
+            im = prompt(images["wide45x29"], "", "A " * k).images[0]
+            if im.start < 2 * ps < im.end:
+                break
+        head = "A " * k
+        a = prompt(images["wide45x29"], " is a picture of the sea", head)
+        b = prompt(images["wide45x29"], " is a house", head)
+        c = prompt(images["square32"], " is a house", head)
+        end = a.images[0].end  # the text start and the image: what a and b share
+        assert a.ids[:end] == b.ids[:end] and b.ids[:end] != c.ids[:end]
+        first = _top(m.engine, a, 8, 4)
+        second = _top(m.engine, b, 8, 4)
+        assert first[2].cached_tokens == 0
+        # the shared pages end inside the image: its rest is fed (non-causally) again
+        assert second[2].cached_tokens == 2 * ps
+        other = _top(m.engine, c, 8, 4)
+        assert other[2].cached_tokens <= c.images[0].start  # none of the image's positions
+        m.close()  # a fresh engine, nothing cached
+        fresh = _top(m.engine, b, 8, 4)
+        assert fresh[2].cached_tokens == 0
+        assert second[0] == fresh[0]
+        for x, y in zip(second[1], fresh[1], strict=True):
+            assert x.keys() == y.keys()
+            np.testing.assert_allclose([x[k] for k in x], [y[k] for k in x], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind_", ["gemma3", "mlp"])
+def test_image_and_text_requests_batched_each_equal_alone(images, kind_):
+    """Two image requests (different images) and a text request in one batch each give
+    what they give alone: tokens, and log-probabilities within float rounding."""
+    mmproj = vision_mmproj(kind_)
+    with llamay.load(tiny_model_file(PAIRS[kind_]), numerics="llamacpp", mmproj=mmproj) as m:
+        g = np.load(fixture("vision", f"{kind_}.llamacpp.npz"))
+        text = str(g["prompt"])
+        reqs = [
+            multimodal.layout(m.tokenizer, m.projector, text, [images["wide45x29"]]),
+            multimodal.layout(m.tokenizer, m.projector, "<__media__> and", [images["tall20x50"]]),
+            multimodal.ImagePrompt(
+                m.tokenize("Once upon a time, there was", parse_special=True), ()
+            ),
+        ]
+        alone = []
+        for r in reqs:
+            eng = BatchEngine(m, slots=4, prefix_cache=False)
+            try:
+                alone.append(_top(eng, r, 8, 5))
+            finally:
+                eng.close()
+        eng = BatchEngine(m, slots=4, prefix_cache=False, gather_s=0.2)
+        try:
+            hs = [eng.submit(Request(r.ids, 5, GREEDY, logprobs=8, images=r.images)) for r in reqs]
+            together = []
+            for h in hs:
+                evs = list(h)
+                together.append(([e.token_id for e in evs], [dict(e.top_logprobs) for e in evs]))
+            assert eng.stats()["steps"] < sum(len(t[0]) for t in together)  # they shared steps
+        finally:
+            eng.close()
+    for (ta, la, _), (tb, lb) in zip(alone, together, strict=True):
+        assert ta == tb
+        for x, y in zip(la, lb, strict=True):
+            assert x.keys() == y.keys()
+            np.testing.assert_allclose([x[k] for k in x], [y[k] for k in x], atol=1e-5)
+
+
+def test_bad_image_spans_are_refused(model, images):
+    """An engine request whose images do not sit on placeholder positions, or are of
+    another width, fails with a clear error."""
+    p = multimodal.layout(model.tokenizer, model.projector, "a <__media__> b", [images["square32"]])
+    im = p.images[0]
+    bad = [
+        (list(p.ids[: im.start]) + [1] * len(im.embeddings) + p.ids[im.end :], p.images),
+        (p.ids, (dataclasses.replace(im, embeddings=im.embeddings[:, :3]),)),
+        (p.ids, (dataclasses.replace(im, start=len(p.ids)),)),
+    ]
+    for ids, spans in bad:
+        h = model.engine.submit(Request(ids, 1, GREEDY, images=spans))
+        with pytest.raises(RequestError):
+            list(h)
