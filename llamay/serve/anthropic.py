@@ -208,9 +208,7 @@ async def messages(body: MessagesRequest, request: Request):
     start = None
     if images:  # image blocks: the prompt as mtmd lays it out (llamay.serve.vision)
         tools, forced = _plan(body)
-        if tools or (body.output_config or {}).get("format") is not None:
-            raise ApiError(400, "tools and output formats with images are not supported yet")
-        text = await off_loop(T.render_prompt, lm, msgs, None)
+        text = await off_loop(T.render_prompt, lm, msgs, tools)
         ids, start = await off_loop(V.image_prompt, lm, text, images)
     else:
         ids, tools, forced = await off_loop(_prompt_ids, lm, body)

@@ -235,12 +235,8 @@ async def complete(
     if not 1 <= n_cmpl <= n_slots:
         raise ApiError(400, f"n_cmpl must be in [1, {n_slots}], not {n_cmpl}", param="n_cmpl")
     prompts = [ids for ids in prompts for _ in range(n_cmpl)]  # prompt by prompt
-    if any(isinstance(ids, V.ImageIds) for ids in prompts) and (
-        body.n_predict == 0 or body.grammar is not None or body.json_schema is not None
-    ):
-        raise ApiError(
-            400, "n_predict 0, grammar and json_schema with images are not supported yet"
-        )
+    if any(isinstance(ids, V.ImageIds) for ids in prompts) and body.n_predict == 0:
+        raise ApiError(400, "n_predict 0 with images is not supported yet")
     pin = body.id_slot if len(prompts) == 1 else -1
     if body.n_predict == 0 and kept.supports_kv(lm.engine):
         outs = [await _evaluate(st, lm, i, ids, pin) for i, ids in enumerate(prompts)]

@@ -316,8 +316,6 @@ async def generate(body: GenerateRequest, request: Request):
         template = body.template or own_template
         text = await off_loop(_generate_text, lm, body, prompt, system, template)
         ids, start = await off_loop(V.image_prompt, lm, text, images)
-        if body.format:
-            raise ApiError(400, "format (structured output) with images is not supported yet")
     else:
         ids = await off_loop(_generate_ids, lm, body, system, body.template or own_template)
     con = await st.constraint(lm, **_format(body.format))
@@ -417,8 +415,6 @@ async def chat(body: ChatRequest, request: Request):
         messages = [{"role": "system", "content": own_system}, *messages]
     start = None
     if images:
-        if body.format or tools:
-            raise ApiError(400, "format and tools with images are not supported yet")
         text = await off_loop(T.render_prompt, lm, messages, tools)
         ids, start = await off_loop(V.image_prompt, lm, text, images)
     else:

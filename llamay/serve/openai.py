@@ -321,8 +321,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     ckw = _response_format(body.response_format) or _llama_constraint(body.model_extra)
     if forced is not None:
         ckw = {"json_schema": T.call_schema(forced)}
-    if images and ckw:
-        raise ApiError(400, "structured output and tool calls with images are not supported yet")
     gens = []
     for i in range(body.n):
         con = await st.constraint(lm, **ckw) if ckw else None

@@ -369,3 +369,69 @@ def test_each_api_reuses_an_images_cached_prefix(vision_server, png):
             assert ask(first, png) <= start, api  # the template's text pages, at most
             assert ask(second, png) == want, api
             assert ask(second, other) <= expected(first, second, other)[1], api
+
+
+def test_structured_output_and_tools_with_images(vision_server, png):
+    """JSON schemas and forced tool calls constrain image requests as any other (the
+    engine applies the constraint's masks to the image request's rows): OpenAI
+    response_format, Ollama format, Anthropic forced tool, llama-server json_schema."""
+    import json
+
+    openai, anthropic, ollama = oracle("openai"), oracle("anthropic"), oracle("ollama")
+    httpx = oracle("httpx")
+    schema = {
+        "type": "object",
+        "properties": {"animal": {"enum": ["cat", "dog"]}},
+        "required": ["animal"],
+        "additionalProperties": False,
+    }
+    b64 = base64.b64encode(png).decode()
+
+    def ok(obj) -> None:
+        assert obj in ({"animal": "cat"}, {"animal": "dog"}), obj
+
+    client = openai.OpenAI(base_url=vision_server.url + "/v1", api_key="x")
+    parts = [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64}},
+        {"type": "text", "text": "Which animal?"},
+    ]
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": parts}],
+        max_tokens=32,
+        temperature=0,
+        response_format=fmt,
+    )
+    ok(json.loads(r.choices[0].message.content))
+
+    o = ollama.Client(host=vision_server.url).chat(
+        model="tiny",
+        messages=[{"role": "user", "content": "Which animal?", "images": [b64]}],
+        format=schema,
+        options={"temperature": 0, "num_predict": 32},
+    )
+    ok(json.loads(o.message.content))
+
+    tool = {"name": "say", "description": "Name the animal", "input_schema": schema}
+    source = {"type": "base64", "media_type": "image/png", "data": b64}
+    a = anthropic.Anthropic(base_url=vision_server.url, api_key="x").messages.create(
+        model="tiny",
+        max_tokens=32,
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "say"},
+        messages=[{"role": "user", "content": [{"type": "image", "source": source}]}],
+    )
+    [use] = [b for b in a.content if b.type == "tool_use"]
+    assert use.name == "say"
+    ok(use.input)
+
+    body = {
+        "prompt": {"prompt_string": "<__media__> Which animal?", "multimodal_data": [b64]},
+        "n_predict": 32,
+        "temperature": 0,
+        "json_schema": schema,
+    }
+    c = httpx.post(vision_server.url + "/completion", json=body, timeout=120)
+    assert c.status_code == 200, c.text
+    ok(json.loads(c.json()["content"]))
