@@ -67,10 +67,16 @@ inline i16v wide(const uint8_t* p) { u8x16 b; std::memcpy(&b, p, 16); return __b
 inline i16v wide_s(const uint8_t* p) { s8x16 b; std::memcpy(&b, p, 16); return __builtin_convertvector(b, i16v); }
 #endif
 inline f16v tof(i16v v) { return __builtin_convertvector(v, f16v); }
+// A tree of adds (a loop over the lanes is a chain of 16 dependent adds per output).
 inline float hsum(f16v v) {
-  float s = 0.0f;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps((__m512)v);
+#else
+  float h[8];
+  for (int i = 0; i < 8; ++i) h[i] = v[i] + v[i + 8];
+  for (int i = 0; i < 4; ++i) h[i] += h[i + 4];
+  return (h[0] + h[2]) + (h[1] + h[3]);
+#endif
 }
 const i16v LANE = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
@@ -284,7 +290,7 @@ void sub_sums(const float* x, int64_t m, int64_t k, int sub, float* sx) {
 }
 
 template <class D, int M>
-void decode_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, int64_t rb,
+void scale_after_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, int64_t rb,
                  int64_t n0, int64_t n1, float* y, int64_t n) {
   constexpr int BE = 16 * D::VECS, PER = D::VECS / D::SUBS;
   constexpr int bb = D::BYTES;
@@ -308,6 +314,45 @@ void decode_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, i
     }
     for (int m = 0; m < M; ++m) y[m * n + r] = hsum(acc[m]) + acc_o[m];
   }
+}
+
+// Several x rows: R weight rows at a time (each x vector loaded once for R FMAs), each
+// block's values dequantised in registers, w = scale·q + offset (one FMA per 16 values,
+// the dequantisation's value exactly: scale·q is exact), then acc[r][m] += w·x: per
+// value and x row one FMA, where scale_after_rows spends about 1.5.
+template <class D, int M, int R>
+inline void dequant_tile(const float* x, int64_t k, const uint8_t* row, int64_t rb, float* y,
+                         int64_t n) {
+  constexpr int BE = 16 * D::VECS, PER = D::VECS / D::SUBS;
+  const int64_t nb = k / BE;
+  f16v acc[R][M] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    f16v q[R][D::VECS];
+    float sc[R][D::SUBS], of[R][D::SUBS];
+    for (int j = 0; j < R; ++j) D::decode(row + j * rb + b * D::BYTES, q[j], sc[j], of[j]);
+    const float* xb = x + b * BE;
+    for (int v = 0; v < D::VECS; ++v) {
+      f16v wv[R];
+      for (int j = 0; j < R; ++j)
+        wv[j] = D::OFFS ? sc[j][v / PER] * q[j][v] + of[j][v / PER] : sc[j][v / PER] * q[j][v];
+      for (int m = 0; m < M; ++m) {
+        const f16v xv = loadf(xb + m * k + 16 * v);
+        for (int j = 0; j < R; ++j) acc[j][m] += wv[j] * xv;
+      }
+    }
+  }
+  for (int j = 0; j < R; ++j)
+    for (int m = 0; m < M; ++m) y[m * n + j] = hsum(acc[j][m]);
+}
+
+template <class D, int M>
+void decode_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, int64_t rb,
+                 int64_t n0, int64_t n1, float* y, int64_t n) {
+  if (M == 1) return scale_after_rows<D, M>(x, sx, k, w, rb, n0, n1, y, n);
+  constexpr int R = D::VECS > 2 ? 1 : 2;  // the K-quants' 16 vectors a row fill the registers
+  int64_t r = n0;
+  for (; r + R <= n1; r += R) dequant_tile<D, M, R>(x, k, w + r * rb, rb, y + r, n);
+  for (; r < n1; ++r) dequant_tile<D, M, 1>(x, k, w + r * rb, rb, y + r, n);
 }
 
 // -- the buffer loop (prefill; the scalar build) --------------------------------------
@@ -429,7 +474,7 @@ Plan plan_of(int64_t m) {
   p.row = &dequant_row_v<D>;
   if (m <= MAX_DECODE_ROWS) {
     p.decode = decode_fn<D>(m);
-    if (D::OFFS) p.sub = 16 * D::VECS / D::SUBS;
+    if (D::OFFS && m == 1) p.sub = 16 * D::VECS / D::SUBS;
   }
   return p;
 }
