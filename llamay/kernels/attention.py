@@ -14,6 +14,12 @@ page tables, the implementation chosen at trace time from the backend
                        causal, T <= 16 query tokens     paged_attention_pallas`)
     paged   exact      anything else                    "paged-reference" (`kernels_pallas.
                                                         paged_attention.paged_attention_reference`)
+    any     llamacpp   CPU auto, f16/bf16 cache,        "native-ggml" (`kernels_cpu.
+                       no softcap                       ggml_attention`: bit for bit the
+                                                        rows below, a dense cache or the
+                                                        pages read in place); on None
+                                                        (not built, S % 16, f32 cache) the
+                                                        rows below
     paged   llamacpp   any                              "paged-ggml" (the pages gathered, then
                                                         `ggml_attention.attention`)
     dense   exact      CPU auto, causal, float cache    "native" (the paged kernel over the
