@@ -313,6 +313,7 @@ CHAT_HELP = """commands:
   /save NAME        save the conversation (with its KV, so /load resumes fast)
   /load NAME        load a saved conversation
   /system TEXT      set the system prompt
+  /image PATH       give the next message an image (a model with --mmproj)
   /help             this text
 end a line with \\ to continue on the next one, or wrap lines in \"\"\" ... \"\"\".
 Ctrl-C stops an answer; Ctrl-D leaves."""
@@ -341,6 +342,15 @@ class ChatSession:
         self.system = system
         self.history: list[dict] = []
         self.restored = None  # a loaded conversation's KV snapshot, for the next answer
+        self.images: list[bytes] = []  # the conversation's images, in order
+        self.pending: list[bytes] = []  # images for the next message (/image)
+
+    def add_image(self, path: str) -> None:
+        """An image for the next message: it goes before the message's text (as mtmd's
+        `<__media__>` marker, as Ollama places a message's images)."""
+        if getattr(self.model, "projector", None) is None:
+            raise ValueError("this model has no vision projector: start the chat with --mmproj")
+        self.pending.append(Path(path).expanduser().read_bytes())
 
     def messages(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -350,12 +360,24 @@ class ChatSession:
         """Stream the reply to `text` into `out`; Ctrl-C stops it (the partial reply is
         kept)."""
         from llamay.engine.api import Request
+        from llamay.errors import LlamayError
         from llamay.tok import IncrementalDecoder
+        from llamay.vision import MEDIA_MARKER
 
-        self.history.append({"role": "user", "content": text})
+        self.history.append({"role": "user", "content": MEDIA_MARKER * len(self.pending) + text})
+        before, self.images, self.pending = self.images, self.images + self.pending, []
         prompt = self.model.tokenizer.apply_chat_template(self.messages())
-        ids = self.model.tokenize(prompt, add_special=True, parse_special=True)
-        handle = self._start(Request(ids, self.max_tokens, self.sampler))
+        spans = ()
+        if self.images:  # each image's embeddings where its marker is (llamay.multimodal)
+            try:
+                ids, spans = self.model._image_prompt(prompt, self.images)
+            except LlamayError as exc:  # a bad image: this turn is dropped, the chat goes on
+                self.history.pop()
+                self.images = before
+                raise ValueError(str(exc)) from exc
+        else:
+            ids = self.model.tokenize(prompt, add_special=True, parse_special=True)
+        handle = self._start(Request(ids, self.max_tokens, self.sampler, images=spans))
         dec = IncrementalDecoder(self.model.tokenizer)
         parts: list[str] = []
         try:
@@ -386,6 +408,7 @@ class ChatSession:
         ids = request.prompt_ids
         if (
             snap is not None
+            and not request.images
             and len(ids) > len(snap.tokens)
             and ids[: len(snap.tokens)] == snap.tokens
         ):
@@ -418,6 +441,8 @@ class ChatSession:
         """The conversation as JSON (messages, tokens) and its KV as a store snapshot."""
         import json
 
+        if self.images:
+            raise ValueError("a conversation with images cannot be saved yet")
         path = _chat_path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         ids = self.model.tokenize(
@@ -490,7 +515,11 @@ def chat_loop(session: ChatSession, out=sys.stdout) -> None:
                 out.write(CHAT_HELP + "\n")
             elif cmd == "/clear":
                 session.history.clear()
+                session.images, session.pending = [], []
                 out.write("cleared\n")
+            elif cmd == "/image":
+                session.add_image(arg.strip())
+                out.write("image added to the next message\n")
             elif cmd == "/save":
                 out.write(f"saved to {session.save(arg.strip())}\n")
             elif cmd == "/load":
@@ -521,6 +550,14 @@ def register_chat(app: typer.Typer) -> None:
         temperature: Annotated[float, typer.Option("--temperature", "--temp", min=0.0)] = 0.8,
         seed: Annotated[int | None, typer.Option("--seed")] = None,
         ctx: Annotated[int | None, typer.Option("--ctx", "-c", min=1)] = None,
+        mmproj: Annotated[
+            Path | None,
+            typer.Option(
+                "--mmproj",
+                help="A multimodal projector GGUF (llama.cpp's --mmproj): /image PATH then "
+                "gives the next message an image.",
+            ),
+        ] = None,
     ) -> None:
         """Chat with MODEL in the terminal (streaming; /help for commands)."""
         import llamay
@@ -530,6 +567,8 @@ def register_chat(app: typer.Typer) -> None:
 
         try:
             m = llamay.load(model, n_ctx=ctx)
+            if mmproj is not None:
+                m.attach_projector(mmproj)
             sampler = Sampler(temperature=temperature, seed=seed)
         except (LlamayError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)

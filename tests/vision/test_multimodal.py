@@ -291,3 +291,43 @@ def test_bad_image_spans_are_refused(model, images):
         h = model.engine.submit(Request(ids, 1, GREEDY, images=spans))
         with pytest.raises(RequestError):
             list(h)
+
+
+def test_chat_session_images(images, tmp_path, monkeypatch):
+    """`llamay chat --mmproj`: `/image PATH` gives the next message an image (before its
+    text, as Ollama places a message's images); the answer is Model.generate's for the
+    conversation's template with the image there, and the next turn reuses the image's
+    cached pages."""
+    import builtins
+    import io
+
+    from PIL import Image
+
+    from llamay.serve.models import make_engine
+    from llamay_cli.serve_cmds import ChatSession, chat_loop
+
+    png = tmp_path / "wide.png"
+    Image.fromarray(images["wide45x29"]).save(png)
+    with llamay.load(tiny_model_file("llama"), mmproj=vision_mmproj("mlp")) as m:
+        engine = make_engine(m, 1)
+        try:
+            s = ChatSession(m, engine, GREEDY, 4)
+            lines = iter([f"/image {png}", "What is it?", "And now?", "/bye"])
+            monkeypatch.setattr(builtins, "input", lambda _: next(lines))
+            out = io.StringIO()
+            chat_loop(s, out)
+            assert "image added to the next message" in out.getvalue()
+            first = s.history[0]
+            assert first == {"role": "user", "content": "<__media__>What is it?"}
+            prompt = m.tokenizer.apply_chat_template(s.history[:1])
+            assert s.history[1]["content"] == m.generate(
+                prompt, images=[png.read_bytes()], max_tokens=4, temperature=0
+            )
+            assert engine.stats()["cache_hit_tokens"] > 16  # the second turn: the image too
+            with pytest.raises(ValueError, match="cannot be saved"):
+                s.save("x")
+        finally:
+            engine.close()
+    with llamay.load(tiny_model_file("llama")) as m:
+        with pytest.raises(ValueError, match="no vision projector"):
+            ChatSession(m, None, GREEDY, 4).add_image(str(png))
