@@ -11,7 +11,8 @@ page tables, the implementation chosen at trace time from the backend
                                                         chunks, another pool type), the
                                                         rows below
     paged   exact      Pallas (GPU/TPU, interpret),     "pallas" (`kernels_pallas.
-                       causal, T <= 16 query tokens     paged_attention_pallas`)
+                       causal, T <= 16 query tokens,    paged_attention_pallas`; quantised
+                       any KV type                      tiles dequantised in the kernel)
     paged   exact      anything else                    "paged-reference" (`kernels_pallas.
                                                         paged_attention.paged_attention_reference`)
     any     llamacpp   CPU auto, f16/bf16 cache,        "native-ggml" (`kernels_cpu.
@@ -32,9 +33,10 @@ page tables, the implementation chosen at trace time from the backend
 
 The references live beside the Pallas kernel they are the oracle of; the CPU path runs
 exactly them. A quantised cache (q8_0, q4_0, ...: `llamay.kv.types`): a paged pool in
-exact numerics takes the native kernel on CPU (each row dequantised as it is read);
-otherwise (no native kernel, a dense cache, llamacpp numerics) its pages are gathered,
-then read by the dense reference (exact: dequantised; llamacpp: `ggml_attention`'s
+exact numerics takes the native kernel on CPU (each row dequantised as it is read) or
+the Pallas kernel (each page's tile dequantised in the kernel); otherwise (neither
+kernel, a dense cache, llamacpp numerics) its pages are gathered, then read by the
+dense reference (exact: dequantised; llamacpp: `ggml_attention`'s
 emulation of llama.cpp's flash attention over that cache type).
 Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the reference: the
 kernel holds T·(H/K) query rows per kv head on chip.
@@ -103,7 +105,7 @@ def attention(
         k = jax.lax.dynamic_index_in_dim(k, layer, keepdims=False)
         v = jax.lax.dynamic_index_in_dim(v, layer, keepdims=False)
     choice = attention_choice(q, paged=page_table is not None, causal=causal,
-                              numerics=numerics, be=be, quantised=quantised)  # fmt: skip
+                              numerics=numerics, be=be)  # fmt: skip
     if choice == "pallas":
         return paged_attention_pallas(
             q, k, v, page_table, q_pos, layer, scale=scale, window=window,
@@ -124,15 +126,15 @@ def dense_pages(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.A
 
 
 def attention_choice(q: jax.Array, *, paged: bool, causal: bool = True, numerics: str = "exact",
-                     be: Backend | None = None, quantised: bool = False) -> str:  # fmt: skip
+                     be: Backend | None = None) -> str:  # fmt: skip
     """The name of the implementation (module docstring) `attention` runs when no native
-    kernel takes the call (`quantised`: a block-type K or V cache)."""
+    kernel takes the call (any KV type: the Pallas kernel reads quantised pages too)."""
     be = backend() if be is None else be
     if not paged:
         return "ggml" if numerics == "llamacpp" else "reference"
     if numerics == "llamacpp":
         return "paged-ggml"
-    if be.pallas and causal and q.shape[1] <= MAX_PAGED_QUERY_TOKENS and not quantised:
+    if be.pallas and causal and q.shape[1] <= MAX_PAGED_QUERY_TOKENS:
         return "pallas"
     return "paged-reference"
 

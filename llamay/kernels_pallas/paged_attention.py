@@ -20,6 +20,16 @@ visible from query i iff j <= i and, with a window w > 0, i - j < w), as the ref
   (rows, kv heads); the kernel loops over the row's pages, reading each page id from the
   table and the page from the pool ref at that index.
 
+Quantised pages (KV types q8_0, q5_1, q5_0, q4_1, q4_0: uint8 rows of D/32 GGUF blocks,
+`llamay.kv.types`; K and V of independent types) are dequantised in the kernel, tile by
+tile, to the values of `kv_cache.decode` bit for bit; their reference is the pages
+gathered, decoded, then `attention_reference` (`llamay.kernels.attention.
+paged_reference`). TPU: the page's [ps, row] byte tile decoded with static slices and
+int32 shifts, joined to [ps, D] (`dequantize_tile`). GPU: Triton loads only power-of-two
+widths and concatenates no tiles, so `_gpu_quant_kernel` reads each page's bytes 16 (or
+1) at a time from the pool ref and keeps q, the scores' partial dots and the output in
+pieces of 16 elements (`dequantize_pieces`).
+
 Differences from the reference, both confined to rows whose output is unused: a query
 that sees no key gives 0 (the reference: NaN), and padding queries (positions past the
 page table) attend only the row's real pages. Causal attention only; the dispatcher
@@ -33,6 +43,9 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from llamay.gguf.constants import GGMLType
+from llamay.quant import kv_cache
 
 F32 = jnp.float32
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -101,6 +114,77 @@ def paged_attention_reference(q, k_pages, v_pages, page_table, q_pos, layer=None
 
 # -- the kernels' shared pieces ---------------------------------------------------------------
 
+#: Bytes a block, and where its quants start, of the block KV types the kernels dequantise.
+_BLOCKS = {
+    GGMLType.Q8_0: (34, 2),
+    GGMLType.Q4_0: (18, 2),
+    GGMLType.Q4_1: (20, 4),
+    GGMLType.Q5_0: (22, 6),
+    GGMLType.Q5_1: (24, 8),
+}
+BLOCK_TYPES = tuple(_BLOCKS)
+
+
+def _f16_values(h: jax.Array) -> jax.Array:
+    """int32 holding f16 bit patterns -> their f32 values, exactly, with 32-bit integer ops
+    and one same-width bitcast (no 16-bit types: every Pallas backend lowers these)."""
+    sign = (h & 0x8000) << 16
+    e, man = (h >> 10) & 0x1F, h & 0x3FF
+    bits = jnp.where(
+        e == 0x1F, sign | 0x7F800000 | (man << 13), sign | ((e + 112) << 23) | (man << 13)
+    )
+    normal = jax.lax.bitcast_convert_type(bits, F32)
+    sub = jnp.where(sign != 0, -1.0, 1.0).astype(F32) * (man.astype(F32) * F32(2.0**-24))
+    return jnp.where(e == 0, sub, normal)
+
+
+def dequantize_pieces(read, kv_type: GGMLType, d: int) -> list[jax.Array]:
+    """The values of rows of d/32 GGUF blocks of a `BLOCK_TYPES` type, as d/16 pieces f32
+    [n, 16] (elements 16i..16i+15), from `read(a, w)`: bytes a..a+w-1 of every row as
+    int32 [n, w]. Decoded with int32 shifts and masks only (value = d·q, or d·q + m for
+    the _1 types: the products exact in f32, the one rounding the + m, so the values are
+    `kv_cache.decode`'s bit for bit); pieces of 16 because Triton takes no unaligned
+    slice or concatenation of a tile, only loads of power-of-two widths."""
+    bb, qoff = _BLOCKS[kv_type]
+
+    def half(a):  # the f16 at byte a of every row
+        return _f16_values(read(a, 1) | (read(a + 1, 1) << 8))
+
+    pieces = []
+    for b in range(d // 32):
+        o = b * bb
+        scale = half(o)
+        if kv_type == GGMLType.Q8_0:
+            for i in (0, 16):
+                q = read(o + 2 + i, 16)
+                pieces.append(scale * jnp.where(q >= 128, q - 256, q).astype(F32))
+            continue
+        qs = read(o + qoff, 16)
+        lo, hi = qs & 0xF, qs >> 4
+        if kv_type in (GGMLType.Q5_0, GGMLType.Q5_1):
+            a = o + qoff - 4
+            qh = (
+                read(a, 1) | (read(a + 1, 1) << 8) | (read(a + 2, 1) << 16) | (read(a + 3, 1) << 24)
+            )
+            j = jax.lax.broadcasted_iota(jnp.int32, lo.shape, 1)
+            lo = lo | (((qh >> j) & 1) << 4)
+            hi = hi | (((qh >> (j + 16)) & 1) << 4)
+        zero = {GGMLType.Q4_0: 8, GGMLType.Q5_0: 16}.get(kv_type, 0)
+        offset = half(o + 2) if kv_type in (GGMLType.Q4_1, GGMLType.Q5_1) else None
+        for v in (lo, hi):
+            y = scale * (v - zero).astype(F32)
+            pieces.append(y if offset is None else y + offset)
+    return pieces
+
+
+def dequantize_tile(x: jax.Array, kv_type: GGMLType | None, d: int) -> jax.Array:
+    """A tile of cache rows [n, row] -> f32 [n, d]: float rows widened, uint8 rows of
+    blocks decoded (`dequantize_pieces`) and joined along the last axis."""
+    if kv_type is None:
+        return x.astype(F32)
+    xi = x.astype(jnp.int32)
+    return jnp.concatenate(dequantize_pieces(lambda a, w: xi[:, a : a + w], kv_type, d), -1)
+
 
 def online_update(state, q, pos, k, v, start, window, *, scale: float, softcap: float | None):
     """One page of the online softmax for one kv head: q [R, D] at positions pos [R, 1],
@@ -138,7 +222,8 @@ def _init_state(rows: int, d: int):
 
 
 def _tpu_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o_ref, *scratch,
-                n_kv: int, ps: int, scale: float, softcap: float | None):  # fmt: skip
+                n_kv: int, ps: int, scale: float, softcap: float | None,
+                types=(None, None)):  # fmt: skip
     m_sc, l_sc, acc_sc = scratch
     b, page = pl.program_id(0), pl.program_id(1)
     first, last = bounds_ref[b, 0], bounds_ref[b, 1]
@@ -154,9 +239,9 @@ def _tpu_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o
         pos = pos_ref[...]
         for h in range(n_kv):  # the kv heads of this page (static)
             state = (m_sc[h], l_sc[h], acc_sc[h])
-            k = k_ref[:, h, :].astype(F32)
-            v = v_ref[:, h, :]
             q = q_ref[h].astype(F32)
+            k = dequantize_tile(k_ref[:, h, :], types[0], q.shape[-1])
+            v = dequantize_tile(v_ref[:, h, :], types[1], q.shape[-1])
             m, l, acc = online_update(
                 state, q, pos, k, v, page * ps, meta_ref[1], scale=scale, softcap=softcap
             )
@@ -168,7 +253,7 @@ def _tpu_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o
             o_ref[h] = finish(l_sc[h], acc_sc[h])
 
 
-def _tpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret):
+def _tpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret, types):
     from jax.experimental.pallas import tpu as pltpu
 
     B, K, R, D = qh.shape
@@ -179,7 +264,8 @@ def _tpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, i
         mm = jnp.minimum(jnp.maximum(m, bounds[b, 0]), jnp.maximum(bounds[b, 1], 0))
         return (meta[0], table[b, mm], 0, 0, 0)
 
-    kv_spec = pl.BlockSpec((None, None, ps, K, D), kv_map)
+    k_spec = pl.BlockSpec((None, None, ps, K, pool_k.shape[-1]), kv_map)
+    v_spec = pl.BlockSpec((None, None, ps, K, pool_v.shape[-1]), kv_map)
     row_spec = pl.BlockSpec((None, K, R, D), lambda b, m, *_: (b, 0, 0, 0))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=3,
@@ -187,8 +273,8 @@ def _tpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, i
         in_specs=[
             row_spec,
             pl.BlockSpec((None, R, 1), lambda b, m, *_: (b, 0, 0)),
-            kv_spec,
-            kv_spec,
+            k_spec,
+            v_spec,
         ],  # fmt: skip
         out_specs=row_spec,
         scratch_shapes=[
@@ -197,7 +283,8 @@ def _tpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, i
             pltpu.VMEM((K, R, D), F32),
         ],
     )
-    kernel = functools.partial(_tpu_kernel, n_kv=K, ps=ps, scale=scale, softcap=softcap)
+    kernel = functools.partial(_tpu_kernel, n_kv=K, ps=ps, scale=scale, softcap=softcap,
+                               types=types)  # fmt: skip
     params = None
     if not interpret:
         params = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
@@ -215,7 +302,7 @@ def _tpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, i
 
 
 def _gpu_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o_ref,
-                *, ps: int, scale: float, softcap: float | None):  # fmt: skip
+                *, ps: int, scale: float, softcap: float | None, types=(None, None)):  # fmt: skip
     b, h = pl.program_id(0), pl.program_id(1)
     layer, window = meta_ref[0], meta_ref[1]
     q = q_ref[...].astype(F32)  # [R, D]
@@ -223,8 +310,8 @@ def _gpu_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o
 
     def body(i, state):
         page = table_ref[b, i]
-        k = k_ref[layer, page, :, h, :].astype(F32)
-        v = v_ref[layer, page, :, h, :]
+        k = dequantize_tile(k_ref[layer, page, :, h, :], types[0], q.shape[-1])
+        v = dequantize_tile(v_ref[layer, page, :, h, :], types[1], q.shape[-1])
         return online_update(state, q, pos, k, v, i * ps, window, scale=scale, softcap=softcap)
 
     init = _init_state(*q.shape)
@@ -232,11 +319,11 @@ def _gpu_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o
     o_ref[...] = finish(l, acc)
 
 
-def _gpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret):
+def _gpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret, types):
     B, K, R, D = qh.shape
     ps = pool_k.shape[-3]
     whole = pl.no_block_spec  # the whole array: the kernel indexes it
-    kernel = functools.partial(_gpu_kernel, ps=ps, scale=scale, softcap=softcap)
+    kernel = functools.partial(_gpu_kernel, ps=ps, scale=scale, softcap=softcap, types=types)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(qh.shape, F32),
@@ -256,7 +343,113 @@ def _gpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, i
     )(meta, table, bounds, qh, pos, pool_k, pool_v)
 
 
+# -- GPU over quantised pages: the same loop, every tile in pieces of 16 elements ----------
+
+
+def _gpu_quant_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o_ref,
+                      *, ps: int, scale: float, softcap: float | None, types, d: int):  # fmt: skip
+    """As `_gpu_kernel`, for K and/or V pools of block types: each page's rows are read
+    16 bytes (or 1) at a time from the pool ref and decoded (`dequantize_pieces`); the
+    scores are the sum over the d/16 pieces of q's piece · the keys' piece, the output
+    is accumulated piece by piece and stored piece by piece (Triton has no tile
+    concatenation)."""
+    b, h = pl.program_id(0), pl.program_id(1)
+    layer, window = meta_ref[0], meta_ref[1]
+    n = d // 16
+    qs = [q_ref[:, pl.ds(16 * i, 16)].astype(F32) for i in range(n)]  # [R, 16] each
+    pos = pos_ref[...]
+    dims = (((1,), (1,)), ((), ()))
+
+    def pieces(ref, page, t):
+        if t is None:
+            return [ref[layer, page, :, h, pl.ds(16 * i, 16)].astype(F32) for i in range(n)]
+
+        def read(a, w):
+            return ref[layer, page, :, h, pl.ds(a, w)].astype(jnp.int32)
+
+        return dequantize_pieces(read, t, d)
+
+    def body(i, state):
+        m_prev, l_prev, accs = state
+        page = table_ref[b, i]
+        ks = pieces(k_ref, page, types[0])
+        s = sum(
+            jax.lax.dot_general(qp, kp, dims, precision=HIGHEST, preferred_element_type=F32)
+            for qp, kp in zip(qs, ks, strict=True)
+        )
+        s = s * scale
+        if softcap:
+            s = softcap * jnp.tanh(s / softcap)
+        j = i * ps + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+        visible = (j <= pos) & ((window <= 0) | (pos - j < window))
+        s = jnp.where(visible, s, -jnp.inf)
+        m = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+        safe = jnp.where(m == -jnp.inf, 0.0, m)
+        p = jnp.exp(s - safe)
+        alpha = jnp.exp(m_prev - safe)
+        l_new = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+        vs = pieces(v_ref, page, types[1])
+        accs = tuple(
+            alpha * acc + jnp.dot(p, vp, precision=HIGHEST, preferred_element_type=F32)
+            for acc, vp in zip(accs, vs, strict=True)
+        )
+        return m, l_new, accs
+
+    R = qs[0].shape[0]
+    init = (
+        jnp.full((R, 1), -jnp.inf, F32),
+        jnp.zeros((R, 1), F32),
+        tuple(jnp.zeros((R, 16), F32) for _ in range(n)),
+    )
+    _, l, accs = jax.lax.fori_loop(bounds_ref[b, 0], bounds_ref[b, 1] + 1, body, init)
+    for i, acc in enumerate(accs):
+        o_ref[:, pl.ds(16 * i, 16)] = finish(l, acc)
+
+
+def _gpu_quant_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret,
+                    types):  # fmt: skip
+    B, K, R, D = qh.shape
+    ps = pool_k.shape[-3]
+    whole = pl.no_block_spec
+    kernel = functools.partial(_gpu_quant_kernel, ps=ps, scale=scale, softcap=softcap,
+                               types=types, d=D)  # fmt: skip
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(qh.shape, F32),
+        grid=(B, K),
+        in_specs=[
+            whole,
+            whole,
+            whole,
+            pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0)),
+            pl.BlockSpec((None, R, 1), lambda b, h: (b, 0, 0)),
+            whole,
+            whole,
+        ],
+        out_specs=pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0)),
+        interpret=interpret,
+        name="paged_attention_gpu_quant",
+    )(meta, table, bounds, qh, pos, pool_k, pool_v)
+
+
 # -- the wrapper: the reference's signature (plus the platform) ------------------------
+
+
+def pool_types(k_pages, v_pages, d: int) -> tuple[GGMLType | None, GGMLType | None]:
+    """(K, V) block types of two pools for heads of d (None: a float pool); ValueError
+    for a pool the kernels do not read."""
+
+    def one(pages):
+        if not kv_cache.is_quantised(pages):
+            if pages.shape[-1] != d:
+                raise ValueError(f"paged_attention: pages {pages.shape} for heads of {d}")
+            return None
+        t = kv_cache.cache_type(pages, d)
+        if t not in BLOCK_TYPES:
+            raise ValueError(f"paged_attention: no kernel reads a {t.name} KV cache")
+        return t
+
+    return one(k_pages), one(v_pages)
 
 
 def _rows(tg: int, platform: str) -> int:
@@ -294,13 +487,16 @@ def paged_attention_pallas(
     platform: str = "tpu",
     interpret=False,
 ) -> jax.Array:
-    """Causal attention of q [B, T, H, D] at q_pos [B, T] over the pages [P, ps, K, D] (or
-    the pool [L, P, ps, K, D] and `layer`) named by page_table [B, M]. -> [B, T, H, D] f32."""
+    """Causal attention of q [B, T, H, D] at q_pos [B, T] over the pages [P, ps, K, row] (or
+    the pool [L, P, ps, K, row] and `layer`) named by page_table [B, M]. -> [B, T, H, D] f32.
+    K and V pools of any KV type each (`pool_types`): float rows of D, or uint8 rows of D/32
+    blocks of a `BLOCK_TYPES` type, dequantised tile by tile in the kernel."""
     B, T, H, D = q.shape
     ps, K = k_pages.shape[-3], k_pages.shape[-2]
     M = page_table.shape[1]
-    if H % K or k_pages.shape[-1] != D:
+    if H % K or k_pages.shape[:-1] != v_pages.shape[:-1]:
         raise ValueError(f"paged_attention: q {q.shape} does not fit pages {k_pages.shape}")
+    types = pool_types(k_pages, v_pages, D)
     if layer is None:
         k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
     G, TG = H // K, T * (H // K)
@@ -313,9 +509,13 @@ def paged_attention_pallas(
     meta = jnp.stack([jnp.asarray(layer, jnp.int32), w])
     bounds = page_bounds(q_pos, window, ps, M)
     call = {"tpu": _tpu_call, "gpu": _gpu_call}[platform]
+    if platform == "gpu" and types != (None, None):
+        if D % 16:
+            raise ValueError(f"paged_attention: quantised pages need D % 16 == 0, not {D}")
+        call = _gpu_quant_call
     out = call(
         qh, pos, k_pages, v_pages, page_table.astype(jnp.int32), meta, bounds,
-        scale=scale, softcap=softcap, interpret=interpret,
+        scale=scale, softcap=softcap, interpret=interpret, types=types,
     )  # fmt: skip
     out = out[:, :, :TG].reshape(B, K, T, G, D).transpose(0, 2, 1, 3, 4)
     return out.reshape(B, T, H, D)
