@@ -4,7 +4,10 @@ second start on the same model (the caches the first one left), each in a new pr
     .venv/bin/python -m bench.serve_start [-m smollm2:135m] [--ctx N] [--runs 2]
 
 Each child serves the model as `llamay serve -m MODEL` does (`create_app(warm_up=True)`
-on a loopback port) and polls `/health` until it answers 200. Its caches live under a
+on a loopback port) and polls `/health`: `serving_s` is its first 200 (the first
+requests' programs built: `llamay.serve.readiness`), when it sends one short request
+(`first_request_s`: an 8-token prompt + 4 tokens, served while the rest still builds),
+and `ready_s` the 200 with nothing warming. Its caches live under a
 fresh LLAMAY_CACHE (the built native kernels linked in, so "fresh" means no programs,
 not a C++ build), from one copy of llamay's sources taken at the start. Prints one
 JSON object: per start `start` (fresh / second / ...),
@@ -12,7 +15,8 @@ JSON object: per start `start` (fresh / second / ...),
 jit traced during start), the seconds JAX reports for `trace` (jaxpr tracing), `lower`
 (jaxpr to StableHLO) and `compile` (XLA compile or persistent-cache read, summed over
 threads), `cache_hits` (executables read back), the exported-program cache's counts
-where llamay has one (`llamay.engine.exported`), `cpu_s` and the 1-minute load average.
+where llamay has one (`llamay.engine.exported`), `cpu_s` and the load averages (1, 5, 15
+minutes) before the start.
 Development figures: label them with the load.
 """
 
@@ -35,11 +39,9 @@ COMPILE = "/jax/core/compile/backend_compile_duration"
 HITS = "/jax/compilation_cache/cache_hits"
 
 
-def _loadavg() -> float:
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except OSError:
-        return -1.0
+def _loadavg() -> list[float]:
+    """uptime's 1, 5 and 15-minute load averages."""
+    return [round(v, 2) for v in os.getloadavg()]
 
 
 def child(model: str, ctx: int | None) -> dict:
@@ -72,9 +74,22 @@ def child(model: str, ctx: int | None) -> dict:
     with serve_in_thread(app) as url:
         while httpx.get(f"{url}/health", timeout=60).status_code != 200:
             time.sleep(0.05)
+        serving = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        r = httpx.post(
+            f"{url}/completion",
+            json={"prompt": list(range(300, 308)), "n_predict": 4, "temperature": 0},
+            timeout=3600,
+        )
+        r.raise_for_status()
+        first = time.perf_counter() - t1
+        while "warming" in httpx.get(f"{url}/health", timeout=60).json():
+            time.sleep(0.05)
         ready = time.perf_counter() - t0
         lm = models.loaded.get(model)
         out = {
+            "serving_s": round(serving, 2),
+            "first_request_s": round(first, 3),
             "ready_s": round(ready, 2),
             "load_s": round(lm.load_seconds, 2) if lm else None,
             "n_ctx": lm.engine.n_ctx if lm else None,

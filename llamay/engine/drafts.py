@@ -25,8 +25,10 @@ import numpy as np
 
 from llamay.arch.decoder import local_layers
 from llamay.engine.paged_steps import PAD_POSITION, paged_step
-from llamay.engine.planning import MIN_VIEW, table_width
+from llamay.engine.planning import MIN_VIEW, native_tables, table_width
+from llamay.engine.programs import persistent_jit
 from llamay.errors import DraftModelError
+from llamay.kernels_cpu.plug import NATIVE_MAX_QUERY_TOKENS
 from llamay.kv import bucket
 from llamay.kv.pages import grow_paged_kv, new_paged_kv
 from llamay.kv.sequences import KVManager, SeqKV
@@ -77,7 +79,7 @@ def same_vocabulary(target, draft) -> None:
             )
 
 
-@jax.jit
+@persistent_jit  # kept on disk, primed with the draft steps (`llamay.engine.warmup.prime`)
 def _greedy(logits, mask=None):
     """(argmax [R], its probability [R]) of logits [R, V], among the tokens packed
     `mask` [R, W] allows (constraints) when given."""
@@ -111,6 +113,14 @@ class ModelDrafter:
             cfg.n_layers, n_pages, page_size, cfg.n_kv_heads, cfg.head_dim, model.runtime.kv_dtype
         )
         self.seqs: dict[str, SeqKV] = {}
+        self.n_ctx = n_ctx
+        self.native = native_tables(cfg, self.kv)  # one table width (`Planner._table_width`)
+
+    def table_width(self, T: int, pages: int) -> int:
+        """The page-table width of a draft step (as `Planner._table_width`)."""
+        if T <= NATIVE_MAX_QUERY_TOKENS and self.native:
+            pages = max(pages, -(-self.n_ctx // self.page_size))
+        return table_width(pages, max(1, MIN_VIEW // self.page_size))
 
     def close(self) -> None:
         for s in self.seqs.values():
@@ -206,14 +216,13 @@ class ModelDrafter:
     def _forward(self, seqs: list[SeqKV], feed: list[int], masks=None):
         """Feed each seq its next feed[i] pending tokens; (greedy token, its
         probability) after each one's last, on the host."""
-        ps = self.page_size
         for s, n in zip(seqs, feed, strict=True):
             self.mgr.ensure(s, s.n_cached + n)
         if self.mgr.alloc.n_pages != self.kv.n_pages:
             self.kv = grow_paged_kv(self.kv, self.mgr.alloc.n_pages, 0)
         R = bucket(len(seqs), 1)
         T = 1 if max(feed) <= 1 else bucket(max(feed), 16)
-        M = table_width(max(len(s.pages) for s in seqs), max(1, MIN_VIEW // ps))
+        M = self.table_width(T, max(len(s.pages) for s in seqs))
         tokens = np.zeros((R, T), np.int32)
         positions = np.full((R, T), PAD_POSITION, np.int32)
         table = np.zeros((R, M), np.int32)

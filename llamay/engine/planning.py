@@ -13,6 +13,7 @@ import numpy as np
 
 from llamay.engine.api import Handle
 from llamay.engine.paged_steps import PAD_POSITION
+from llamay.kernels_cpu.plug import NATIVE_MAX_QUERY_TOKENS
 from llamay.kv import bucket
 from llamay.kv.sequences import SeqKV
 from llamay.sample import Sampler, SamplerState
@@ -39,6 +40,27 @@ def table_widths(lo: int, hi: int) -> list[int]:
 def table_width(pages: int, lo: int) -> int:
     """The width a step's page tables get for rows of up to `pages` pages."""
     return table_widths(lo, pages)[-1]
+
+
+def native_tables(cfg, kv) -> bool:
+    """Whether steps of up to `NATIVE_MAX_QUERY_TOKENS` tokens per row over the pool `kv`
+    read it through the native CPU kernel (`llamay.kernels_cpu.paged_attention`: exact
+    numerics, causal, an f32/f16/bf16 pool, built). That kernel's work is bounded by the
+    rows' positions, not by the table's width, so such steps get one width, the whole
+    context's (`Planner._table_width`): one program per (rows, tokens) instead of one
+    per width, the same cost."""
+    from llamay import kernels_cpu
+    from llamay.kernels.backend import backend
+    from llamay.kernels_cpu.attention import POOL_DTYPES
+
+    pools = [a for a in (kv.k, kv.v, kv.local_k, kv.local_v) if a is not None]
+    return (
+        backend().native
+        and getattr(cfg, "numerics", "exact") == "exact"
+        and getattr(cfg, "causal", True)
+        and all(isinstance(a, jax.Array) and a.dtype in POOL_DTYPES for a in pools)
+        and kernels_cpu.available()
+    )
 
 
 @dataclass(eq=False)
@@ -109,7 +131,7 @@ class Planner:
         with self._lock:
             for j, a in enumerate(rows):
                 self.mgr.ensure(a.seq, a.seq.n_cached + done[j] + feed[j])
-        M = table_width(max(len(a.seq.pages) for a in rows), max(1, MIN_VIEW // ps))
+        M = self._table_width(T, max(len(a.seq.pages) for a in rows))
         p = self._blank_plan(R, T, M)
         p.idx, p.rows, p.feed = list(idx), rows, feed
         p.slots[: len(idx)] = idx
@@ -171,6 +193,21 @@ class Planner:
             p.embeds[0][j, lo - start : hi - start] = im.embeddings[lo - im.start : hi - im.start]
             p.embeds[1][j, lo - start : hi - start] = True
             p.tokens[j, lo - start : hi - start] = 0
+
+    def _table_width(self, T: int, pages: int) -> int:
+        """The page-table width of a step of T tokens per row whose longest row holds
+        `pages` pages: on the ladder (`table_widths`), or, where the native kernel reads
+        the pool (`native_tables`), the whole context's width for every such step."""
+        lo = max(1, MIN_VIEW // self.page_size)
+        if T <= NATIVE_MAX_QUERY_TOKENS and self._native_tables():
+            pages = max(pages, -(-self.n_ctx // self.page_size))
+        return table_width(pages, lo)
+
+    def _native_tables(self) -> bool:
+        got = getattr(self, "_native", None)
+        if got is None:
+            got = self._native = native_tables(self.cfg, self.kv)
+        return got
 
     def _blank_plan(self, R: int, T: int, M: int) -> Plan:
         """The inputs of a step over R rows of T tokens with M-page tables, every row

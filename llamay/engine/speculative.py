@@ -47,6 +47,7 @@ import numpy as np
 from llamay.arch import architecture_of
 from llamay.engine.drafts import ModelDrafter, ngram_draft
 from llamay.engine.paged_steps import paged_hidden
+from llamay.engine.programs import persistent_jit
 from llamay.errors import RequestError
 from llamay.kv import bucket
 from llamay.sample import sample
@@ -99,11 +100,13 @@ def check_draft_params(n_max, n_min, p_min) -> None:
 
 
 #: `paged_step`'s forward, returning the hidden states at every fed position [R, T, E]
-#: (the head runs per position in `verify_sample`, only where a row still verifies)
-paged_verify = jax.jit(paged_hidden, static_argnames=("cfg",), donate_argnames=("kv",))
+#: (the head runs per position in `verify_sample`, only where a row still verifies);
+#: kept on disk as the steps are (`llamay.engine.programs`), primed by
+#: `llamay.engine.warmup.prime` when the engine speculates
+paged_verify = persistent_jit(paged_hidden, static_argnames=("cfg",), donate_argnames=("kv",))
 
 
-@partial(jax.jit, static_argnames=("cfg",))  # state not donated, as paged_sample's
+@partial(persistent_jit, static_argnames=("cfg",))  # state not donated, as paged_sample's
 def verify_sample(cfg, weights, x, drafts, n_draft, sampling, slots, params, state, masks=None):
     """x [R, T, D]: a verify step's hidden states; drafts [R, T] (the token proposed
     after position t: the one fed at t+1), n_draft [R], sampling [R] bool, slots [R],

@@ -45,11 +45,13 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from llamay.engine.paged_steps import paged_sample, paged_step, set_rows
+from llamay.engine.drafts import _greedy
+from llamay.engine.paged_steps import PAD_POSITION, paged_sample, paged_step, set_rows
 from llamay.engine.planning import table_widths
 from llamay.engine.programs import Program, abstract
 from llamay.engine.programs import enabled as programs_enabled
 from llamay.engine.scheduler import LOGPROB_WIDTH, LOGPROB_WIDTH_MAX, MIN_VIEW, BatchEngine
+from llamay.engine.speculative import VERIFY_MIN_T, fit_bucket, paged_verify, verify_sample
 from llamay.errors import RequestError
 from llamay.kv import bucket
 from llamay.sample import Sampler, SamplerState, SamplingParams
@@ -109,16 +111,70 @@ def step_shapes(
         buckets = asked
     if length < 1:
         raise RequestError(f"length must be >= 1, not {length}")
-    ps = engine.page_size
-    pool = (engine.mgr.alloc.n_pages - 1) * ps  # page 0 is the null page
-    pages = -(-min(length, engine.n_ctx, pool) // ps)
-    widest = max(1, MIN_VIEW // ps)
+    ladder = _ladder(engine, length)
     n_rows = sorted({bucket(min(max(1, int(r)), engine.n_slots), 1) for r in rows})
     return [
         StepShape(r, t, m)
         for r in n_rows
         for t in [1, *buckets]
-        for m in table_widths(widest, pages)
+        for m in sorted({engine._table_width(t, w) for w in ladder})
+    ]
+
+
+def _ladder(owner, length: int) -> list[int]:
+    """The page-table widths (`planning.table_widths`) of sequences of up to `length`
+    positions in `owner`'s pool (an engine's, or its draft model's)."""
+    ps = owner.page_size
+    pool = (owner.mgr.alloc.n_pages - 1) * ps  # page 0 is the null page
+    pages = -(-min(length, owner.n_ctx, pool) // ps)
+    return table_widths(max(1, MIN_VIEW // ps), pages)
+
+
+def verify_shapes(
+    engine: BatchEngine, rows: Iterable[int] = (1,), length: int = DEFAULT_LENGTH
+) -> list[StepShape]:
+    """The verify steps (`llamay.engine.speculative`: k+1 tokens per row) `engine`
+    dispatches with its configured draft length for `rows` concurrent sequences of up
+    to `length` positions: T from VERIFY_MIN_T (16 with sliding windows, whose plans keep
+    the prefill's buckets) up to its longest draft's bucket. [] when it does not
+    speculate. A request asking a longer draft (`draft_max`) compiles its T then."""
+    spec = engine.spec
+    if spec is None:
+        return []
+    k = max(0, min(spec.draft_max, engine.chunk - 1, engine.n_ctx - 2))
+    if k and jax.default_backend() == "cpu" and fit_bucket(k) >= spec.draft_min:
+        k = fit_bucket(k)  # as `Speculating._draft_len` cuts it
+    if k <= 0:
+        return []
+    lo = PREFILL_MIN if engine.mgr.local is not None else VERIFY_MIN_T
+    ladder = _ladder(engine, length)
+    n_rows = sorted({bucket(min(max(1, int(r)), engine.n_slots), 1) for r in rows})
+    return [
+        StepShape(r, t, m)
+        for r in n_rows
+        for t in _powers(lo, bucket(k + 1, lo))
+        # the plan's width is chosen at its prefill bucket (`Speculating._speculate`)
+        for m in sorted({engine._table_width(max(t, PREFILL_MIN), w) for w in ladder})
+    ]
+
+
+def draft_shapes(
+    engine: BatchEngine, rows: Iterable[int] = (1,), length: int = DEFAULT_LENGTH
+) -> list[StepShape]:
+    """The draft model's steps (`drafts.ModelDrafter`: catching up in chunks, then one
+    token at a time) for `rows` concurrent sequences of up to `length` positions; []
+    without a draft model."""
+    d = engine._drafter
+    if d is None:
+        return []
+    ladder = _ladder(d, length)
+    n_rows = sorted({bucket(min(max(1, int(r)), engine.n_slots), 1) for r in rows})
+    buckets = _powers(PREFILL_MIN, bucket(d.chunk, PREFILL_MIN))
+    return [
+        StepShape(r, t, m)
+        for r in n_rows
+        for t in [1, *buckets]
+        for m in sorted({d.table_width(t, w) for w in ladder})
     ]
 
 
@@ -226,24 +282,48 @@ def prime(
     length: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
+    part: str = "all",
 ) -> float:
     """Make ready each program `engine` dispatches for `rows` concurrent sequences
     (default: every row bucket up to its slots) of up to `length` positions (default:
-    its context), prefill buckets included (see the module docstring). The step
-    programs, kept on disk (`llamay.engine.programs`), are loaded or built on `workers`
-    threads (default: the CPU count, at most 4) from their inputs' shapes, without
-    running; with the program cache off each is run once on the worker instead, one
-    per worker call so requests and `close` are served in between. The sampling
-    programs run once on the worker. `progress(done, total)` is called after each step
-    program. Returns the seconds."""
+    its context), prefill buckets included (see the module docstring), and, when it
+    speculates, its verify steps and its draft model's steps (`verify_shapes`,
+    `draft_shapes`). The step programs, kept on disk (`llamay.engine.programs`), are
+    loaded or built on `workers` threads (default: the CPU count, at most 4) from their
+    inputs' shapes, without running; with the program cache off each is run once on the
+    worker instead, one per worker call so requests and `close` are served in between.
+    The sampling programs run once on the worker. `progress(done, total)` is called
+    after each program of the part. `part`: "first", the programs a server's first
+    requests need (`first_shapes`: one row, the narrowest tables; its sampling with
+    masks and log-probabilities); "rest", every other one, in the order requests are
+    likely to need them (narrow tables and few rows first); "all", both. With the
+    program cache off "first" does everything and "rest" nothing. Returns the seconds."""
+    if part not in ("all", "first", "rest"):
+        raise ValueError(f'part is "all", "first" or "rest", not {part!r}')
     t0 = time.perf_counter()
     rows = list(rows) if rows is not None else _powers(1, bucket(engine.n_slots, 1))
-    shapes = step_shapes(engine, rows, length or engine.n_ctx)
+    length = length or engine.n_ctx
+    shapes = step_shapes(engine, rows, length)
     logits: dict[int, jax.Array] = {}
     if isinstance(paged_step, Program) and programs_enabled():
-        _prepare_steps(engine, shapes, progress, workers)
-        _prime_samplers(engine, shapes)
+        first = first_shapes(shapes)
+        if part != "rest":
+            jobs = engine.on_worker(lambda e: _step_jobs(e, first))
+            _prepare(jobs, progress, workers)
+            _prime_samplers(engine, first)
+        if part != "first":
+            rest = sorted(
+                (s for s in shapes if s not in set(first)),
+                key=lambda s: (s.pages, s.rows, s.tokens),
+            )
+            jobs = engine.on_worker(
+                lambda e: _step_jobs(e, rest) + _speculative_jobs(e, rows, length)
+            )
+            _prepare(jobs, progress, workers)
+            _prime_samplers(engine, [s for s in rest if s.rows != 1])
         return time.perf_counter() - t0
+    if part == "rest":
+        return 0.0
     for i, shape in enumerate(shapes):
         logits[shape.rows] = engine.on_worker(lambda e, shape=shape: _prime_step(e, shape))
         if progress is not None:
@@ -251,6 +331,16 @@ def prime(
     for R, out in logits.items():
         engine.on_worker(lambda e, R=R, out=out: _prime_sampling(e, R, out))
     return time.perf_counter() - t0
+
+
+def first_shapes(shapes: list[StepShape]) -> list[StepShape]:
+    """Of `shapes`, what a server's first request runs: one row, and per T the narrowest
+    table (a short prompt's prefill chunks and its decode)."""
+    one = [s for s in shapes if s.rows == 1]
+    narrowest = {}
+    for s in one:
+        narrowest[s.tokens] = min(narrowest.get(s.tokens, s.pages), s.pages)
+    return [s for s in one if s.pages == narrowest[s.tokens]]
 
 
 def _prime_samplers(engine: BatchEngine, shapes: list[StepShape]) -> None:
@@ -262,24 +352,99 @@ def _prime_samplers(engine: BatchEngine, shapes: list[StepShape]) -> None:
         engine.on_worker(lambda e, R=R, out=out: _prime_sampling(e, R, out))
 
 
-def _prepare_steps(engine, shapes, progress, workers) -> None:
-    """Load or build every step program in `shapes` on a thread pool (tracing holds the
-    GIL, XLA's compiling and loading do not). The inputs are read on the worker, which
-    owns the pool, as shapes only."""
-    args = engine.on_worker(lambda e: [abstract(_step_args(e, s)) for s in shapes])
-    total = len(args)
+def _prepare(jobs: list[tuple[Program, tuple]], progress, workers) -> None:
+    """Load or build every (program, abstract arguments) of `jobs` on a thread pool
+    (tracing holds the GIL, XLA's compiling and loading do not)."""
+    total = len(jobs)
     if not total:
         return
-    paged_step.prepare(*args[0])  # alone: the native kernels register themselves once
+    jobs[0][0].prepare(*jobs[0][1])  # alone: the native kernels register themselves once
     if progress is not None:
         progress(1, total)
     n = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="llamay-prime") as pool:
-        futures = [pool.submit(paged_step.prepare, *a) for a in args[1:]]
+        futures = [pool.submit(program.prepare, *args) for program, args in jobs[1:]]
         for i, fut in enumerate(as_completed(futures), 2):
             fut.result()
             if progress is not None:
                 progress(i, total)
+
+
+def _step_jobs(engine: BatchEngine, shapes: list[StepShape]) -> list[tuple[Program, tuple]]:
+    """The step programs of `shapes`, their inputs read on the worker (which owns the
+    pool) as shapes only."""
+    return [(paged_step, abstract(_step_args(engine, s))) for s in shapes]
+
+
+def _speculative_jobs(engine: BatchEngine, rows, length: int) -> list[tuple[Program, tuple]]:
+    """The programs a speculating engine adds (on the worker): each verify step
+    (`paged_verify`), its sampling (`verify_sample`, per rows and T, with and without
+    per-position token masks), and with a draft model its steps and its greedy pick
+    (with and without masks)."""
+    jobs: list[tuple[Program, tuple]] = []
+    words = mask_words(engine._vocab or 0)
+    verify = verify_shapes(engine, rows, length)
+    if verify:
+        samplers = [dataclasses.replace(Sampler(), n_probs=0)] * engine.n_slots
+        params = abstract(SamplingParams.stack(samplers, engine._vocab))
+        state = abstract(SamplerState.init(samplers, history=engine.n_ctx))
+        hidden = None
+        sampled = set()
+        for shape in verify:
+            plan = engine._blank_plan(shape.rows, shape.tokens, shape.pages)
+            step, (sampling, slots, *_) = abstract(engine._step_inputs(plan, None, None, None))
+            args = (*step[:6], *step[7:])  # as `Speculating._verify` calls it
+            jobs.append((paged_verify, args))
+            if hidden is None:  # [R, T, E]: its width and type (traced once)
+                hidden = paged_verify.eval_shape(*args)[0]
+            if (shape.rows, shape.tokens) in sampled:
+                continue
+            sampled.add((shape.rows, shape.tokens))
+            R, T = shape.rows, shape.tokens
+            on = step[3].sharding
+            x = jax.ShapeDtypeStruct((R, T, *hidden.shape[2:]), hidden.dtype, sharding=on)
+            drafts, n_draft = abstract(
+                jax.device_put((np.zeros((R, T), np.int32), np.zeros(R, np.int32)))
+            )
+            for masks in (None, abstract(jax.device_put(np.zeros((R, T, words), np.uint32)))):
+                jobs.append(
+                    (
+                        verify_sample,
+                        (
+                            engine.cfg,
+                            step[1],
+                            x,
+                            drafts,
+                            n_draft,
+                            sampling,
+                            slots,
+                            params,
+                            state,
+                            masks,
+                        ),
+                    )
+                )
+    d = engine._drafter
+    if d is not None:
+        logits = None
+        for shape in draft_shapes(engine, rows, length):
+            R, T, M = shape.rows, shape.tokens, shape.pages
+            host = (
+                np.zeros((R, T), np.int32),
+                np.full((R, T), PAD_POSITION, np.int32),
+                np.zeros((R, M), np.int32),
+                np.zeros(R, np.int32),
+            )
+            args = (d.cfg, abstract(d.weights), abstract(d.kv), *abstract(jax.device_put(host)))
+            jobs.append((paged_step, args))
+            if logits is None:
+                logits = paged_step.eval_shape(*args)[0]
+        on = jax.device_put(np.zeros(1, np.int32)).sharding
+        for R in sorted({s.rows for s in draft_shapes(engine, rows, length)}):
+            lg = jax.ShapeDtypeStruct((R, *logits.shape[1:]), logits.dtype, sharding=on)
+            mask = abstract(jax.device_put(np.zeros((R, words), np.uint32)))
+            jobs += [(_greedy, (lg,)), (_greedy, (lg, mask))]
+    return jobs
 
 
 def _step_args(engine: BatchEngine, shape: StepShape) -> tuple:

@@ -463,9 +463,8 @@ async def apply_template(body: TemplateRequest, request: Request):
 
 @router.get("/health", summary="Readiness (llama.cpp): 503 while the models warm up")
 async def health(request: Request):
-    if not readiness.ready(state(request)):
-        return JSONResponse(readiness.LOADING, status_code=503)
-    return {"status": "ok"}
+    code, body = readiness.health(state(request))
+    return JSONResponse(body, status_code=code) if code != 200 else body
 
 
 def _engine_stats(st: ServerState) -> list[tuple[str, dict[str, Any]]]:

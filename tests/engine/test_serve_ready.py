@@ -1,10 +1,12 @@
 """A server that warms up at start (issue 18): `/health` answers llama-server's 503
-"Loading model" body while its configured model loads and its engine's programs are
-primed, then `{"status": "ok"}`; after that, the first request of every shape class (a
-short prompt, a long one, a prefix-cache hit on it, a constrained one, one with top-N
-log-probabilities, 8 at once) compiles nothing and asks the persistent cache for
-nothing: listeners on JAX's backend-compile and cache-request events count every XLA
-compilation in the process and every program traced and lowered anew."""
+"Loading model" body while its configured model loads and the programs of its first
+requests are built, then 200 `{"status": "ok", "warming": {...}}` while the rest build
+in the background, then `{"status": "ok"}`; after that, the first request of every shape
+class (a short prompt, a long one, a prefix-cache hit on it, a constrained one, one with
+top-N log-probabilities, 8 at once; with speculative decoding, drafted and verified
+ones) compiles nothing and asks the persistent cache for nothing: listeners on JAX's
+backend-compile and cache-request events count every XLA compilation in the process and
+every program traced and lowered anew."""
 
 from __future__ import annotations
 
@@ -50,19 +52,34 @@ def completion(url: str, **body) -> dict:
     return r.json()
 
 
+def wait_ready(url: str) -> list[dict]:
+    """Poll /health from the start until it says ok with nothing warming; the bodies of
+    the 200s seen before that (the serving phase)."""
+    first = httpx.get(f"{url}/health", timeout=30)
+    assert first.status_code == 503 and first.json() == LOADING
+    deadline = time.monotonic() + 1200
+    serving = []
+    while (health := httpx.get(f"{url}/health", timeout=30)).json() != {"status": "ok"}:
+        if health.status_code == 503:
+            assert health.json() == LOADING and not serving  # never loading again
+        else:
+            body = health.json()
+            assert health.status_code == 200 and set(body) == {"status", "warming"}, body
+            assert body["status"] == "ok" and body["warming"]["model"] == "tiny"
+            assert 0 <= body["warming"]["done"] <= body["warming"]["total"]
+            serving.append(body)
+        assert time.monotonic() < deadline, "the server never became ready"
+        time.sleep(0.5)
+    assert health.status_code == 200
+    return serving
+
+
 def test_health_loading_then_ok_and_first_requests_compile_nothing():
     # a small context keeps the programs few: page tables of 16 and 32 pages
     models = Models({"tiny": tiny_model_file("llama")}, n_ctx=512, use_store=False)
     app = create_app(models, warm_up=True)
     with serve_in_thread(app) as url:
-        first = httpx.get(f"{url}/health", timeout=30)
-        assert first.status_code == 503 and first.json() == LOADING
-        deadline = time.monotonic() + 900
-        while (health := httpx.get(f"{url}/health", timeout=30)).status_code == 503:
-            assert health.json() == LOADING
-            assert time.monotonic() < deadline, "the server never became ready"
-            time.sleep(0.5)
-        assert health.status_code == 200 and health.json() == {"status": "ok"}
+        wait_ready(url)
 
         compiles = Compiles()
         jax.monitoring.register_event_duration_secs_listener(compiles)
@@ -84,6 +101,38 @@ def test_health_loading_then_ok_and_first_requests_compile_nothing():
             c = int(np.random.default_rng().integers(1 << 30))
             jax.jit(lambda x: x * 3 + c)(np.arange(5))
             assert compiles.n == 1
+        finally:
+            jax.monitoring.unregister_event_duration_listener(compiles)
+            jax.monitoring.unregister_event_listener(compiles.request)
+
+
+def test_speculative_requests_compile_nothing_after_ready():
+    # --model-draft: the tiny llama drafting for itself (its verify steps, the draft
+    # model's own steps and greedy picks are primed); two slots and a 256-token context
+    # keep the programs few
+    path = tiny_model_file("llama")
+    models = Models({"tiny": path}, n_ctx=256, use_store=False, parallel=2)
+    models.speculative = {"draft": path, "draft_max": 4, "p_min": 0.0}
+    app = create_app(models, warm_up=True)
+    with serve_in_thread(app) as url:
+        wait_ready(url)
+        compiles = Compiles()
+        jax.monitoring.register_event_duration_secs_listener(compiles)
+        jax.monitoring.register_event_listener(compiles.request)
+        try:
+            prompt = [1, *range(400, 420)]
+            one = completion(url, prompt=prompt, n_predict=10)
+            assert one["timings"]["draft_n"] > 0  # drafted and verified
+            with ThreadPoolExecutor(2) as pool:  # two rows verify in one step
+                got = list(
+                    pool.map(
+                        lambda p: completion(url, prompt=p, n_predict=8), [prompt[:12], [1, 7, 8]]
+                    )
+                )
+            assert all(g["timings"]["draft_n"] > 0 for g in got)
+            constrained = completion(url, prompt="Code:", n_predict=6, grammar="root ::= [a-z]+")
+            assert constrained["content"].isalpha()
+            assert (compiles.n, compiles.cache_requests) == (0, 0)
         finally:
             jax.monitoring.unregister_event_duration_listener(compiles)
             jax.monitoring.unregister_event_listener(compiles.request)

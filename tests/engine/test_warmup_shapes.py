@@ -10,6 +10,7 @@ from fixture_data import tiny_model_file
 
 import llamay
 from llamay.engine.api import Request
+from llamay.engine.planning import table_width
 from llamay.engine.scheduler import BatchEngine
 from llamay.engine.warmup import StepShape, step_shapes, warmup
 from llamay.errors import RequestError
@@ -49,7 +50,14 @@ def test_every_dispatched_step_is_warmed_up(tiny):
         assert e.seen <= covered, sorted(e.seen - covered, key=str)
         assert {s.rows for s in e.seen} == {1, 2, 4}  # 3 concurrent rows: bucket 4
         assert {s.tokens for s in e.seen} == {1, 16, 32, 64}
-        assert {s.pages for s in e.seen} == {16, 24}  # 256 positions, then 384
+        # longer chunks: page tables on the ladder (256 positions: no prompt reaches 384)
+        assert {s.pages for s in e.seen if s.tokens > 16} == {16}
+        # up to 16 tokens per row: where the native kernel reads the pool (its work bounded
+        # by the rows' positions), one width, the whole context's; else the ladder, 256
+        # positions, then 384 (the last request decodes past 256)
+        short = {s.pages for s in e.seen if s.tokens <= 16}
+        whole = table_width(-(-tiny.n_ctx // 16), 16)
+        assert short == ({whole} if e._native_tables() else {16, 24})
 
         report = warmup(e, rows=(1,), length=64, prefill=[16])
         assert [s for s, _ in report.steps] == step_shapes(e, (1,), 64, [16])
