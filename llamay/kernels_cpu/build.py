@@ -41,6 +41,7 @@ SRC = Path(__file__).parent / "src"
 # operation as written (explicit fmaf only); the exact kernels want FMAs wherever they fit.
 SOURCES = {
     "qmatmul_ggml.cc": ("-ffp-contract=off",),
+    "qmatmul_ggml_iq.cc": ("-ffp-contract=off",),
     "qmatmul_exact.cc": ("-ffp-contract=fast",),
     "paged_attention.cc": ("-ffp-contract=fast",),
     "ggml_attention.cc": ("-ffp-contract=off",),
@@ -52,6 +53,7 @@ HANDLERS = (
     "LlamayQmmExact",
     "LlamayQmmQ8",
     "LlamayQmmQ8K",
+    "LlamayQmmIQ",
     "LlamayPagedAttention",
     "LlamayGgmlAttention",
 )

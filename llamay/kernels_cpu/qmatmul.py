@@ -23,6 +23,7 @@ import numpy as np
 
 from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.build import targets
+from llamay.kernels_cpu.qmatmul_iq import IQ_DOT_TYPES, qmatmul_iq_native
 from llamay.quant import (
     VEC_DOT_TYPES,
     QTensor,
@@ -34,8 +35,8 @@ from llamay.quant import (
 from llamay.quant.qtensor import LLAMACPP_Q8_VARIANT
 
 _T = GGMLType
-#: The i-quants, ternary types and MXFP4 (exact numerics only, so far): src/blocks.h's
-#: iq_parts over the grids build.py generates from llamay.quant.iq_tables.
+#: The i-quants, ternary types and MXFP4: src/blocks.h's iq_parts over the grids build.py
+#: generates from llamay.quant.iq_tables (llamacpp numerics: `qmatmul_iq`).
 IQ_TYPES = (_T.IQ4_NL, _T.IQ4_XS, _T.MXFP4, _T.TQ1_0, _T.TQ2_0, _T.IQ2_XXS, _T.IQ2_XS)
 IQ_TYPES += (_T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S, _T.IQ1_S, _T.IQ1_M)
 EXACT_TYPES = frozenset(
@@ -55,7 +56,7 @@ def applies(x: jax.Array, w, numerics: str, layer: jax.Array | None = None) -> b
         return False
     if x.shape[-1] != w.cols:
         return False
-    types = EXACT_TYPES if numerics == "exact" else Q8_TYPES | K_TYPES
+    types = EXACT_TYPES if numerics == "exact" else Q8_TYPES | K_TYPES | frozenset(IQ_DOT_TYPES)
     return w.ggml_type in types and math.prod(x.shape[:-1]) > 0
 
 
@@ -89,6 +90,8 @@ def qmatmul_native(
     if numerics == "exact":
         x2 = x.astype(jnp.float32).reshape(-1, k)
         return _call(prefix, "LlamayQmmExact", lead, n_rows, x2, *data, ggml_type=t)
+    if t in IQ_DOT_TYPES:  # `qmatmul_iq`: src/qmatmul_ggml_iq.cc
+        return qmatmul_iq_native(x, w, prefix, layer, batched)
     x = ggml_float.opaque(x.astype(jnp.float32).reshape(-1, k))  # as ggml_matmul hides it
     n = math.prod(lead) if batched is None else (8 if batched else 1)
     if t in Q8_TYPES:
