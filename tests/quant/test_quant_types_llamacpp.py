@@ -2,7 +2,7 @@
 README.md): quantised by llama.cpp itself to IQ4_NL, IQ4_XS, IQ3_S, TQ1_0 and TQ2_0, and
 with every matrix random blocks of each of the 12 types (the others need an importance
 matrix to be quantised). Every tensor dequantises as gguf-py does, bit for bit, and
-numerics="llamacpp" logits stay within the tiny README's tolerance of llama.cpp's.
+numerics="llamacpp" logits equal llama.cpp's (within 1e-4: measured 0).
 
 The GGUFs (4-9 MB) are rebuilt: the quantised ones with llama-cpp-python's
 `llama_model_quantize` (deterministic; without llama-cpp-python they cannot be, and those
@@ -30,7 +30,6 @@ MAKER = FIXTURES / "make_quant_types.py"
 LLAMACPP_PYTHON = pathlib.Path.home() / ".cache/llamay/llamacpp-venv/bin/python"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 MADE = [name for name, m in MANIFEST.items() if "error" not in m]
-TOLERANCE = 1.0  # tests/fixtures/tiny/README.md: "≈1.0 for qwen3"
 
 
 def _maker():
@@ -42,6 +41,10 @@ def _maker():
 
 MAKE = _maker()
 RANDOM = [f"random-{t}" for t in MAKE.RANDOM_TYPES]
+# max |llamay - llama.cpp| per file: measured 0 for every one (ggml's kernels for these
+# types, `quant.ggml_iq_dot`, emulated bit for bit, natively on CPU too: the README);
+# the bound is a margin over that, far under the tiny README's ≈1.0 for qwen3.
+TOLERANCE = dict.fromkeys(MADE + RANDOM, 1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +88,10 @@ def test_llamacpp_numerics_logits_near_llamacpp(quantised, name):
         float(np.abs(np.take_along_axis(got, ref["top_ids"], 1) - ref["top_logits"]).max()),
         float(np.abs(got[:, ref["probe_ids"]] - ref["probe_logits"]).max()),
     )
-    print(f"{name}: max |llamay - llama.cpp| = {worst:.3g} (tolerance {TOLERANCE})")
-    assert worst <= TOLERANCE
+    print(f"{name}: max |llamay - llama.cpp| = {worst:.3g} (tolerance {TOLERANCE[name]})")
+    assert worst <= TOLERANCE[name]
     gap = ref["top_logits"][:, 0] - ref["top_logits"][:, 1]
-    sure = gap > TOLERANCE
+    sure = gap > TOLERANCE[name]
     np.testing.assert_array_equal(got.argmax(1)[sure], ref["top_ids"][sure, 0])
 
 
