@@ -71,9 +71,10 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
 
 def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw) -> jax.Array | None:
     """Attention through page tables by the native kernel (`attention.paged_attention_native`:
-    exact numerics, causal, f32/f16/bf16 pools), read in place, for up to
-    `NATIVE_MAX_QUERY_TOKENS` query tokens per row; None when it does not apply (longer
-    prefill chunks, llamacpp numerics, another pool dtype, not on CPU) or is not built."""
+    exact numerics, causal, f32/f16/bf16 or q8_0/q5_1/q5_0/q4_1/q4_0 pools), read in place,
+    for up to `NATIVE_MAX_QUERY_TOKENS` query tokens per row; None when it does not apply
+    (longer prefill chunks, llamacpp numerics, another pool type, not on CPU) or is not
+    built."""
     if jax.default_backend() != "cpu" or q.shape[1] > NATIVE_MAX_QUERY_TOKENS:
         return None
     return paged_attention_native(q, k_pages, v_pages, page_table, q_pos, layer, **kw)
