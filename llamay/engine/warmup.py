@@ -316,9 +316,8 @@ def prime(
                 (s for s in shapes if s not in set(first)),
                 key=lambda s: (s.pages, s.rows, s.tokens),
             )
-            jobs = engine.on_worker(
-                lambda e: _step_jobs(e, rest) + _speculative_jobs(e, rows, length)
-            )
+            jobs = engine.on_worker(lambda e: _step_jobs(e, rest))
+            jobs += _speculative_jobs(engine, rows, length)
             _prepare(jobs, progress, workers)
             _prime_samplers(engine, [s for s in rest if s.rows != 1])
         return time.perf_counter() - t0
@@ -377,70 +376,72 @@ def _step_jobs(engine: BatchEngine, shapes: list[StepShape]) -> list[tuple[Progr
 
 
 def _speculative_jobs(engine: BatchEngine, rows, length: int) -> list[tuple[Program, tuple]]:
-    """The programs a speculating engine adds (on the worker): each verify step
-    (`paged_verify`), its sampling (`verify_sample`, per rows and T, with and without
-    per-position token masks), and with a draft model its steps and its greedy pick
-    (with and without masks)."""
+    """The programs a speculating engine adds: each verify step (`paged_verify`), its
+    sampling (`verify_sample`, per rows and T, with and without per-position token
+    masks), and with a draft model its steps and its greedy pick (with and without
+    masks). The pools' shapes are read on the worker; the one trace each needs for its
+    output's shape runs here, off the worker, which serves requests meanwhile."""
+
+    def read(e: BatchEngine):
+        verify = []
+        for shape in verify_shapes(e, rows, length):
+            plan = e._blank_plan(shape.rows, shape.tokens, shape.pages)
+            step, (sampling, slots, *_) = abstract(e._step_inputs(plan, None, None, None))
+            verify.append((shape, step, sampling, slots))
+        d = e._drafter
+        draft = []
+        if d is not None:
+            for shape in draft_shapes(e, rows, length):
+                R, T, M = shape.rows, shape.tokens, shape.pages
+                host = (
+                    np.zeros((R, T), np.int32),
+                    np.full((R, T), PAD_POSITION, np.int32),
+                    np.zeros((R, M), np.int32),
+                    np.zeros(R, np.int32),
+                )
+                draft.append(
+                    (
+                        shape,
+                        (
+                            d.cfg,
+                            abstract(d.weights),
+                            abstract(d.kv),
+                            *abstract(jax.device_put(host)),
+                        ),
+                    )
+                )
+        return verify, draft
+
+    verify, draft = engine.on_worker(read)
     jobs: list[tuple[Program, tuple]] = []
     words = mask_words(engine._vocab or 0)
-    verify = verify_shapes(engine, rows, length)
+    on = jax.device_put(np.zeros(1, np.int32)).sharding  # a program's outputs' placement
     if verify:
         samplers = [dataclasses.replace(Sampler(), n_probs=0)] * engine.n_slots
         params = abstract(SamplingParams.stack(samplers, engine._vocab))
         state = abstract(SamplerState.init(samplers, history=engine.n_ctx))
-        hidden = None
         sampled = set()
-        for shape in verify:
-            plan = engine._blank_plan(shape.rows, shape.tokens, shape.pages)
-            step, (sampling, slots, *_) = abstract(engine._step_inputs(plan, None, None, None))
+        hidden = None
+        for shape, step, sampling, slots in verify:
             args = (*step[:6], *step[7:])  # as `Speculating._verify` calls it
             jobs.append((paged_verify, args))
             if hidden is None:  # [R, T, E]: its width and type (traced once)
                 hidden = paged_verify.eval_shape(*args)[0]
-            if (shape.rows, shape.tokens) in sampled:
-                continue
-            sampled.add((shape.rows, shape.tokens))
             R, T = shape.rows, shape.tokens
-            on = step[3].sharding
+            if (R, T) in sampled:
+                continue
+            sampled.add((R, T))
             x = jax.ShapeDtypeStruct((R, T, *hidden.shape[2:]), hidden.dtype, sharding=on)
             drafts, n_draft = abstract(
                 jax.device_put((np.zeros((R, T), np.int32), np.zeros(R, np.int32)))
             )
             for masks in (None, abstract(jax.device_put(np.zeros((R, T, words), np.uint32)))):
-                jobs.append(
-                    (
-                        verify_sample,
-                        (
-                            engine.cfg,
-                            step[1],
-                            x,
-                            drafts,
-                            n_draft,
-                            sampling,
-                            slots,
-                            params,
-                            state,
-                            masks,
-                        ),
-                    )
-                )
-    d = engine._drafter
-    if d is not None:
-        logits = None
-        for shape in draft_shapes(engine, rows, length):
-            R, T, M = shape.rows, shape.tokens, shape.pages
-            host = (
-                np.zeros((R, T), np.int32),
-                np.full((R, T), PAD_POSITION, np.int32),
-                np.zeros((R, M), np.int32),
-                np.zeros(R, np.int32),
-            )
-            args = (d.cfg, abstract(d.weights), abstract(d.kv), *abstract(jax.device_put(host)))
-            jobs.append((paged_step, args))
-            if logits is None:
-                logits = paged_step.eval_shape(*args)[0]
-        on = jax.device_put(np.zeros(1, np.int32)).sharding
-        for R in sorted({s.rows for s in draft_shapes(engine, rows, length)}):
+                rest = (drafts, n_draft, sampling, slots, params, state, masks)
+                jobs.append((verify_sample, (engine.cfg, step[1], x, *rest)))
+    if draft:
+        logits = paged_step.eval_shape(*draft[0][1])[0]  # [R, V]: its type (traced once)
+        jobs += [(paged_step, args) for _, args in draft]
+        for R in sorted({shape.rows for shape, _ in draft}):
             lg = jax.ShapeDtypeStruct((R, *logits.shape[1:]), logits.dtype, sharding=on)
             mask = abstract(jax.device_put(np.zeros((R, words), np.uint32)))
             jobs += [(_greedy, (lg,)), (_greedy, (lg, mask))]
