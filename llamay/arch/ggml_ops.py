@@ -17,6 +17,8 @@ bit, and how XLA is kept from fusing):
   llamacpp reference); `Q_PRESCALED` here names the families whose graph scales q first.
 - `swiglu` / `geglu` / `gelu`: ggml_vec_swiglu_f32 (x / (1 + ggml_v_expf(-x)) · g) and
   GELU through ggml's f16 lookup table.
+  `rms_norm` and `swiglu` run as native kernels on CPU (`llamay.kernels.elementwise`),
+  bit for bit their `*_reference` here, which are their oracle and the other backends' path.
 - `moe`: build_moe_ffn with ggml_soft_max's scalar tail (libm expf) and MUL_MAT_ID's
   row-by-row kernels.
 """
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from llamay.kernels import matmul
+from llamay.kernels.elementwise import ggml_rms_norm, ggml_swiglu
 from llamay.quant.ggml_float import (
     div_pair as _div_pair,
 )
@@ -51,6 +54,12 @@ F32 = jnp.float32
 
 
 def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
+    """`rms_norm_reference`, by the native CPU kernel where there is one (bit for bit)."""
+    y = ggml_rms_norm(x, w, eps)
+    return rms_norm_reference(x, w, eps) if y is None else y
+
+
+def rms_norm_reference(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
     x = x.astype(F32)
     hi, lo = dsum(opaque(x * x))
     mean = _div_pair(hi, lo, x.shape[-1])
@@ -202,6 +211,12 @@ Q_PRESCALED = frozenset({"gemma2", "gemma3", "phi3"})
 
 
 def swiglu(g: jax.Array, u: jax.Array) -> jax.Array:
+    """`swiglu_reference`, by the native CPU kernel where there is one (bit for bit)."""
+    y = ggml_swiglu(g, u)
+    return swiglu_reference(g, u) if y is None else y
+
+
+def swiglu_reference(g: jax.Array, u: jax.Array) -> jax.Array:
     return silu(g) * u
 
 

@@ -13,8 +13,24 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
 - `ggml_attention(q, k, v, q_pos, page_table=None, layer=None, **kw)`: numerics="llamacpp"
   attention over a dense cache or pages read in place (`ggml_attention.py`), bit for bit
   `llamay.kernels.ggml_attention.attention`.
+- `ggml_swiglu(g, u)`, `ggml_rms_norm(x, w, eps)`: those llamacpp-numerics layers
+  (`ggml_elementwise.py`), bit for bit `llamay.arch.ggml_ops`'.
 """
 
-from llamay.kernels_cpu.plug import available, ggml_attention, matmul, paged_attention
+from llamay.kernels_cpu.plug import (
+    available,
+    ggml_attention,
+    ggml_rms_norm,
+    ggml_swiglu,
+    matmul,
+    paged_attention,
+)
 
-__all__ = ["available", "ggml_attention", "matmul", "paged_attention"]
+__all__ = [
+    "available",
+    "ggml_attention",
+    "ggml_rms_norm",
+    "ggml_swiglu",
+    "matmul",
+    "paged_attention",
+]

@@ -45,8 +45,9 @@ SOURCES = {
     "qmatmul_exact.cc": ("-ffp-contract=fast",),
     "paged_attention.cc": ("-ffp-contract=fast",),
     "ggml_attention.cc": ("-ffp-contract=off",),
+    "ggml_elementwise.cc": ("-ffp-contract=off",),
 }
-HEADERS = ("blocks.h", "operands.h", "parallel.h")
+HEADERS = ("blocks.h", "ggml_float.h", "operands.h", "parallel.h")
 #: Headers written at build time (into the build directory, on the include path).
 GENERATED = ("iq_tables.h",)
 HANDLERS = (
@@ -56,6 +57,8 @@ HANDLERS = (
     "LlamayQmmIQ",
     "LlamayPagedAttention",
     "LlamayGgmlAttention",
+    "LlamayGgmlSwiglu",
+    "LlamayGgmlRmsNorm",
 )
 
 log = logging.getLogger("llamay.kernels_cpu")

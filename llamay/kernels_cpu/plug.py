@@ -1,6 +1,6 @@
 """The plug point the dispatcher (`llamay.kernels`) asks at trace time: `available`,
-`matmul`, `paged_attention`, `ggml_attention` (the package docstring says what each
-returns)."""
+`matmul`, `paged_attention`, `ggml_attention`, `ggml_swiglu`, `ggml_rms_norm` (the
+package docstring says what each returns)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.attention import paged_attention_native
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.ggml_attention import ggml_attention_native
+from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, swiglu_native
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
 from llamay.quant import MixedQTensor, QTensor
 
@@ -88,3 +89,15 @@ def ggml_attention(q, k, v, q_pos, page_table=None, layer=None, **kw) -> jax.Arr
     if jax.default_backend() != "cpu":
         return None
     return ggml_attention_native(q, k, v, q_pos, page_table, layer, **kw)
+
+
+def ggml_swiglu(g, u) -> jax.Array | None:
+    """numerics="llamacpp" SwiGLU natively (bit for bit `llamay.arch.ggml_ops.swiglu`), or
+    None (not on CPU, not built, not f32)."""
+    return swiglu_native(g, u) if jax.default_backend() == "cpu" else None
+
+
+def ggml_rms_norm(x, w, eps: float) -> jax.Array | None:
+    """numerics="llamacpp" RMS norm natively (bit for bit `llamay.arch.ggml_ops.rms_norm`),
+    or None (not on CPU, not built, a weight not of the row's length)."""
+    return rms_norm_native(x, w, eps) if jax.default_backend() == "cpu" else None

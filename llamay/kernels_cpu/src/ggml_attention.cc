@@ -41,6 +41,7 @@
 #endif
 
 #include "blocks.h"
+#include "ggml_float.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -51,145 +52,7 @@ namespace {
 
 constexpr int64_t L16 = 16;
 
-inline uint32_t bits_of(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
-inline float float_of(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
-
-// Flush-to-zero and denormals-are-zero for a scope, as XLA's CPU runtime sets them.
-struct ScopedFtz {
-#if defined(__x86_64__) || defined(_M_X64)
-  unsigned old;
-  ScopedFtz() : old(_mm_getcsr()) { _mm_setcsr(old | 0x8040u); }
-  ~ScopedFtz() { _mm_setcsr(old); }
-#endif
-};
-
-// RN-to-f16 and back (vcvtps2ph where there is F16C, as XLA converts).
-inline float round_f16(float x) {
-#if defined(__F16C__) && !defined(LLAMAY_SCALAR)
-  return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#else
-  const uint32_t u = bits_of(x), sign = u & 0x80000000u;
-  uint32_t a = u & 0x7FFFFFFFu;
-  if (a >= 0x7F800000u) return x;                      // inf, nan
-  if (a >= 0x477FF000u) return float_of(sign | 0x7F800000u);  // >= 65520: inf
-  if (a < 0x33000000u) return float_of(sign);          // < 2^-25 (a tie at 2^-25: even 0)
-  if (a >= 0x38800000u) {                              // a normal f16: 10 mantissa bits
-    a += 0x0FFFu + ((a >> 13) & 1u);
-    return float_of(sign | (a & ~0x1FFFu));
-  }
-  const float q = std::nearbyint(std::fabs(x) * 16777216.0f) * (1.0f / 16777216.0f);
-  return float_of(sign | bits_of(q));                  // a subnormal f16: quantum 2^-24
-#endif
-}
-
-inline float load(const uint16_t* p, int64_t i, bool bf16) {
-  return bf16 ? bf16_to_f32(p[i]) : f16_to_f32(p[i]);
-}
-
-// -- ggml_float's error-free pieces (same operations, same order) -------------------------
-
-inline void two_sum(float a, float b, float& s, float& e) {
-  s = a + b;
-  const float bb = s - a;
-  e = (a - (s - bb)) + (b - bb);
-}
-
-inline void split(float a, float& hi, float& lo) {
-  hi = float_of(bits_of(a) & 0xFFFFF000u);
-  lo = a - hi;
-}
-
-inline void exact_product(float a, float b, float& x, float& r) {
-  x = a * b;
-  float ah, al, bh, bl;
-  split(a, ah, al);
-  split(b, bh, bl);
-  r = (((ah * bh - x) + ah * bl) + al * bh) + al * bl;
-}
-
-inline float round_to_odd_add(float a, float b) {
-  float s, e;
-  two_sum(a, b, s, e);
-  const uint32_t u = bits_of(s);
-  if (e != 0.0f && (u & 1u) == 0) {
-    const bool toward_larger = (e > 0.0f) == (s > 0.0f);
-    return float_of(toward_larger ? u + 1 : u - 1);
-  }
-  return s;
-}
-
-// ggml_float.fma (not narrow): RN(a * b + c) from error-free sums and round-to-odd.
-inline float efma(float a, float b, float c) {
-  float x, r, uh, ul, th, tl;
-  exact_product(a, b, x, r);
-  two_sum(x, r, uh, ul);
-  two_sum(c, uh, th, tl);
-  return th + round_to_odd_add(tl, ul);
-}
-
-// jnp.ldexp for a normal j: the exponent moved, flushed to signed zero below the normals.
-inline float ldexp_ftz(float j, int32_t n) {
-  const uint32_t u = bits_of(j), sign = u & 0x80000000u, mant = u & 0x7FFFFFu;
-  const int32_t e = (int32_t)((u >> 23) & 0xFFu);
-  if (e == 0) return float_of(sign);
-  if (e == 0xFF) return j;
-  const int32_t ne = e + n;
-  if (ne <= 0) return float_of(sign);
-  if (ne >= 0xFF) return float_of(sign | 0x7F800000u);
-  return float_of(sign | ((uint32_t)ne << 23) | mant);
-}
-
-// ggml_float.v_expf's constants.
-constexpr float EXP_R = 0x1.8p23f, LOG2E = 0x1.715476p+0f, LN2_HI = 0x1.62e4p-1f,
-                LN2_LO = 0x1.7f7d1cp-20f, P0 = 0x1.ffffecp-1f, P1 = 0x1.fffdb6p-2f,
-                P2 = 0x1.555e66p-3f, P3 = 0x1.573e2ep-5f, P5 = 0x1.0e4020p-7f;
-
-// ggml_float.v_expf.
-inline float v_expf(float x) {
-  const float z = efma(x, LOG2E, EXP_R);
-  const float n = z - EXP_R;
-  const float b = efma(-n, LN2_LO, x - n * LN2_HI);
-  const float u = b * b;
-  const float j = efma(efma(efma(P5, b, P3), u, efma(P2, b, P1)), u, efma(P0, b, 1.0f));
-  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : std::numeric_limits<float>::infinity();
-  return ldexp_ftz(j, (int32_t)n);
-}
-
-inline float reduce16(const float* v) {
-  float t[8], w[4];
-  for (int l = 0; l < 8; ++l) t[l] = v[8 + l] + v[l];
-  for (int l = 0; l < 4; ++l) w[l] = t[4 + l] + t[l];
-  return (w[0] + w[2]) + (w[1] + w[3]);
-}
-
-// ggml_float.dsum over x[0..n): a pairwise tree of TwoSums over n padded to a power of 2.
-inline void dsum(const float* x, int64_t n, std::vector<float>& h, std::vector<float>& l,
-                 float& hi, float& lo) {
-  int64_t w = 1;
-  while (w < n) w <<= 1;
-  h.assign(w, 0.0f);
-  l.assign(w, 0.0f);
-  std::copy(x, x + n, h.begin());
-  for (; w > 1; w >>= 1)
-    for (int64_t i = 0; i < w / 2; ++i) {
-      float s, e;
-      two_sum(h[2 * i], h[2 * i + 1], s, e);
-      l[i] = e + (l[2 * i] + l[2 * i + 1]);
-      h[i] = s;
-    }
-  hi = h[0];
-  lo = l[0];
-}
-
-// ggml_float.recip_pair, with XLA's contraction of its last two steps into FMAs.
-inline float recip_pair(float hi, float lo) {
-  const float q = 1.0f / hi;
-  float p, r;
-  exact_product(q, hi, p, r);
-  const float t = (1.0f - p) - r;
-  const float rem = std::fmaf(-q, lo, t);
-  return std::fmaf(q, rem, q);
-}
+using namespace gf;
 
 struct Scratch {
   std::vector<float> q, kr, s, e, acc, sums, h, l, parts;
@@ -293,7 +156,7 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
   sc.kr.resize(D);
   for (int64_t j = j0; j <= j1; ++j) {
     const uint16_t* kr = row_of(p, p.k, b, j, kh);
-    for (int64_t d = 0; d < D; ++d) sc.kr[d] = load(kr, d, p.kbf16);
+    load_row(kr, D, p.kbf16, sc.kr.data());
     for (int64_t g = 0; g < G; ++g) {
       const float* qg = sc.q.data() + g * D;
       const float dot = sgemm ? dot_sgemm(qg, sc.kr.data(), D) : dot_vec(qg, sc.kr.data(), D, sc);
@@ -310,13 +173,14 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
     for (int64_t r = 0; r < n; ++r) mx = std::max(mx, wp[r]);
     if (!std::isfinite(mx)) mx = 0.0f;
     float* e = sc.e.data() + g * nc * L16;
-    for (int64_t j = j0; j <= j1; ++j) e[j - c0 * L16] = v_expf(wp[j - j0] - mx);
+    float* ev = e + (j0 - c0 * L16);
+    for (int64_t r = 0; r < n; ++r) ev[r] = v_expf(wp[r] - mx);
     std::fill(sc.sums.begin(), sc.sums.end(), 0.0f);
     for (int64_t c = c0; c <= c1; ++c) sc.sums[c] = reduce16(e + (c - c0) * L16);
     float hi, lo;
     dsum(sc.sums.data(), nchunks, sc.h, sc.l, hi, lo);
     const float inv = hi > 0.0f ? recip_pair(hi, lo) : 0.0f;
-    for (int64_t r = 0; r < nc * L16; ++r) e[r] = round_f16(e[r] * inv);
+    round_f16_scaled(e, nc * L16, inv);
   }
   // P.V: acc[g][a][lane][d], a = chunk % 4 for one token, a = 0 for a batch
   const int64_t na = batched ? 1 : 4;
@@ -324,7 +188,7 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
   sc.kr.resize(D);
   for (int64_t j = j0; j <= j1; ++j) {
     const uint16_t* vr = row_of(p, p.v, b, j, kh);
-    for (int64_t d = 0; d < D; ++d) sc.kr[d] = load(vr, d, p.vbf16);
+    load_row(vr, D, p.vbf16, sc.kr.data());
     const int64_t c = j / L16, lane = j % L16, a = na == 4 ? c % 4 : 0;
     for (int64_t g = 0; g < G; ++g) {
       const float w = sc.e[g * nc * L16 + (j - c0 * L16)];
@@ -333,21 +197,24 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
       for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] + w * v[d];
     }
   }
-  float lanes[L16];
+  // the lanes' sums, vectorised over d: (a0 + a2) + (a1 + a3) for one token, then
+  // reduce16 across the lanes (halves, quarters, pairs)
   for (int64_t g = 0; g < G; ++g) {
-    const float* acc = sc.acc.data() + g * na * L16 * D;
-    for (int64_t d = 0; d < D; ++d) {
-      if (na == 4) {
-        for (int l = 0; l < L16; ++l) {
-          const float a0 = acc[(0 * L16 + l) * D + d], a1 = acc[(1 * L16 + l) * D + d];
-          const float a2 = acc[(2 * L16 + l) * D + d], a3 = acc[(3 * L16 + l) * D + d];
-          lanes[l] = (a0 + a2) + (a1 + a3);
-        }
-      } else {
-        for (int l = 0; l < L16; ++l) lanes[l] = acc[l * D + d];
+    float* acc = sc.acc.data() + g * na * L16 * D;  // [na][16][D]
+    if (na == 4)
+      for (int64_t l = 0; l < L16; ++l) {
+        float* a0 = acc + l * D;
+        const float *a1 = acc + (L16 + l) * D, *a2 = acc + (2 * L16 + l) * D,
+                    *a3 = acc + (3 * L16 + l) * D;
+        for (int64_t d = 0; d < D; ++d) a0[d] = (a0[d] + a2[d]) + (a1[d] + a3[d]);
       }
-      out[g * D + d] = reduce16(lanes);
-    }
+    for (int64_t l = 0; l < 8; ++l)
+      for (int64_t d = 0; d < D; ++d) acc[l * D + d] = acc[(8 + l) * D + d] + acc[l * D + d];
+    for (int64_t l = 0; l < 4; ++l)
+      for (int64_t d = 0; d < D; ++d) acc[l * D + d] = acc[(4 + l) * D + d] + acc[l * D + d];
+    float* o = out + g * D;
+    for (int64_t d = 0; d < D; ++d)
+      o[d] = (acc[d] + acc[2 * D + d]) + (acc[D + d] + acc[3 * D + d]);
   }
 }
 

@@ -1,0 +1,182 @@
+// ggml's x86 float arithmetic as `llamay.quant.ggml_float` emulates it in XLA, for the
+// numerics="llamacpp" kernels: the same f32 operations in the same order (compile with
+// -ffp-contract=off: every FMA here is written), so that a kernel's results are the
+// emulation's bits. Run under FTZ/DAZ (`ScopedFtz`), as XLA's CPU runtime does.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+#include "blocks.h"
+
+namespace llamay {
+namespace gf {
+
+inline uint32_t bits_of(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
+inline float float_of(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
+
+// Flush-to-zero and denormals-are-zero for a scope, as XLA's CPU runtime sets them.
+struct ScopedFtz {
+#if defined(__x86_64__) || defined(_M_X64)
+  unsigned old;
+  ScopedFtz() : old(_mm_getcsr()) { _mm_setcsr(old | 0x8040u); }
+  ~ScopedFtz() { _mm_setcsr(old); }
+#endif
+};
+
+// RN-to-f16 and back (vcvtps2ph where there is F16C, as XLA converts).
+inline float round_f16(float x) {
+#if defined(__F16C__) && !defined(LLAMAY_SCALAR)
+  return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+  const uint32_t u = bits_of(x), sign = u & 0x80000000u;
+  uint32_t a = u & 0x7FFFFFFFu;
+  if (a >= 0x7F800000u) return x;                      // inf, nan
+  if (a >= 0x477FF000u) return float_of(sign | 0x7F800000u);  // >= 65520: inf
+  if (a < 0x33000000u) return float_of(sign);          // < 2^-25 (a tie at 2^-25: even 0)
+  if (a >= 0x38800000u) {                              // a normal f16: 10 mantissa bits
+    a += 0x0FFFu + ((a >> 13) & 1u);
+    return float_of(sign | (a & ~0x1FFFu));
+  }
+  const float q = std::nearbyint(std::fabs(x) * 16777216.0f) * (1.0f / 16777216.0f);
+  return float_of(sign | bits_of(q));                  // a subnormal f16: quantum 2^-24
+#endif
+}
+
+// x[i] = round_f16(x[i] * scale) for i < n.
+inline void round_f16_scaled(float* x, int64_t n, float scale) {
+  int64_t i = 0;
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), vs);
+    _mm512_storeu_ps(x + i, _mm512_cvtph_ps(_mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT)));
+  }
+#endif
+  for (; i < n; ++i) x[i] = round_f16(x[i] * scale);
+}
+
+// A row of D f16 or bf16 values as f32.
+inline void load_row(const uint16_t* p, int64_t D, bool bf16, float* out) {
+  int64_t d = 0;
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  if (!bf16)
+    for (; d + 16 <= D; d += 16)
+      _mm512_storeu_ps(out + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + d))));
+#endif
+  if (bf16)
+    for (; d < D; ++d) out[d] = bf16_to_f32(p[d]);
+  else
+    for (; d < D; ++d) out[d] = f16_to_f32(p[d]);
+}
+
+// -- ggml_float's error-free pieces (same operations, same order) -------------------------
+
+inline void two_sum(float a, float b, float& s, float& e) {
+  s = a + b;
+  const float bb = s - a;
+  e = (a - (s - bb)) + (b - bb);
+}
+
+inline void split(float a, float& hi, float& lo) {
+  hi = float_of(bits_of(a) & 0xFFFFF000u);
+  lo = a - hi;
+}
+
+inline void exact_product(float a, float b, float& x, float& r) {
+  x = a * b;
+  float ah, al, bh, bl;
+  split(a, ah, al);
+  split(b, bh, bl);
+  r = (((ah * bh - x) + ah * bl) + al * bh) + al * bl;
+}
+
+inline float round_to_odd_add(float a, float b) {
+  float s, e;
+  two_sum(a, b, s, e);
+  const uint32_t u = bits_of(s);
+  const uint32_t moved = (e > 0.0f) == (s > 0.0f) ? u + 1 : u - 1;
+  return float_of(e != 0.0f && (u & 1u) == 0 ? moved : u);
+}
+
+// ggml_float.fma (not narrow): RN(a * b + c) from error-free sums and round-to-odd.
+inline float efma(float a, float b, float c) {
+  float x, r, uh, ul, th, tl;
+  exact_product(a, b, x, r);
+  two_sum(x, r, uh, ul);
+  two_sum(c, uh, th, tl);
+  return th + round_to_odd_add(tl, ul);
+}
+
+// jnp.ldexp(j, n) for a finite normal j (all v_expf makes): the exponent moved, flushed to
+// signed zero below the normals, inf above (branch-free, so that loops of it vectorise).
+inline float ldexp_ftz(float j, int32_t n) {
+  const uint32_t u = bits_of(j), sign = u & 0x80000000u;
+  const int32_t ne = (int32_t)((u >> 23) & 0xFFu) + n;
+  const uint32_t normal = sign | ((uint32_t)ne << 23) | (u & 0x7FFFFFu);
+  return float_of(ne <= 0 ? sign : ne >= 0xFF ? (sign | 0x7F800000u) : normal);
+}
+
+// ggml_float.v_expf's constants.
+constexpr float EXP_R = 0x1.8p23f, LOG2E = 0x1.715476p+0f, LN2_HI = 0x1.62e4p-1f,
+                LN2_LO = 0x1.7f7d1cp-20f, P0 = 0x1.ffffecp-1f, P1 = 0x1.fffdb6p-2f,
+                P2 = 0x1.555e66p-3f, P3 = 0x1.573e2ep-5f, P5 = 0x1.0e4020p-7f;
+
+// ggml_float.v_expf.
+inline float v_expf(float x) {
+  const float z = efma(x, LOG2E, EXP_R);
+  const float n = z - EXP_R;
+  const float b = efma(-n, LN2_LO, x - n * LN2_HI);
+  const float u = b * b;
+  const float j = efma(efma(efma(P5, b, P3), u, efma(P2, b, P1)), u, efma(P0, b, 1.0f));
+  const float nc = n < -192.0f ? -192.0f : n > 192.0f ? 192.0f : n;
+  const float big = n <= 0.0f ? 0.0f : std::numeric_limits<float>::infinity();
+  const float res = ldexp_ftz(j, (int32_t)nc);
+  return std::fabs(n) > 192.0f ? big : res;
+}
+
+inline float reduce16(const float* v) {
+  float t[8], w[4];
+  for (int l = 0; l < 8; ++l) t[l] = v[8 + l] + v[l];
+  for (int l = 0; l < 4; ++l) w[l] = t[4 + l] + t[l];
+  return (w[0] + w[2]) + (w[1] + w[3]);
+}
+
+// ggml_float.dsum over x[0..n): a pairwise tree of TwoSums over n padded to a power of 2.
+inline void dsum(const float* x, int64_t n, std::vector<float>& h, std::vector<float>& l,
+                 float& hi, float& lo) {
+  int64_t w = 1;
+  while (w < n) w <<= 1;
+  h.assign(w, 0.0f);
+  l.assign(w, 0.0f);
+  std::copy(x, x + n, h.begin());
+  for (; w > 1; w >>= 1)
+    for (int64_t i = 0; i < w / 2; ++i) {
+      float s, e;
+      two_sum(h[2 * i], h[2 * i + 1], s, e);
+      l[i] = e + (l[2 * i] + l[2 * i + 1]);
+      h[i] = s;
+    }
+  hi = h[0];
+  lo = l[0];
+}
+
+// ggml_float.recip_pair, with XLA's contraction of its last two steps into FMAs.
+inline float recip_pair(float hi, float lo) {
+  const float q = 1.0f / hi;
+  float p, r;
+  exact_product(q, hi, p, r);
+  const float t = (1.0f - p) - r;
+  const float rem = std::fmaf(-q, lo, t);
+  return std::fmaf(q, rem, q);
+}
+
+}  // namespace gf
+}  // namespace llamay
