@@ -205,11 +205,11 @@ class Model:
 
     def attach_projector(self, mmproj) -> Model:
         """Give this model images: `mmproj` a multimodal projector GGUF (llama-server's
-        --mmproj; `llamay.vision`). Returns self."""
+        --mmproj; `llamay.vision`), its tower in this model's numerics. Returns self."""
         from llamay.errors import ProjectorError
         from llamay.vision import Projector
 
-        proj = mmproj if isinstance(mmproj, Projector) else Projector.load(mmproj)
+        proj = mmproj if isinstance(mmproj, Projector) else Projector.load(mmproj, self.numerics)
         if proj.cfg.n_text != self.config.d_model:
             raise ProjectorError(
                 f"{proj.path}: the projector's output width {proj.cfg.n_text} is not this "

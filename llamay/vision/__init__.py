@@ -9,6 +9,7 @@ order mtmd places them in the prompt. The tower is `encoder.encode`, a pure func
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 import numpy as np
 
+from llamay.errors import ProjectorError
 from llamay.vision.encoder import encode, encode_jit
 from llamay.vision.mmproj import PROJECTORS, VisionConfig, read_mmproj
 from llamay.vision.preprocess import Prepared, decode_image, prepare
@@ -59,8 +61,15 @@ class Projector:
     _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Projector:
+    def load(cls, path: str | os.PathLike, numerics: str = "exact") -> Projector:
+        """`numerics` "llamacpp": the tower computes every f32 operation as ggml's CPU
+        backend does (its matmul kernels' summation orders, layer norm, softmax), so its
+        f16 GELU lookups see llama.cpp's inputs; "exact": f32 math (with ggml's f16
+        roundings), faster."""
+        if numerics not in ("exact", "llamacpp"):
+            raise ProjectorError(f"numerics must be 'exact' or 'llamacpp', not {numerics!r}")
         cfg, w = read_mmproj(path)
+        cfg = dataclasses.replace(cfg, numerics=numerics)
         return cls(cfg, {k: jnp.asarray(v) for k, v in w.items()}, os.fspath(path))
 
     @property

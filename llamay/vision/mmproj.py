@@ -70,6 +70,9 @@ class VisionConfig:
     # that type first (the weight type's vec_dot_type), so the tower does too
     half: frozenset[str] = frozenset()
     bf16: frozenset[str] = frozenset()
+    # "llamacpp": every f32 operation as ggml's x86 CPU backend orders it (`encoder`'s
+    # ggml path); "exact": f32 math with ggml's roundings (f16 activations, GELU tables)
+    numerics: str = "exact"
 
     @property
     def n_patches(self) -> int:
