@@ -1,6 +1,7 @@
 """Exact-numerics matmul formulations on XLA CPU, per GGML type, at SmolLM2 / Gemma 3 shapes.
 
     .venv/bin/python bench/qmatmul_cpu.py [--m 1,2,8,128] [--cases smollm2] [--reps 5] [--json]
+    .venv/bin/python bench/qmatmul_cpu.py --native [--cases smollm2,gemma3,types] [--m 1,8]
 
 Each case is x [M, K] @ W.T for W [N, K] of one GGML type, stacked L times and run under
 `lax.scan` as a model's layers are (so the weights come from memory, not from cache,
@@ -20,6 +21,10 @@ Formulations (all exact math: f32 products of the dequantised values, f32 sums):
   rounding): x quantised per group to int8, an int8 x int8 -> int32 dot with the
   group as batch dim, per-group scales applied to the int32 sums. XLA CPU (jax 0.12)
   converts both sides to s32 and runs a generic dot: no VNNI kernel.
+
+`--native`: instead, the native kernels (`llamay.kernels_cpu`) in both numerics,
+"native-exact" and "native-llamacpp", each layer read in place from the stacked weight
+(as the layer scan does); the "types" cases cover every type both numerics take.
 
 Printed per case: µs per matmul (median of `reps` timed runs after a compile run,
 interleaved across formulations), G MAC/s and the max error relative to float64.
@@ -59,6 +64,14 @@ CASES = {
         ("ffn_down", T.Q6_K, 640, 2048, 9),
         ("attn_v", T.Q8_0, 256, 640, 9),
         ("head", T.Q8_0, 262144, 640, 1),
+    ],
+    "types": [
+        *((f"ffn_up_{t.name}", t, 1536, 576, 30) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)),
+        ("ffn_up_Q8_0", T.Q8_0, 1536, 576, 30),
+        *((f"ffn_down_{t.name}", t, 576, 1536, 30) for t in (T.Q2_K, T.Q3_K, T.Q4_K)),
+        *((f"ffn_down_{t.name}", t, 576, 1536, 30) for t in (T.Q5_K, T.Q6_K)),
+        *((f"ffn_up_{t.name}", t, 1536, 576, 30) for t in (T.F16, T.BF16, T.F32)),
+        ("attn_k", T.Q4_1, 192, 576, 30),
     ],
     "other": [
         ("ffn_up", T.Q4_0, 1536, 576, 30),
@@ -190,6 +203,51 @@ def run_case(role, t, n, k, layers, m, reps, only) -> list[dict]:
     return rows
 
 
+def run_native(role, t, n, k, layers, m, reps) -> list[dict]:
+    """native-exact and native-llamacpp (where the kernels take the type), layer by layer
+    under a scan that indexes the stacked weight (no per-layer copy)."""
+    from llamay.kernels_cpu.qmatmul import qmatmul_native
+
+    if t in (T.BF16,):
+        vals = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.02
+        raw = (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, -1)
+    else:
+        raw = random_weight(t, n, k)
+    stack = np.broadcast_to(raw, (layers, *raw.shape))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((m, k)).astype(np.float32))
+    rows, jitted, args = [], {}, {}
+    for numerics in ("exact", "llamacpp"):
+        w = QTensor.from_raw(np.ascontiguousarray(stack), t, numerics)
+        probe = qmatmul_native(x, QTensor(w.data[0], t, k, numerics), numerics)
+        if probe is None:
+            continue
+
+        def run(x, data, numerics=numerics):
+            def body(acc, i):
+                y = qmatmul_native(x, QTensor(data, t, k, numerics), numerics, layer=i)
+                return acc + y, None
+
+            idx = jnp.arange(layers, dtype=jnp.int32)
+            return jax.lax.scan(body, jnp.zeros((m, n), jnp.float32), idx)[0]
+
+        jitted[numerics], args[numerics] = jax.jit(run), w.data
+        jitted[numerics](x, w.data).block_until_ready()
+    times: dict[str, list[float]] = {name: [] for name in jitted}
+    for _ in range(reps):
+        for name, f in jitted.items():
+            t0 = time.perf_counter()
+            f(x, args[name]).block_until_ready()
+            times[name].append((time.perf_counter() - t0) / layers)
+    for name, ts in times.items():
+        sec = float(np.median(ts))
+        rows.append(
+            dict(role=role, type=t.name, n=n, k=k, layers=layers, m=m,
+                 formulation=f"native-{name}", us=round(sec * 1e6, 1),
+                 gmacs=round(n * k * m / sec / 1e9, 2), rel_err=float("nan"))
+        )  # fmt: skip
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", default="1,2,8,128", help="activation rows (batch x tokens)")
@@ -197,6 +255,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated formulations (default all)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--native", action="store_true", help="the native kernels, both numerics")
     args = ap.parse_args()
     only = {f for f in args.only.split(",") if f}
     load = os.getloadavg()[0]
@@ -210,7 +269,11 @@ def main() -> None:
     for case in args.cases.split(","):
         for role, t, n, k, layers in CASES[case]:
             for m in (int(v) for v in args.m.split(",")):
-                for r in run_case(role, t, n, k, layers, m, args.reps, only):
+                if args.native:
+                    results = run_native(role, t, n, k, layers, m, args.reps)
+                else:
+                    results = run_case(role, t, n, k, layers, m, args.reps, only)
+                for r in results:
                     if args.json:
                         print(json.dumps(r | {"load": round(load, 2)}), flush=True)
                         continue

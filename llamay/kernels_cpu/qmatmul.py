@@ -2,13 +2,14 @@
 
 Reference: `llamay.quant.qmatmul` (exact: f32 dot over `dequantize_jnp`; llamacpp:
 `qtensor.ggml_matmul`, the XLA emulation of ggml's kernels, which these kernels equal
-bit for bit). The kernels (`src/qmatmul.cc`):
+bit for bit). The kernels (`src/qmatmul_exact.cc`, `src/qmatmul_ggml.cc`):
 
 - exact, every type the loader accepts: f32 register tiles over weight rows dequantised
   into a small buffer (values bit-exact; only the summation order differs).
-- llamacpp, the 32-element types and the K-quants: activations quantised to Q8_0 / Q8_1
-  / Q8_K by the same jnp code the reference uses (so identical), then ggml's integer
-  dots and f32 accumulation order. The kernel is chosen from the weight type and x's
+- llamacpp, the 32-element types and the K-quants: the kernel takes the f32 activations
+  and quantises them to Q8_0 / Q8_1 / Q8_K once per call as `llamay.quant.act_quant` does
+  (ggml's x86 quantize_row_*, bit for bit), then ggml's integer dots (VNNI where the CPU
+  has it) and f32 accumulation order. The kernel is chosen from the weight type and x's
   row count as `qtensor._ggml_kernel` chooses it. Float weights (F32/F16/BF16) in
   llamacpp numerics keep the reference (tinyBLAS' orders are not reproduced here).
 """
@@ -24,15 +25,7 @@ import numpy as np
 from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.qmatmul_iq import IQ_DOT_TYPES, qmatmul_iq_native
-from llamay.quant import (
-    VEC_DOT_TYPES,
-    QTensor,
-    ggml_float,
-    quantize_q8_0,
-    quantize_q8_1,
-    quantize_q8_k,
-)
-from llamay.quant.qtensor import LLAMACPP_Q8_VARIANT
+from llamay.quant import QTensor
 
 _T = GGMLType
 #: The i-quants, ternary types and MXFP4: src/blocks.h's iq_parts over the grids build.py
@@ -46,7 +39,7 @@ EXACT_TYPES = frozenset(
 )
 Q8_TYPES = frozenset((_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
 K_TYPES = frozenset((_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
-K_VEC, K_TILED, K_REPACK = 0, 1, 2  # src/qmatmul.cc's KKernel
+K_VEC, K_TILED, K_REPACK = 0, 1, 2  # src/qmatmul_ggml.cc's KKernel
 
 
 def applies(x: jax.Array, w, numerics: str, layer: jax.Array | None = None) -> bool:
@@ -92,22 +85,14 @@ def qmatmul_native(
         return _call(prefix, "LlamayQmmExact", lead, n_rows, x2, *data, ggml_type=t)
     if t in IQ_DOT_TYPES:  # `qmatmul_iq`: src/qmatmul_ggml_iq.cc
         return qmatmul_iq_native(x, w, prefix, layer, batched)
-    x = ggml_float.opaque(x.astype(jnp.float32).reshape(-1, k))  # as ggml_matmul hides it
+    x2 = x.astype(jnp.float32).reshape(-1, k)  # quantised in the kernel, as act_quant does
     n = math.prod(lead) if batched is None else (8 if batched else 1)
     if t in Q8_TYPES:
-        if VEC_DOT_TYPES[t] == _T.Q8_1:
-            acts = quantize_q8_1(x, LLAMACPP_Q8_VARIANT)
-            sums = acts.sums
-        else:
-            acts = quantize_q8_0(x, LLAMACPP_Q8_VARIANT)
-            sums = acts.d
         whole = t == _T.Q4_0 and n_rows % 8 == 0  # the Q4_0x8 repack GEMV/GEMM
-        return _call(prefix, "LlamayQmmQ8", lead, n_rows, acts.qs, acts.d, sums, *data,
-                     ggml_type=t, whole_block=whole)  # fmt: skip
-    acts = quantize_q8_k(x)
+        return _call(prefix, "LlamayQmmQ8", lead, n_rows, x2, *data, ggml_type=t,
+                     whole_block=whole)  # fmt: skip
     if t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0:
         kernel = K_REPACK
     else:
         kernel = K_TILED if n >= 8 else K_VEC
-    return _call(prefix, "LlamayQmmQ8K", lead, n_rows, acts.qs, acts.d, acts.sums, *data,
-                 ggml_type=t, kernel=kernel)  # fmt: skip
+    return _call(prefix, "LlamayQmmQ8K", lead, n_rows, x2, *data, ggml_type=t, kernel=kernel)

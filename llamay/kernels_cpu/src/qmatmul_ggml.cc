@@ -1,18 +1,28 @@
 // Quantised matmul y[M, N] = x[M, K] · W[N, K]ᵀ over GGUF block rows in llama.cpp's
 // numerics, as XLA FFI handlers (exact numerics: qmatmul_exact.cc).
 //
-// LlamayQmmQ8, LlamayQmmQ8K: the activations come already quantised (by the
-// same jnp code the XLA path uses: llamay.quant.act_quant), and every f32 operation
-// after the exact integer dots is ggml's, in ggml's order, with explicit fmaf and no
-// other contraction (built with -ffp-contract=off): bit-identical to the XLA emulation
-// in llamay.quant.qtensor (_q8_block_dot, _q4_0_repack_dot, kquant_dot_q8k).
+// LlamayQmmQ8 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 weights), LlamayQmmQ8K (the K-quants): x
+// comes in f32 and is quantised here, once per call, as ggml's x86 build does
+// (quantize_row_q8_0 / q8_1 / q8_K: llamay.quant.act_quant bit for bit); then exact
+// integer dots and every f32 operation after them ggml's, in ggml's order, with
+// explicit FMAs and no other contraction (built with -ffp-contract=off): bit-identical
+// to the XLA emulation in llamay.quant.qtensor (_q8_block_dot, _q4_0_repack_dot,
+// kquant_dot_q8k), which is the tests' oracle.
 //
-// LLAMAY_SCALAR (a test build) leaves out every intrinsic: the integer
-// sums are exact and the float operations are the same per lane either way.
+// The integer sums are exact whatever their grouping, so they are formed the fastest
+// way the CPU has (VNNI vpdpbusd/vpdpwssd, else AVX2 maddubs/madd): unsigned quants
+// where a type has a bias (Q4_0's q - 8 is Σ q·a - 8·Σ a, the activation sums taken
+// once per call). Only the f32 operations must keep ggml's order, and they do per
+// output; outputs are computed in register tiles of R weight rows x MT activation rows
+// (each weight block decoded once per tile, the activation block once per tile row).
+//
+// LLAMAY_SCALAR (a test build) leaves out every intrinsic: the same code over GCC
+// vector types with scalar lane loops for the integer dots.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "blocks.h"
@@ -23,6 +33,12 @@
 #if !defined(LLAMAY_SCALAR) && defined(__AVX2__)
 #include <immintrin.h>
 #define LLAMAY_AVX2 1
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define LLAMAY_VNNI 1
+#endif
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define LLAMAY_AVX512BW 1
+#endif
 #endif
 
 namespace ffi = xla::ffi;
@@ -30,8 +46,232 @@ namespace ffi = xla::ffi;
 namespace llamay {
 namespace {
 
-// Output rows per task: whole tiles, a few tasks per thread (uneven progress evens out).
-int64_t rows_per_task(int64_t n, int64_t threads, int64_t multiple) {
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef int8_t v32b __attribute__((vector_size(32)));
+typedef int16_t v16h __attribute__((vector_size(32)));
+
+template <class V>
+inline V ld(const void* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class V>
+inline void st(void* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+// The weight rows of the next tile, ahead of their use: tiles of several rows read them
+// interleaved, which the hardware prefetchers follow poorly (measured: the loads stall).
+inline void prefetch(const void* p) {
+#if defined(LLAMAY_AVX2)
+  _mm_prefetch((const char*)p, _MM_HINT_T0);
+#else
+  __builtin_prefetch(p);
+#endif
+}
+inline v8f splat(float f) { return (v8f){f, f, f, f, f, f, f, f}; }  // (not 0 + f: -0)
+inline v8f cvt(v8i v) { return __builtin_convertvector(v, v8f); }
+inline v8f fma8(v8f a, v8f b, v8f c) {
+#if defined(LLAMAY_AVX2)
+  return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  v8f r;
+  for (int i = 0; i < 8; ++i) r[i] = std::fmaf(a[i], b[i], c[i]);
+  return r;
+#endif
+}
+// ggml's hsum_float_8.
+inline float hsum8(v8f v) {
+  const float t0 = v[4] + v[0], t1 = v[5] + v[1], t2 = v[6] + v[2], t3 = v[7] + v[3];
+  return (t0 + t2) + (t1 + t3);
+}
+inline int32_t hsum_i(v8i v) {  // integers: any order
+#if defined(LLAMAY_AVX2)
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128((__m256i)v), _mm256_extracti128_si256((__m256i)v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+#else
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+#endif
+}
+
+// -- integer lane sums (exact) --------------------------------------------------------
+// Lane l of a 32-byte chunk: Σ_{i<4} w[4l+i]·a[4l+i].
+
+// acc + lanes of w (unsigned bytes) times a (signed); the maddubs fallback needs every
+// pair sum w[2i]·a[2i] + w[2i+1]·a[2i+1] within int16 (w <= 128 here).
+inline v8i dot_u(v8i acc, v32b w, v32b a) {
+#if defined(LLAMAY_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return (v8i)_mm256_dpbusd_epi32((__m256i)acc, (__m256i)w, (__m256i)a);
+#elif defined(LLAMAY_VNNI)
+  return (v8i)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)w, (__m256i)a);
+#elif defined(LLAMAY_AVX2)
+  const __m256i p = _mm256_maddubs_epi16((__m256i)w, (__m256i)a);
+  return acc + (v8i)_mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#else
+  for (int l = 0; l < 8; ++l)
+    for (int i = 0; i < 4; ++i) acc[l] += (int32_t)(uint8_t)w[4 * l + i] * a[4 * l + i];
+  return acc;
+#endif
+}
+// Both signed, |w| <= 127 and a > -128 (ggml's Q8 quants are): |w| times a with w's sign.
+inline v8i dot_s(v8i acc, v32b w, v32b a) {
+#if defined(LLAMAY_AVX2)
+  return dot_u(acc, (v32b)_mm256_sign_epi8((__m256i)w, (__m256i)w), (v32b)_mm256_sign_epi8((__m256i)a, (__m256i)w));
+#else
+  for (int l = 0; l < 8; ++l)
+    for (int i = 0; i < 4; ++i) acc[l] += (int32_t)w[4 * l + i] * a[4 * l + i];
+  return acc;
+#endif
+}
+// acc + Σ over int16 pairs of w·a (unsigned x signed bytes), each pair times sc: lane l
+// gains sc[2l]·(w0a0 + w1a1) + sc[2l+1]·(w2a2 + w3a3). Pair sums within int16.
+inline v8i dot_u_scaled(v8i acc, v32b w, v32b a, v16h sc) {
+#if defined(LLAMAY_AVX2)
+  const __m256i p = _mm256_maddubs_epi16((__m256i)w, (__m256i)a);
+#if defined(LLAMAY_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return (v8i)_mm256_dpwssd_epi32((__m256i)acc, p, (__m256i)sc);
+#elif defined(LLAMAY_VNNI)
+  return (v8i)_mm256_dpwssd_avx_epi32((__m256i)acc, p, (__m256i)sc);
+#else
+  return acc + (v8i)_mm256_madd_epi16(p, (__m256i)sc);
+#endif
+#else
+  for (int l = 0; l < 8; ++l)
+    for (int h = 0; h < 2; ++h) {
+      const int e = 4 * l + 2 * h;
+      const int32_t pair = (int32_t)(uint8_t)w[e] * a[e] + (int32_t)(uint8_t)w[e + 1] * a[e + 1];
+      acc[l] += pair * sc[2 * l + h];
+    }
+  return acc;
+#endif
+}
+inline v8i dot_s_scaled(v8i acc, v32b w, v32b a, v16h sc) {
+#if defined(LLAMAY_AVX2)
+  return dot_u_scaled(acc, (v32b)_mm256_sign_epi8((__m256i)w, (__m256i)w),
+                      (v32b)_mm256_sign_epi8((__m256i)a, (__m256i)w), sc);
+#else
+  for (int l = 0; l < 8; ++l)
+    for (int i = 0; i < 4; ++i) acc[l] += (int32_t)w[4 * l + i] * a[4 * l + i] * sc[2 * l + i / 2];
+  return acc;
+#endif
+}
+// _mm256_madd_epi16: lane l = a[2l]·b[2l] + a[2l+1]·b[2l+1].
+inline v8i madd16(v16h a, v16h b) {
+#if defined(LLAMAY_AVX2)
+  return (v8i)_mm256_madd_epi16((__m256i)a, (__m256i)b);
+#else
+  v8i r;
+  for (int l = 0; l < 8; ++l) r[l] = (int32_t)a[2 * l] * b[2 * l] + (int32_t)a[2 * l + 1] * b[2 * l + 1];
+  return r;
+#endif
+}
+
+// -- the activations, quantised once per call --------------------------------------------
+
+inline uint16_t f32_to_f16(float f) {  // round to nearest even, as numpy's astype
+#if defined(__F16C__) && !defined(LLAMAY_SCALAR)
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7FFFFFFF;
+  if (ax >= 0x7F800000) return sign | (ax > 0x7F800000 ? 0x7E00 : 0x7C00);
+  if (ax >= 0x477FF000) return sign | 0x7C00;  // 65520 and up: infinity
+  if (ax <= 0x33000000) return sign;           // 2^-25 and below: zero (the tie to even)
+  const int e = (int)(ax >> 23);
+  const uint32_t mant = (ax & 0x7FFFFF) | 0x800000;
+  const int shift = e < 113 ? 126 - e : 13;  // f16 subnormal below 2^-14
+  uint32_t r = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (e >= 113) r = ((uint32_t)(e - 112) << 10) | (r & 0x3FF);
+  if (rem > half || (rem == half && (r & 1))) ++r;  // a carry moves into the exponent
+  return (uint16_t)(sign | r);
+#endif
+}
+
+// The activations of one call: quants qs [M, K]; per 32-block (Q8_0/Q8_1) d (the f16
+// scale widened), s (Q8_1: f16(d·Σq)) and `bias` times the lane sums of the quants
+// (for the unsigned-quant dots of Q4_0/Q5_0), [M, K/32, 8]; per 256-block (Q8_K) d,
+// the 16 bsums and the 8 sums of 32 (Q4_K/Q5_K's sub-blocks).
+struct Acts {
+  std::vector<int8_t> qs;
+  std::vector<float> d, s;
+  std::vector<int32_t> corr;
+  std::vector<int16_t> bsums, bs32;
+};
+
+// ggml's x86 quantize_row_q8_0 / q8_1: id = 127/amax, quants rounded to nearest even.
+void quantize_q8(const float* x, int64_t row, int64_t k, bool q8_1, int bias, Acts& a) {
+  const int64_t nb = k / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t i = row * nb + b;
+    const float* xb = x + i * 32;
+    float amax = 0.0f;
+    for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(xb[e]));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int8_t* q = &a.qs[i * 32];
+    int32_t total = 0;
+    for (int e = 0; e < 32; ++e) {
+      q[e] = (int8_t)std::nearbyint(xb[e] * id);
+      total += q[e];
+    }
+    a.d[i] = f16_to_f32(f32_to_f16(d));
+    if (q8_1) a.s[i] = f16_to_f32(f32_to_f16((float)total * d));
+    if (bias)
+      for (int l = 0; l < 8; ++l)
+        a.corr[i * 8 + l] = -bias * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+  }
+}
+
+// ggml's quantize_row_q8_K_ref: iscale = -127 / (the first element of largest magnitude).
+void quantize_q8k(const float* x, int64_t row, int64_t k, Acts& a) {
+  const int64_t nsb = k / 256;
+  for (int64_t b = 0; b < nsb; ++b) {
+    const int64_t i = row * nsb + b;
+    const float* xb = x + i * 256;
+    float amax = 0.0f, mx = 0.0f;
+    for (int e = 0; e < 256; ++e) {
+      const float v = std::fabs(xb[e]);
+      if (amax < v) amax = v, mx = xb[e];
+    }
+    int8_t* q = &a.qs[i * 256];
+    if (mx == 0.0f) {
+      a.d[i] = 0.0f;
+      std::memset(q, 0, 256);
+    } else {
+      const float iscale = -127.0f / mx;
+      for (int e = 0; e < 256; ++e) q[e] = (int8_t)std::min(std::nearbyint(iscale * xb[e]), 127.0f);
+      a.d[i] = 1.0f / iscale;
+    }
+    for (int s = 0; s < 16; ++s) {
+      int32_t t = 0;
+      for (int e = 0; e < 16; ++e) t += q[16 * s + e];
+      a.bsums[i * 16 + s] = (int16_t)t;
+    }
+    for (int s = 0; s < 8; ++s) a.bs32[i * 16 + s] = (int16_t)(a.bsums[i * 16 + 2 * s] + a.bsums[i * 16 + 2 * s + 1]);
+    for (int s = 8; s < 16; ++s) a.bs32[i * 16 + s] = 0;
+  }
+}
+
+// Quantise all M rows (over the pool when there are many).
+template <class F>
+void each_row(ffi::ThreadPool& pool, int64_t m, int64_t k, F&& f) {
+  const int64_t per = std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1));  // rows per task
+  const int64_t tasks = (m + per - 1) / per;
+  parallel_for(pool, tasks, [&](int64_t t) {
+    for (int64_t r = t * per; r < std::min(m, (t + 1) * per); ++r) f(r);
+  });
+}
+
+// -- threads -------------------------------------------------------------------------
+
+// Tasks of whole row tiles, a few per thread (uneven progress evens out); one task when
+// the whole call is a few microseconds of work (waking XLA's pool costs more than that).
+int64_t rows_per_task(int64_t n, int64_t threads, int64_t multiple, int64_t work) {
+  if (work < (int64_t)1 << 17) return (n + multiple - 1) / multiple * multiple;
   int64_t per = (n + 4 * threads - 1) / (4 * threads);
   per = std::max<int64_t>(per, 16);
   return (per + multiple - 1) / multiple * multiple;
@@ -55,479 +295,524 @@ Dims dims_of(const XBuf& x, const Weight& w) {
   return {k ? (int64_t)x.element_count() / k : 0, k, w.n, w.row_bytes};
 }
 
-// -- llamacpp: integer lane sums -------------------------------------------------------
+// Tile shapes: R weight rows x MT activation rows of f32 accumulators (<= 16 vectors).
+// One row at M = 1: weight rows read in order (several at once measured slower there).
+constexpr int rows_for(int mt) { return mt == 1 ? 1 : mt <= 4 ? 4 : 2; }
 
-// ggml's AVX2 int32 lanes of one 32-byte chunk: lane l = Σ_{i<4} w[4l+i]·a[4l+i] (exact).
+// -- 32-element blocks x Q8_0 / Q8_1 ----------------------------------------------------
+
+// A block's quants in element order: unsigned for Q4_0/Q4_1/Q5_0/Q5_1 (the _0 types'
+// bias is taken off through the activations' lane sums), signed for Q8_0.
+template <int32_t T>
+inline v32b quants32(const uint8_t* b) {
+  if (T == Q8_0) return ld<v32b>(b + 2);
+  constexpr int qs = T == Q4_0 ? 2 : T == Q4_1 ? 4 : T == Q5_0 ? 6 : 8;
 #if defined(LLAMAY_AVX2)
-// w unsigned (0..255) times a signed.
-inline __m256i lanes_u8(__m256i w, __m256i a) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, a);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a);
-#else  // the pair sums fit int16: |w| <= 128 and |a| <= 127 here
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
-#endif
-}
-// Both signed: |w| times a with w's sign (exact while a > -128: ggml's Q8 quants are).
-inline __m256i lanes_s8(__m256i w, __m256i a) {
-  return lanes_u8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-}
-inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
-#endif
-
-inline void lanes_i8(const int8_t* w, const int8_t* a, int32_t* out) {
-#if defined(LLAMAY_AVX2)
-  _mm256_storeu_si256((__m256i*)out, lanes_s8(load256(w), load256(a)));
-#else
-  for (int l = 0; l < 8; ++l) {
-    int32_t s = 0;
-    for (int i = 0; i < 4; ++i) s += (int32_t)w[4 * l + i] * a[4 * l + i];
-    out[l] = s;
-  }
-#endif
-}
-
-inline float hsum8(const float* v) {
-  const float t0 = v[4] + v[0], t1 = v[5] + v[1], t2 = v[6] + v[2], t3 = v[7] + v[3];
-  return (t0 + t2) + (t1 + t3);
-}
-
-#if defined(LLAMAY_AVX2)
-// bit i of the 32-bit word at p -> byte i = 0xFF or 0
-inline __m256i bytes_from_bits(const uint8_t* p) {
-  uint32_t bits;
-  std::memcpy(&bits, p, 4);
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32((int)bits),
-      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);  // all bits but the one
-  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
-}
-
-// A 32-element block's quants in element order (as q32_parts gives them).
-inline __m256i decode_q32(int32_t t, const uint8_t* b) {
-  if (t == Q8_0) return load256(b + 2);
-  const int qs = t == Q4_0 ? 2 : t == Q4_1 ? 4 : t == Q5_0 ? 6 : 8;
   const __m128i v = _mm_loadu_si128((const __m128i*)(b + qs));
   const __m128i m4 = _mm_set1_epi8(0xF);
   __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-  if (t == Q5_0 || t == Q5_1)
-    q = _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits(b + qs - 4), _mm256_set1_epi8(0x10)));
-  if (t == Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-  if (t == Q5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+  if (T == Q5_0 || T == Q5_1) {
+    uint32_t bits;
+    std::memcpy(&bits, b + qs - 4, 4);
+#if defined(LLAMAY_AVX512BW)
+    q = _mm256_or_si256(q, _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(0x10)));
+#else
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);  // all bits but the one
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
+    q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+#endif
+  }
+  return (v32b)q;
+#else
+  v32b q;
+  uint32_t qh = 0;
+  if (T == Q5_0 || T == Q5_1) std::memcpy(&qh, b + qs - 4, 4);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (int8_t)((b[qs + j] & 0xF) | (((qh >> j) & 1) << 4));
+    q[j + 16] = (int8_t)((b[qs + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+  }
   return q;
-}
 #endif
-
-// One weight row of a 32-element type, unpacked for the dots: quants, d, m per block.
-struct Q32Row {
-  std::vector<int8_t> q;
-  std::vector<float> d, m;
-  __attribute__((always_inline)) void load(int32_t type, const uint8_t* row, int64_t nb) {
-    q.resize(nb * 32);
-    d.resize(nb);
-    m.resize(nb);
-    const int bb = block_bytes(type);
-    for (int64_t b = 0; b < nb; ++b) {
-#if defined(LLAMAY_AVX2)
-      const uint8_t* p = row + b * bb;
-      d[b] = rdf16(p);
-      m[b] = (type == Q4_1 || type == Q5_1) ? rdf16(p + 2) : 0.0f;
-      _mm256_storeu_si256((__m256i*)&q[b * 32], decode_q32(type, p));
-#else
-      q32_parts(type, row + b * bb, &q[b * 32], &d[b], &m[b]);
-#endif
-    }
-  }
-};
-
-// vec_dot_{q4_0,q5_0,q8_0}_q8_0 / {q4_1,q5_1}_q8_1 (lanes) or the Q4_0x8 repack
-// GEMV/GEMM (whole_block): see qtensor._q8_block_dot / _q4_0_repack_dot.
-__attribute__((always_inline)) inline float q8_dot(const Q32Row& w, int64_t nb, const int8_t* qa, const float* da, const float* sa,
-             bool has_m, bool whole_block) {
-  if (whole_block) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) {
-      int32_t l[8];
-      lanes_i8(&w.q[b * 32], qa + b * 32, l);
-      const int32_t s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-      acc = std::fmaf((float)s, da[b] * w.d[b], acc);
-    }
-    return acc;
-  }
-#if defined(LLAMAY_AVX2)
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256 xy = _mm256_cvtepi32_ps(lanes_s8(load256(&w.q[b * 32]), load256(qa + b * 32)));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(da[b] * w.d[b]), xy, acc);
-  }
-  float a8[8];
-  _mm256_storeu_ps(a8, acc);
-#else
-  float a8[8] = {};
-  for (int64_t b = 0; b < nb; ++b) {
-    int32_t l[8];
-    lanes_i8(&w.q[b * 32], qa + b * 32, l);
-    const float dd = da[b] * w.d[b];
-    for (int i = 0; i < 8; ++i) a8[i] = std::fmaf(dd, (float)l[i], a8[i]);
-  }
-#endif
-  float y = hsum8(a8);
-  if (has_m) {
-    float summs = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) summs = summs + sa[b] * w.m[b];
-    y = y + summs;
-  }
-  return y;
 }
 
 struct Q8Job {
-  const int8_t* qa;
-  const float *da, *sa;
+  Acts* a;
   const uint8_t* w;
   float* y;
   Dims d;
   int64_t nb;
-  bool whole_block;
 };
 
-// Output rows [n0, n1) for weight type T (a template: the per-block decode specialised).
-template <int32_t T>
-void q8_rows(const Q8Job& j, int64_t n0, int64_t n1) {
+// Outputs rows [r0, r0 + R) x activation rows [m0, m0 + MT) of weight type T:
+// vec_dot_{q4_0,q5_0,q8_0}_q8_0 / {q4_1,q5_1}_q8_1 (AVX2 lanes: acc_l = fma(d_w·d_a,
+// xy_l, acc_l) block by block, hsum_float_8, + Σ m_w·s_a for the _1 types) or, WHOLE,
+// the Q4_0x8 repack GEMV/GEMM (acc = fma(Σ_block, d_w·d_a, acc)).
+template <int32_t T, int R, int MT, bool WHOLE>
+void q8_tile(const Q8Job& j, int64_t r0, int64_t m0) {
   constexpr bool has_m = T == Q4_1 || T == Q5_1;
-  Q32Row row;  // per task (a thread_local costs a TLS lookup per use in a shared library)
-  for (int64_t n = n0; n < n1; ++n) {
-    row.load(T, j.w + n * j.d.row_bytes, j.nb);
-    for (int64_t m = 0; m < j.d.m; ++m)
-      j.y[m * j.d.n + n] = q8_dot(row, j.nb, j.qa + m * j.d.k, j.da + m * j.nb, j.sa + m * j.nb,
-                                  has_m, j.whole_block);
+  constexpr bool biased = T == Q4_0 || T == Q5_0;
+  constexpr int bb = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
+  const int64_t nb = j.nb, k = j.d.k;
+  const Acts& a = *j.a;
+  v8f acc[R][MT] = {};
+  float sacc[R][MT] = {};  // WHOLE: the accumulator; _1 types: Σ m·s
+  const uint8_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = j.w + (r0 + r) * j.d.row_bytes;
+  for (int64_t b = 0; b < nb; ++b) {
+    v32b q[R];
+    float dw[R], mw[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = rows[r] + b * bb;
+      if (R > 1) prefetch(blk + R * j.d.row_bytes);
+      q[r] = quants32<T>(blk);
+      dw[r] = rdf16(blk);
+      mw[r] = has_m ? rdf16(blk + 2) : 0.0f;
+    }
+    for (int m = 0; m < MT; ++m) {
+      const int64_t i = (m0 + m) * nb + b;
+      const v32b av = ld<v32b>(&a.qs[i * 32]);
+      const v8i init = biased ? ld<v8i>(&a.corr[i * 8]) : (v8i){};
+      const float da = a.d[i];
+      for (int r = 0; r < R; ++r) {
+        const v8i l = T == Q8_0 ? dot_s(init, q[r], av) : dot_u(init, q[r], av);
+        if (WHOLE) {
+          sacc[r][m] = std::fmaf((float)hsum_i(l), da * dw[r], sacc[r][m]);
+        } else {
+          acc[r][m] = fma8(splat(da) * splat(dw[r]), cvt(l), acc[r][m]);
+          if (has_m) sacc[r][m] = sacc[r][m] + a.s[i] * mw[r];
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) {
+      float y = WHOLE ? sacc[r][m] : hsum8(acc[r][m]);
+      if (!WHOLE && has_m) y = y + sacc[r][m];
+      j.y[(m0 + m) * j.d.n + r0 + r] = y;
+    }
+}
+
+// lane i = Σ of v[i]'s lanes (integers: any grouping).
+inline v8i hsum_each(const v8i* v) {
+#if defined(LLAMAY_AVX2)
+  auto h = [](v8i a, v8i b) { return (v8i)_mm256_hadd_epi32((__m256i)a, (__m256i)b); };
+  const v8i u0 = h(h(v[0], v[1]), h(v[2], v[3])), u1 = h(h(v[4], v[5]), h(v[6], v[7]));
+  return (v8i)_mm256_add_epi32(_mm256_permute2x128_si256((__m256i)u0, (__m256i)u1, 0x20),
+                               _mm256_permute2x128_si256((__m256i)u0, (__m256i)u1, 0x31));
+#else
+  v8i r;
+  for (int i = 0; i < 8; ++i) r[i] = hsum_i(v[i]);
+  return r;
+#endif
+}
+
+// The Q4_0x8 repack GEMV/GEMM for 8 weight rows at once, one row per f32 lane: per
+// row, acc = fma(Σ_block, d_w·d_a, acc) block by block, as `q8_tile<.., WHOLE>`.
+template <int MT>
+void q4_0_whole8(const Q8Job& j, int64_t r0, int64_t m0) {
+  const int64_t nb = j.nb;
+  const Acts& a = *j.a;
+  v8f acc[MT] = {};
+  const uint8_t* rows[8];
+  for (int r = 0; r < 8; ++r) rows[r] = j.w + (r0 + r) * j.d.row_bytes;
+  for (int64_t b = 0; b < nb; ++b) {
+    v32b q[8];
+    v8f dw;
+    for (int r = 0; r < 8; ++r) {
+      prefetch(rows[r] + b * 18 + 8 * j.d.row_bytes);
+      q[r] = quants32<Q4_0>(rows[r] + b * 18);
+      dw[r] = rdf16(rows[r] + b * 18);
+    }
+    for (int m = 0; m < MT; ++m) {
+      const int64_t i = (m0 + m) * nb + b;
+      const v32b av = ld<v32b>(&a.qs[i * 32]);
+      const v8i init = ld<v8i>(&a.corr[i * 8]);
+      v8i l[8];
+      for (int r = 0; r < 8; ++r) l[r] = dot_u(init, q[r], av);
+      acc[m] = fma8(cvt(hsum_each(l)), splat(a.d[i]) * dw, acc[m]);
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < 8; ++r) j.y[(m0 + m) * j.d.n + r0 + r] = acc[m][r];
+}
+
+using Q8TileFn = void (*)(const Q8Job&, int64_t, int64_t);
+
+template <int32_t T, bool WHOLE, int MT>
+void q8_range_mt(const Q8Job& j, int64_t n0, int64_t n1, int64_t m0) {
+  constexpr int R = rows_for(MT);
+  int64_t r = n0;
+  if (WHOLE && T == Q4_0)
+    for (; r + 8 <= n1; r += 8) q4_0_whole8<MT>(j, r, m0);
+  for (; r + R <= n1; r += R) q8_tile<T, R, MT, WHOLE>(j, r, m0);
+  for (; r < n1; ++r) q8_tile<T, 1, MT, WHOLE>(j, r, m0);
+}
+
+template <int32_t T, bool WHOLE>
+void q8_range(const Q8Job& j, int64_t n0, int64_t n1) {
+  static constexpr void (*by_mt[8])(const Q8Job&, int64_t, int64_t, int64_t) = {
+      &q8_range_mt<T, WHOLE, 1>, &q8_range_mt<T, WHOLE, 2>, &q8_range_mt<T, WHOLE, 3>,
+      &q8_range_mt<T, WHOLE, 4>, &q8_range_mt<T, WHOLE, 5>, &q8_range_mt<T, WHOLE, 6>,
+      &q8_range_mt<T, WHOLE, 7>, &q8_range_mt<T, WHOLE, 8>};
+  // Row blocks of 16 weight rows (a few KB: stay in L1) against all activation rows.
+  for (int64_t s = n0; s < n1; s += 16) {
+    const int64_t e = std::min(n1, s + 16);
+    for (int64_t m0 = 0; m0 < j.d.m; m0 += 8) by_mt[std::min<int64_t>(8, j.d.m - m0) - 1](j, s, e, m0);
   }
 }
 
-ffi::Error QmmQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> qa, ffi::Buffer<ffi::F32> da,
-                 ffi::Buffer<ffi::F32> sa, ffi::Buffer<ffi::U8> w, ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y,
-                 int32_t type, int32_t whole_block) {
+ffi::Error QmmQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                 ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t type,
+                 int32_t whole_block) {
   Weight wt;
   if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
-  const Dims d = dims_of(qa, wt);
+  const Dims d = dims_of(x, wt);
   if (auto err = check(type, d); err.failure()) return err;
   if (block_elems(type) != 32) return ffi::Error::InvalidArgument("LlamayQmmQ8: needs a 32-element block type");
+  if (whole_block && type != Q4_0) return ffi::Error::InvalidArgument("LlamayQmmQ8: the repack kernel is Q4_0 only");
   const int64_t nb = d.k / 32;
-  const int8_t* qp = qa.typed_data();
-  const float *dp = da.typed_data(), *sp = sa.typed_data();
-  const uint8_t* wp = wt.data;
-  float* yp = y->typed_data();
-  const Q8Job job{qp, dp, sp, wp, yp, d, nb, whole_block != 0};
+  const bool q8_1 = type == Q4_1 || type == Q5_1;
+  const int bias = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
+  Acts a;
+  a.qs.resize(d.m * d.k);
+  a.d.resize(d.m * nb);
+  if (q8_1) a.s.resize(d.m * nb);
+  if (bias) a.corr.resize(d.m * nb * 8);
+  const float* xp = x.typed_data();
+  each_row(pool, d.m, d.k, [&](int64_t r) { quantize_q8(xp, r, d.k, q8_1, bias, a); });
+  const Q8Job job{&a, wt.data, y->typed_data(), d, nb};
   void (*rows)(const Q8Job&, int64_t, int64_t) = nullptr;
   switch (type) {
-    case Q4_0: rows = &q8_rows<Q4_0>; break;
-    case Q4_1: rows = &q8_rows<Q4_1>; break;
-    case Q5_0: rows = &q8_rows<Q5_0>; break;
-    case Q5_1: rows = &q8_rows<Q5_1>; break;
-    default: rows = &q8_rows<Q8_0>; break;
+    case Q4_0: rows = whole_block ? &q8_range<Q4_0, true> : &q8_range<Q4_0, false>; break;
+    case Q4_1: rows = &q8_range<Q4_1, false>; break;
+    case Q5_0: rows = &q8_range<Q5_0, false>; break;
+    case Q5_1: rows = &q8_range<Q5_1, false>; break;
+    default: rows = &q8_range<Q8_0, false>; break;
   }
-  const int64_t per = rows_per_task(d.n, pool.num_threads(), 1);
+  const int64_t per = rows_per_task(d.n, pool.num_threads(), 8, d.n * d.k * d.m);
   parallel_for(pool, (d.n + per - 1) / per, [&](int64_t task) {
     rows(job, task * per, std::min(d.n, (task + 1) * per));
   });
   return ffi::Error::Success();
 }
 
-// -- llamacpp: K-quants x Q8_K ---------------------------------------------------------
+// -- K-quants x Q8_K ---------------------------------------------------------------------
 
 enum KKernel : int32_t { K_VEC = 0, K_TILED = 1, K_REPACK = 2 };
 
-// The scales of one K-quant super-block: per sub-block scale (16 or 8 sub-blocks) and
-// mins (16 for Q2_K, 8 for Q4_K/Q5_K, else none), d and dmin; returns the sub-blocks.
-inline int kquant_scales(int32_t t, const uint8_t* b, int16_t* sc, int16_t* mins, int* n_mins,
-                         float* d, float* dmin) {
+// The scales of one K-quant super-block as int16 vectors: the 16 (Q4_K/Q5_K: 8, then
+// zeros) sub-block scales and mins (Q2_K, Q4_K, Q5_K; else zeros), d and dmin. Built
+// in registers (no byte stores read back as a vector: a store-forwarding stall).
+inline v16h widen_u8(const uint8_t* p) {
+#if defined(LLAMAY_AVX2)
+  return (v16h)_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p));
+#else
+  v16h v;
+  for (int i = 0; i < 16; ++i) v[i] = p[i];
+  return v;
+#endif
+}
+inline v16h widen_s8(const uint8_t* p) {
+#if defined(LLAMAY_AVX2)
+  return (v16h)_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+#else
+  v16h v;
+  for (int i = 0; i < 16; ++i) v[i] = (int8_t)p[i];
+  return v;
+#endif
+}
+template <int32_t T>
+inline void kquant_scales(const uint8_t* b, v16h* sc, v16h* mins, float* d, float* dmin) {
   *dmin = 0.0f;
-  *n_mins = 0;
-  switch (t) {
-    case Q2_K:
+  *mins = (v16h){};
+  switch (T) {
+    case Q2_K: {
+      const v16h s = widen_u8(b);
+      *sc = s & 0xF;
+      *mins = s >> 4;
       *d = rdf16(b + 80);
       *dmin = rdf16(b + 82);
-      for (int s = 0; s < 16; ++s) sc[s] = b[s] & 0xF, mins[s] = b[s] >> 4;
-      *n_mins = 16;
-      return 16;
-    case Q3_K: {
-      int8_t s16[16];
-      q3k_scales(b + 96, s16);
-      for (int s = 0; s < 16; ++s) sc[s] = s16[s];
+      return;
+    }
+    case Q3_K: {  // 16 six-bit scales: low nibbles in bytes 0-7, high pairs in 8-11
+      uint32_t aux[3], out[4];
+      std::memcpy(aux, b + 96, 12);
+      const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+      out[0] = (aux[0] & m4) | ((aux[2] & m2) << 4);
+      out[1] = (aux[1] & m4) | (((aux[2] >> 2) & m2) << 4);
+      out[2] = ((aux[0] >> 4) & m4) | (((aux[2] >> 4) & m2) << 4);
+      out[3] = ((aux[1] >> 4) & m4) | (((aux[2] >> 6) & m2) << 4);
+      uint8_t bytes[16];
+      std::memcpy(bytes, out, 16);
+      *sc = widen_u8(bytes) - 32;
       *d = rdf16(b + 108);
-      return 16;
+      return;
     }
     case Q4_K:
-    case Q5_K:
+    case Q5_K: {  // get_scale_min_k4 for all 8: scales to bytes 0-7, mins to 8-15
+      uint32_t u[4];
+      std::memcpy(u, b + 4, 12);
+      const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+      u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+      const uint32_t mins_lo = u[1] & m6;
+      u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+      u[2] = mins_lo;
+      u[0] &= m6;
+      uint8_t bytes[16];
+      std::memcpy(bytes, u, 16);
+      const v16h all = widen_u8(bytes);
+      const v16h lo8 = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+      *sc = all & lo8;
+      *mins = __builtin_shuffle(all, (v16h){8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15}) & lo8;
       *d = rdf16(b);
       *dmin = rdf16(b + 2);
-      for (int s = 0; s < 8; ++s) {
-        uint8_t a, m;
-        scale_min_k4(s, b + 4, &a, &m);
-        sc[s] = a, mins[s] = m;
-      }
-      *n_mins = 8;
-      return 8;
+      return;
+    }
     default:  // Q6_K
-      for (int s = 0; s < 16; ++s) sc[s] = ((const int8_t*)(b + 192))[s];
+      *sc = widen_s8(b + 192);
       *d = rdf16(b + 208);
-      return 16;
   }
 }
 
+// A K-quant super-block's 256 quants in element order (as kquant_parts gives them;
+// Q6_K unsigned 0..63, Q3_K signed -4..3, the others unsigned).
+template <int32_t T>
+inline void decode_kquant(const uint8_t* b, int8_t* q) {
 #if defined(LLAMAY_AVX2)
-// A K-quant super-block's 256 quants in element order (as kquant_parts gives them).
-inline void decode_kquant(int32_t t, const uint8_t* b, int8_t* q) {
   const __m256i m2 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-  auto st = [q](int at, __m256i v) { _mm256_storeu_si256((__m256i*)(q + at), v); };
+  auto put = [q](int at, __m256i v) { _mm256_storeu_si256((__m256i*)(q + at), v); };
+  auto get = [](const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); };
   auto shr = [](__m256i v, int s) { return _mm256_srli_epi16(v, s); };  // then masked per byte
-  switch (t) {
+  switch (T) {
     case Q2_K:
       for (int n = 0; n < 2; ++n) {
-        const __m256i v = load256(b + 16 + 32 * n);
-        for (int j = 0; j < 4; ++j) st(128 * n + 32 * j, _mm256_and_si256(shr(v, 2 * j), m2));
+        const __m256i v = get(b + 16 + 32 * n);
+        for (int j = 0; j < 4; ++j) put(128 * n + 32 * j, _mm256_and_si256(shr(v, 2 * j), m2));
       }
       return;
     case Q3_K: {
-      const __m256i hm = load256(b);
+      const __m256i hm = get(b);
       for (int n = 0; n < 2; ++n) {
-        const __m256i v = load256(b + 32 + 32 * n);
+        const __m256i v = get(b + 32 + 32 * n);
         for (int j = 0; j < 4; ++j) {
           const __m256i low = _mm256_and_si256(shr(v, 2 * j), m2);
           const __m256i high = _mm256_and_si256(shr(hm, 4 * n + j), one);
-          st(128 * n + 32 * j, _mm256_add_epi8(_mm256_sub_epi8(low, _mm256_set1_epi8(4)),
-                                               _mm256_slli_epi16(high, 2)));
+          put(128 * n + 32 * j, _mm256_add_epi8(_mm256_sub_epi8(low, _mm256_set1_epi8(4)), _mm256_slli_epi16(high, 2)));
         }
       }
       return;
     }
     case Q4_K:
     case Q5_K: {
-      const uint8_t* qs = b + (t == Q5_K ? 48 : 16);
-      const __m256i qh = t == Q5_K ? load256(b + 16) : _mm256_setzero_si256();
+      const uint8_t* qs = b + (T == Q5_K ? 48 : 16);
+      const __m256i qh = T == Q5_K ? get(b + 16) : _mm256_setzero_si256();
       for (int n = 0; n < 4; ++n) {
-        const __m256i v = load256(qs + 32 * n);
+        const __m256i v = get(qs + 32 * n);
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(shr(v, 4), m4);
-        if (t == Q5_K) {
+        if (T == Q5_K) {
           lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(shr(qh, 2 * n), one), 4));
           hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(shr(qh, 2 * n + 1), one), 4));
         }
-        st(64 * n, lo);
-        st(64 * n + 32, hi);
+        put(64 * n, lo);
+        put(64 * n + 32, hi);
       }
       return;
     }
     default:  // Q6_K
       for (int n = 0; n < 2; ++n) {
-        const __m256i l0 = load256(b + 64 * n), l1 = load256(b + 64 * n + 32);
-        const __m256i h = load256(b + 128 + 32 * n);
+        const __m256i l0 = get(b + 64 * n), l1 = get(b + 64 * n + 32);
+        const __m256i h = get(b + 128 + 32 * n);
         auto hb = [&](int s) { return _mm256_slli_epi16(_mm256_and_si256(shr(h, s), m2), 4); };
-        st(128 * n + 0, _mm256_or_si256(_mm256_and_si256(l0, m4), hb(0)));
-        st(128 * n + 32, _mm256_or_si256(_mm256_and_si256(l1, m4), hb(2)));
-        st(128 * n + 64, _mm256_or_si256(_mm256_and_si256(shr(l0, 4), m4), hb(4)));
-        st(128 * n + 96, _mm256_or_si256(_mm256_and_si256(shr(l1, 4), m4), hb(6)));
+        put(128 * n + 0, _mm256_or_si256(_mm256_and_si256(l0, m4), hb(0)));
+        put(128 * n + 32, _mm256_or_si256(_mm256_and_si256(l1, m4), hb(2)));
+        put(128 * n + 64, _mm256_or_si256(_mm256_and_si256(shr(l0, 4), m4), hb(4)));
+        put(128 * n + 96, _mm256_or_si256(_mm256_and_si256(shr(l1, 4), m4), hb(6)));
       }
-  }
-}
-#endif
-
-// One weight row of a K-quant, unpacked: per super-block the quants q (Q6_K unsigned),
-// the sub-block scales sc16 (16 or 8 of them: `subs`), the mins and d, dmin.
-struct KRow {
-  std::vector<int8_t> q;
-  std::vector<int16_t> sc16, mins;
-  std::vector<float> d, dmin;
-  int n_mins = 0, subs = 0;
-  __attribute__((always_inline)) void load(int32_t type, const uint8_t* row, int64_t nsb) {
-    q.resize(nsb * 256);
-    sc16.resize(nsb * 16);
-    mins.resize(nsb * 16);
-    d.resize(nsb);
-    dmin.resize(nsb);
-    const int bb = block_bytes(type);
-    for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* b = row + s * bb;
-      subs = kquant_scales(type, b, &sc16[s * 16], &mins[s * 16], &n_mins, &d[s], &dmin[s]);
-#if defined(LLAMAY_AVX2)
-      decode_kquant(type, b, &q[s * 256]);
-#else
-      int16_t sc[256], mn[16];
-      float dd, dm;
-      kquant_parts(type, b, &q[s * 256], sc, mn, &dd, &dm);
-#endif
-    }
-  }
-};
-
-// S[8c + j] = lane j of chunk c, scaled: sc · Σ_{i<4} a[32c+4j+i]·q[32c+4j+i] (exact), the
-// scale of chunk c's lanes 0-3 and 4-7 being those of 16-element sub-blocks 2c and 2c+1,
-// or of 32-element sub-block c.
-inline void chunk_sums(const KRow& w, int64_t sb, bool signed_q, const int8_t* a, int32_t* S) {
-  const int8_t* q = &w.q[sb * 256];
-  const int16_t* sc = &w.sc16[sb * 16];
-#if defined(LLAMAY_AVX2)
-  for (int c = 0; c < 8; ++c) {
-    const __m256i qv = load256(q + 32 * c), av = load256(a + 32 * c);
-    const __m256i p = signed_q ? lanes_s8(qv, av) : lanes_u8(qv, av);
-    const __m256i scv = w.subs == 16 ? _mm256_set_m128i(_mm_set1_epi32(sc[2 * c + 1]), _mm_set1_epi32(sc[2 * c]))
-                                     : _mm256_set1_epi32(sc[c]);
-    _mm256_storeu_si256((__m256i*)(S + 8 * c), _mm256_mullo_epi32(p, scv));
   }
 #else
-  (void)signed_q;
-  for (int c = 0; c < 8; ++c)
-    for (int j = 0; j < 8; ++j) {
-      int32_t p = 0;
-      for (int i = 0; i < 4; ++i) p += (int32_t)a[32 * c + 4 * j + i] * q[32 * c + 4 * j + i];
-      S[8 * c + j] = sc[w.subs == 16 ? 2 * c + j / 4 : c] * p;
-    }
+  int16_t sc[256], mn[16];
+  float dd, dm;
+  kquant_parts(T, b, q, sc, mn, &dd, &dm);
 #endif
-}
-
-inline int32_t sum_i32(const int32_t* v, int n) {
-  int32_t s = 0;
-  for (int i = 0; i < n; ++i) s += v[i];
-  return s;
-}
-
-// m_sub[s] = (Σ of the activation quants over sub-block s) · min[s]  (integers).
-inline void min_sums(const KRow& w, int64_t sb, const int16_t* bsums, int32_t* m_sub) {
-  const int per = 16 / w.n_mins;  // bsums (of 16 elements) per sub-block
-  for (int s = 0; s < w.n_mins; ++s) {
-    int32_t b = 0;
-    for (int i = 0; i < per; ++i) b += bsums[s * per + i];
-    m_sub[s] = b * w.mins[sb * 16 + s];
-  }
-}
-
-__attribute__((always_inline)) inline float kquant_dot(const KRow& w, int32_t type, int32_t kernel, int parts, int64_t nsb,
-                 const int8_t* qa, const float* da, const int16_t* bsums) {
-  int32_t m_sub[16];
-  if (kernel == K_TILED) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nsb; ++b) {
-      int32_t S[64];
-      chunk_sums(w, b, type == Q3_K, qa + b * 256, S);
-      int32_t s1 = sum_i32(S, 64);
-      if (type == Q6_K) {
-        int32_t c = 0;
-        for (int s = 0; s < 16; ++s) c += (int32_t)bsums[b * 16 + s] * w.sc16[b * 16 + s];
-        s1 -= 32 * c;
-      }
-      float r = (float)s1 * w.d[b];
-      if (w.n_mins) {
-        min_sums(w, b, bsums + b * 16, m_sub);
-        int32_t s2 = 0;
-        for (int s = 0; s < w.n_mins; ++s) s2 += m_sub[s];
-        r = std::fmaf(-w.dmin[b], (float)s2, r);
-      }
-      acc = std::fmaf(r, da[b], acc);
-    }
-    return acc;
-  }
-  if (kernel == K_REPACK) {
-    const int elems = 256 / parts, subs = w.n_mins / parts;
-    float acc = 0.0f, acc_min = 0.0f;
-    for (int64_t b = 0; b < nsb; ++b) {
-      min_sums(w, b, bsums + b * 16, m_sub);
-      const float d = da[b] * w.d[b], dmin = da[b] * w.dmin[b];
-      int32_t S[64];
-      chunk_sums(w, b, type == Q3_K, qa + b * 256, S);
-      for (int p = 0; p < parts; ++p) {
-        const int32_t total = sum_i32(S + p * elems / 4, elems / 4);
-        int32_t m_total = 0;
-        for (int s = 0; s < subs; ++s) m_total += m_sub[p * subs + s];
-        acc = std::fmaf((float)total, d, acc);
-        acc_min = std::fmaf((float)m_total, dmin, acc_min);
-      }
-    }
-    return acc - acc_min;
-  }
-  float acc[8] = {}, acc_m[4] = {}, summs = 0.0f;
-  for (int64_t b = 0; b < nsb; ++b) {
-    int32_t S[64], lanes[8];
-    chunk_sums(w, b, type == Q3_K, qa + b * 256, S);
-    for (int j = 0; j < 8; ++j) {
-      int32_t l = 0;
-      for (int c = 0; c < 8; ++c) l += S[8 * c + j];
-      lanes[j] = l;
-    }
-    const float d = da[b] * w.d[b], dmin = da[b] * w.dmin[b];
-    if (w.n_mins) min_sums(w, b, bsums + b * 16, m_sub);
-    if (type == Q6_K) {  // quants stored unsigned: less 32·Σ sc·bsums, lane k over sub-blocks 2k, 2k+1
-      for (int k = 0; k < 8; ++k) {
-        const int32_t c0 = (int32_t)bsums[b * 16 + 2 * k] * w.sc16[b * 16 + 2 * k];
-        const int32_t c1 = (int32_t)bsums[b * 16 + 2 * k + 1] * w.sc16[b * 16 + 2 * k + 1];
-        lanes[k] -= 32 * (c0 + c1);
-      }
-    } else if (type == Q2_K) {  // 8 lanes of min sums into the same accumulator, first
-      for (int k = 0; k < 8; ++k) acc[k] = std::fmaf(-dmin, (float)(m_sub[2 * k] + m_sub[2 * k + 1]), acc[k]);
-    } else if (type == Q4_K) {
-      for (int k = 0; k < 4; ++k) acc_m[k] = std::fmaf(-dmin, (float)(m_sub[2 * k] + m_sub[2 * k + 1]), acc_m[k]);
-    } else if (type == Q5_K) {
-      int32_t s = 0;
-      for (int k = 0; k < 8; ++k) s += m_sub[k];
-      summs = std::fmaf(-dmin, (float)s, summs);
-    }
-    for (int k = 0; k < 8; ++k) acc[k] = std::fmaf(d, (float)lanes[k], acc[k]);
-  }
-  float y = hsum8(acc);
-  if (type == Q4_K) y = y + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
-  if (type == Q5_K) y = y + summs;
-  return y;
 }
 
 struct KJob {
-  const int8_t* qa;
-  const float* da;
-  const int16_t* bsums;
+  Acts* a;
   const uint8_t* w;
   float* y;
   Dims d;
   int64_t nsb;
-  int32_t kernel;
   int parts;
 };
 
+// One weight row's super-block, decoded for the dots.
+struct KBlock {
+  alignas(32) int8_t q[256];
+  v16h scv[8];    // chunk c's scale per int16 pair (sub-blocks of 16: 2c, then 2c+1)
+  v16h sc, mins;  // the 16 (or 8, then zeros) sub-block scales and mins
+  float d, dmin;
+};
+
 template <int32_t T>
-void k_rows(const KJob& j, int64_t n0, int64_t n1) {
-  KRow row;
-  for (int64_t n = n0; n < n1; ++n) {
-    row.load(T, j.w + n * j.d.row_bytes, j.nsb);
-    for (int64_t m = 0; m < j.d.m; ++m)
-      j.y[m * j.d.n + n] = kquant_dot(row, T, j.kernel, j.parts, j.nsb, j.qa + m * j.d.k,
-                                      j.da + m * j.nsb, j.bsums + m * j.nsb * 16);
+inline void load_kblock(const uint8_t* b, KBlock& k) {
+  kquant_scales<T>(b, &k.sc, &k.mins, &k.d, &k.dmin);
+  decode_kquant<T>(b, k.q);
+  constexpr bool sixteen = T == Q2_K || T == Q3_K || T == Q6_K;
+#define LLAMAY_SPREAD(c)                                                                       \
+  k.scv[c] = sixteen ? __builtin_shuffle(k.sc, (v16h){2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c,  \
+                                                      2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,   \
+                                                      2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1}) \
+                     : __builtin_shuffle(k.sc, (v16h){c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c});
+  LLAMAY_SPREAD(0) LLAMAY_SPREAD(1) LLAMAY_SPREAD(2) LLAMAY_SPREAD(3)
+  LLAMAY_SPREAD(4) LLAMAY_SPREAD(5) LLAMAY_SPREAD(6) LLAMAY_SPREAD(7)
+#undef LLAMAY_SPREAD
+}
+
+// Outputs rows [r0, r0 + R) x activation rows [m0, m0 + MT): ggml's vec_dot_qN_K_q8_K
+// (K_VEC), the tiled GEMM (K_TILED) or the Q4_K/Q2_K repack GEMV/GEMM (K_REPACK) as
+// qtensor.kquant_dot_q8k emulates them.
+template <int32_t T, int KERN, int R, int MT, int PARTS>
+void k_tile(const KJob& j, int64_t r0, int64_t m0) {
+  constexpr int bb = T == Q2_K ? 84 : T == Q3_K ? 110 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
+  constexpr bool has_mins = T == Q2_K || T == Q4_K || T == Q5_K;
+  const int64_t nsb = j.nsb, k = j.d.k;
+  const Acts& a = *j.a;
+  constexpr int parts = KERN == K_REPACK ? PARTS : 1;
+  v8f acc[R][MT] = {}, acc_m[R][MT] = {};  // K_VEC's lanes (and Q4_K's min lanes)
+  float sacc[R][MT] = {}, sacc2[R][MT] = {};  // scalar accumulators
+  KBlock blk[R];
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    for (int r = 0; r < R; ++r) load_kblock<T>(j.w + (r0 + r) * j.d.row_bytes + sb * bb, blk[r]);
+    for (int m = 0; m < MT; ++m) {
+      const int64_t i = (m0 + m) * nsb + sb;
+      const int8_t* qa = &a.qs[i * 256];
+      const float da = a.d[i];
+      const v16h bs16 = ld<v16h>(&a.bsums[i * 16]);
+      const v16h bs32 = ld<v16h>(&a.bs32[i * 16]);
+      for (int r = 0; r < R; ++r) {
+        const KBlock& w = blk[r];
+        // integer lanes, per group of chunks (K_REPACK's parts; else one group)
+        v8i g[4] = {};
+        const int per_group = KERN == K_REPACK ? 8 / parts : 8;
+        for (int c = 0; c < 8; ++c) {
+          const v32b qv = ld<v32b>(w.q + 32 * c), av = ld<v32b>(qa + 32 * c);
+          v8i& gc = g[KERN == K_REPACK ? c / per_group : 0];
+          gc = T == Q3_K ? dot_s_scaled(gc, qv, av, w.scv[c]) : dot_u_scaled(gc, qv, av, w.scv[c]);
+        }
+        // mins x activation sums, pairs of sub-blocks per lane
+        v8i mm = {};
+        if (has_mins) mm = madd16(T == Q2_K ? bs16 : bs32, w.mins);
+        if (KERN == K_VEC) {
+          v8i lanes = g[0];
+          if (T == Q6_K) lanes -= 32 * madd16(bs16, w.sc);
+          const float d = da * w.d, dmin = da * w.dmin;
+          if (T == Q2_K) acc[r][m] = fma8(splat(-dmin), cvt(mm), acc[r][m]);
+          if (T == Q4_K) acc_m[r][m] = fma8(splat(-dmin), cvt(mm), acc_m[r][m]);
+          if (T == Q5_K) sacc[r][m] = std::fmaf(-dmin, (float)hsum_i(mm), sacc[r][m]);
+          acc[r][m] = fma8(splat(d), cvt(lanes), acc[r][m]);
+        } else if (KERN == K_TILED) {
+          int32_t s1 = hsum_i(g[0]);
+          if (T == Q6_K) s1 -= 32 * hsum_i(madd16(bs16, w.sc));
+          float rr = (float)s1 * w.d;
+          if (has_mins) rr = std::fmaf(-w.dmin, (float)hsum_i(mm), rr);
+          sacc[r][m] = std::fmaf(rr, da, sacc[r][m]);
+        } else {  // K_REPACK: Q4_K (4 parts of 2 sub-blocks) or Q2_K (2 parts of 8)
+          const float d = da * w.d, dmin = da * w.dmin;
+          // m_total of part p: Q4_K lane p of mm (2 sub-blocks per part; 4 parts) or
+          // all 4 lanes; Q2_K lanes 4p..4p+3 (2 parts) or all 8
+          int32_t mt[4];
+          if (parts == 1) {
+            mt[0] = hsum_i(mm);
+          } else if (T == Q4_K) {
+            for (int p = 0; p < 4; ++p) mt[p] = mm[p];
+          } else {
+            mt[0] = (mm[0] + mm[1]) + (mm[2] + mm[3]);
+            mt[1] = (mm[4] + mm[5]) + (mm[6] + mm[7]);
+          }
+          for (int p = 0; p < parts; ++p) {
+            sacc[r][m] = std::fmaf((float)hsum_i(g[p]), d, sacc[r][m]);
+            sacc2[r][m] = std::fmaf((float)mt[p], dmin, sacc2[r][m]);
+          }
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r) {
+      float y;
+      if (KERN == K_VEC) {
+        y = hsum8(acc[r][m]);
+        const v8f am = acc_m[r][m];
+        if (T == Q4_K) y = y + ((am[0] + am[2]) + (am[1] + am[3]));
+        if (T == Q5_K) y = y + sacc[r][m];
+      } else if (KERN == K_TILED) {
+        y = sacc[r][m];
+      } else {
+        y = sacc[r][m] - sacc2[r][m];
+      }
+      j.y[(m0 + m) * j.d.n + r0 + r] = y;
+    }
+}
+
+template <int32_t T, int KERN, int MT>
+void k_range_mt(const KJob& j, int64_t n0, int64_t n1, int64_t m0) {
+  // one weight row at a time (more measured slower); the repack's parts: 1, 2 (Q2_K), 4 (Q4_K)
+  auto tile = j.parts == 1 ? &k_tile<T, KERN, 1, MT, 1>
+              : j.parts == 2 ? &k_tile<T, KERN, 1, MT, 2> : &k_tile<T, KERN, 1, MT, 4>;
+  for (int64_t r = n0; r < n1; ++r) tile(j, r, m0);
+}
+
+template <int32_t T, int KERN>
+void k_range(const KJob& j, int64_t n0, int64_t n1) {
+  static constexpr void (*by_mt[8])(const KJob&, int64_t, int64_t, int64_t) = {
+      &k_range_mt<T, KERN, 1>, &k_range_mt<T, KERN, 2>, &k_range_mt<T, KERN, 3>,
+      &k_range_mt<T, KERN, 4>, &k_range_mt<T, KERN, 5>, &k_range_mt<T, KERN, 6>,
+      &k_range_mt<T, KERN, 7>, &k_range_mt<T, KERN, 8>};
+  for (int64_t s = n0; s < n1; s += 8) {
+    const int64_t e = std::min(n1, s + 8);
+    for (int64_t m0 = 0; m0 < j.d.m; m0 += 8) by_mt[std::min<int64_t>(8, j.d.m - m0) - 1](j, s, e, m0);
   }
 }
 
-ffi::Error QmmQ8K(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> qa, ffi::Buffer<ffi::F32> da,
-                  ffi::Buffer<ffi::S16> bsums, ffi::Buffer<ffi::U8> w, ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y,
-                  int32_t type, int32_t kernel) {
+template <int32_t T>
+void (*k_kernel(int32_t kernel))(const KJob&, int64_t, int64_t) {
+  if (kernel == K_TILED) return &k_range<T, K_TILED>;
+  if (kernel == K_REPACK && (T == Q4_K || T == Q2_K)) return &k_range<T, K_REPACK>;
+  return &k_range<T, K_VEC>;
+}
+
+ffi::Error QmmQ8K(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                  ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t type,
+                  int32_t kernel) {
   Weight wt;
   if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
-  const Dims d = dims_of(qa, wt);
+  const Dims d = dims_of(x, wt);
   if (auto err = check(type, d); err.failure()) return err;
-  if (block_elems(type) != 256) return ffi::Error::InvalidArgument("LlamayQmmQ8K: needs a K-quant weight");
+  if (block_elems(type) != 256 || is_iq(type)) return ffi::Error::InvalidArgument("LlamayQmmQ8K: needs a K-quant weight");
   if (kernel == K_REPACK && type != Q4_K && type != Q2_K)
     return ffi::Error::InvalidArgument("LlamayQmmQ8K: the repack kernel is Q4_K/Q2_K only");
   const int64_t nsb = d.k / 256;
   const int parts = kernel == K_REPACK && d.m >= 4 ? (type == Q4_K ? 4 : 2) : 1;
-  const int8_t* qp = qa.typed_data();
-  const float* dp = da.typed_data();
-  const int16_t* bp = bsums.typed_data();
-  const uint8_t* wp = wt.data;
-  float* yp = y->typed_data();
-  const KJob job{qp, dp, bp, wp, yp, d, nsb, kernel, parts};
+  Acts a;
+  a.qs.resize(d.m * d.k);
+  a.d.resize(d.m * nsb);
+  a.bsums.resize(d.m * nsb * 16);
+  a.bs32.resize(d.m * nsb * 16);
+  const float* xp = x.typed_data();
+  each_row(pool, d.m, d.k, [&](int64_t r) { quantize_q8k(xp, r, d.k, a); });
+  const KJob job{&a, wt.data, y->typed_data(), d, nsb, parts};
   void (*rows)(const KJob&, int64_t, int64_t) = nullptr;
   switch (type) {
-    case Q2_K: rows = &k_rows<Q2_K>; break;
-    case Q3_K: rows = &k_rows<Q3_K>; break;
-    case Q4_K: rows = &k_rows<Q4_K>; break;
-    case Q5_K: rows = &k_rows<Q5_K>; break;
-    default: rows = &k_rows<Q6_K>; break;
+    case Q2_K: rows = k_kernel<Q2_K>(kernel); break;
+    case Q3_K: rows = k_kernel<Q3_K>(kernel); break;
+    case Q4_K: rows = k_kernel<Q4_K>(kernel); break;
+    case Q5_K: rows = k_kernel<Q5_K>(kernel); break;
+    default: rows = k_kernel<Q6_K>(kernel); break;
   }
-  const int64_t per = rows_per_task(d.n, pool.num_threads(), 1);
+  const int64_t per = rows_per_task(d.n, pool.num_threads(), 2, d.n * d.k * d.m);
   parallel_for(pool, (d.n + per - 1) / per, [&](int64_t task) {
     rows(job, task * per, std::min(d.n, (task + 1) * per));
   });
@@ -540,8 +825,6 @@ ffi::Error QmmQ8K(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> qa, ffi::Buffer<ffi
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmQ8, llamay::QmmQ8,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::BufferR0<ffi::S32>>()
@@ -552,9 +835,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmQ8, llamay::QmmQ8,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmQ8K, llamay::QmmQ8K,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S16>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::BufferR0<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
