@@ -49,6 +49,7 @@ from llamay.arch.layers import (
     apply_rope,
     glu,
     linear,
+    linears,
     moe,
     norm,
     rms_norm,
@@ -100,7 +101,8 @@ def project_qkv(cfg: Config, lw: dict, h: jax.Array):
         qkv = linear(h, lw["wqkv"], lw.get("wqkv_b"))
         q, k, v = jnp.split(qkv, [H * D, (H + K) * D], axis=-1)
     else:
-        q, k, v = (linear(h, lw[r], lw.get(r + "_b")) for r in ("wq", "wk", "wv"))
+        roles = ("wq", "wk", "wv")
+        q, k, v = linears(h, [lw[r] for r in roles], [lw.get(r + "_b") for r in roles])
     q = _qk_norm(cfg, lw, "q_norm", q, H)
     k = _qk_norm(cfg, lw, "k_norm", k, K)
     return q, k, v.reshape(B, T, K, D)

@@ -16,7 +16,7 @@ import numpy as np
 
 from llamay.arch import ggml_ops
 from llamay.arch.base import Rope
-from llamay.kernels import matmul
+from llamay.kernels import matmul, matmuls
 from llamay.quant import kv_cache
 
 F32 = jnp.float32
@@ -78,6 +78,13 @@ def linear(x: jax.Array, w, b: jax.Array | None = None) -> jax.Array:
     """x @ W.T (+ b)."""
     y = matmul(x, w)
     return y if b is None else y + b
+
+
+def linears(x: jax.Array, ws, bs) -> tuple[jax.Array, ...]:
+    """x @ W.T (+ b) for several weights that read the same x (`kernels.matmuls`: one
+    native call for them all on CPU)."""
+    ys = matmuls(x, tuple(ws))
+    return tuple(y if b is None else y + b for y, b in zip(ys, bs, strict=True))
 
 
 # -- rope ---------------------------------------------------------------------------
@@ -170,7 +177,7 @@ def glu(x: jax.Array, w_gate, w_up, w_down, act: str = "silu", numerics: str = "
         gu = matmul(x, w_up)
         g, u = jnp.split(gu, 2, axis=-1)
     else:
-        g, u = matmul(x, w_gate), matmul(x, w_up)
+        g, u = matmuls(x, (w_gate, w_up))  # one native call on CPU
     if numerics == "llamacpp":
         glued = ggml_ops.swiglu(g, u) if act == "silu" else ggml_ops.geglu(g, u)
         return matmul(glued, w_down)

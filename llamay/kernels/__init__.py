@@ -4,7 +4,8 @@ numerics (design principle 4).
 
 - `matmul(x, w)`: x @ W.T for every weight form of the matrix protocol
   (`llamay.quant.matrix`): Pallas kernels on GPU/TPU, native kernels then XLA's forms on
-  CPU, the jnp references elsewhere (`matmul` module's table).
+  CPU, the jnp references elsewhere (`matmul` module's table); `matmuls(x, ws)` several
+  that read the same x (one native call for them all on CPU).
 - `attention(q, k, v, q_pos, page_table=..., ...)`: dense or paged, reference / Pallas /
   native (`attention` module's table).
 - `LoraMatrix`: a weight with LoRA adapters beside it, unmerged (`lora` module).
@@ -31,7 +32,13 @@ from llamay.kernels.backend import (
 )
 from llamay.kernels.forms import FORMS, native_weights, repack_weights, weight_form
 from llamay.kernels.lora import LoraMatrix
-from llamay.kernels.matmul import MOSAIC_MAX_ROWS, kernel_takes, matmul, matmul_choice
+from llamay.kernels.matmul import (
+    MOSAIC_MAX_ROWS,
+    kernel_takes,
+    matmul,
+    matmul_choice,
+    matmuls,
+)
 
 __all__ = [
     "CHOICES",
@@ -51,6 +58,7 @@ __all__ = [
     "kernel_takes",
     "matmul",
     "matmul_choice",
+    "matmuls",
     "native_weights",
     "paged_reference",
     "repack_weights",

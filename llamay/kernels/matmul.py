@@ -21,6 +21,8 @@ where the backend has Mosaic GPU; more rows (prefill) take "pallas"
 tile once per 64 rows. A MixedQTensor is resolved first (`on_layer`: one `lax.switch`
 over its stacks), then its layer's matrix goes through this table. A `LoraMatrix`
 (`llamay.kernels.lora`) is its base through this table plus the adapters' low-rank delta.
+`matmuls(x, ws)`: several weights that read the same x (q, k, v; gate, up), each as
+`matmul`, or on CPU in exact numerics by one native call for all (`kernels_cpu.matmuls`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,21 @@ def matmul(x: jax.Array, w: Matrix) -> jax.Array:
         if y is not None:
             return y
     return w.on_layer(lambda m: _matmul_one(x, m, be))
+
+
+def matmuls(x: jax.Array, ws: tuple[Matrix, ...]) -> tuple[jax.Array, ...]:
+    """(x @ W.T for each W in `ws`): `matmul` of each, the same numbers; on CPU in exact
+    numerics one native call for all the Ws the kernels take (`kernels_cpu.matmuls`: the
+    projections of a decode step that read the same x, run with one handoff to the
+    threads instead of one per matrix; a LoRA-adapted one goes through `matmul`)."""
+    ws, ys = tuple(ws), {}
+    if backend().native:
+        plain = [i for i, w in enumerate(ws) if not isinstance(w, LoraMatrix)]
+        numerics = {getattr(ws[i], "numerics", None) for i in plain}
+        if len(plain) > 1 and len(numerics) == 1:
+            got = kernels_cpu.matmuls(x, [ws[i] for i in plain], numerics.pop())
+            ys = dict(zip(plain, got, strict=True)) if got is not None else {}
+    return tuple(matmul(x, w) if ys.get(i) is None else ys[i] for i, w in enumerate(ws))
 
 
 def _matmul_one(x: jax.Array, w: Matrix, be: Backend) -> jax.Array:

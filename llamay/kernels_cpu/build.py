@@ -52,6 +52,7 @@ HEADERS = ("blocks.h", "ggml_float.h", "operands.h", "parallel.h")
 GENERATED = ("iq_tables.h",)
 HANDLERS = (
     "LlamayQmmExact",
+    "LlamayQmmExactMulti",
     "LlamayQmmQ8",
     "LlamayQmmQ8K",
     "LlamayQmmIQ",

@@ -14,6 +14,7 @@ from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.ggml_attention import ggml_attention_native
 from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, swiglu_native
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
+from llamay.kernels_cpu.qmatmuls import qmatmuls_native
 from llamay.quant import MixedQTensor, QTensor
 
 #: Exact-numerics prefill of these types (x rows from this many on) stays with XLA's
@@ -68,6 +69,35 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
         ]
         return jax.lax.switch(w.which, branches, x)
     return qmatmul_native(x, w, numerics, batched=batched)
+
+
+def matmuls(x: jax.Array, ws, numerics: str) -> tuple[jax.Array | None, ...] | None:
+    """x @ W.T for the weights in `ws` that the kernels take, by one native call
+    (`qmatmuls`: the rows of all split over the threads at once), None in the place of
+    each other one (the caller runs `matmul` on those); None when fewer than two are
+    taken. Taken: exact numerics, on CPU, a GGUF-block `QTensor` [rows, cols] or one
+    layer of a one-stack `MixedQTensor` (read in place), not prefill that `matmul` leaves
+    to XLA. llamacpp numerics stay one call per matrix."""
+    if numerics != "exact" or jax.default_backend() != "cpu" or targets() is None:
+        return None
+    taken = []  # (position, matrix, layer)
+    for i, w in enumerate(ws):
+        layer = None
+        if isinstance(w, MixedQTensor):
+            if w.index.ndim != 0 or len(w.stacks) != 1:
+                continue
+            w, layer = w.stacks[0], w.index
+        if applies(x, w, numerics, layer) and not _xla_prefill(x, w, numerics):
+            taken.append((i, w, layer))
+    if len(taken) < 2:
+        return None
+    ys = qmatmuls_native(x, tuple(w for _, w, _ in taken), tuple(i for _, _, i in taken))
+    if ys is None:
+        return None
+    out: list[jax.Array | None] = [None] * len(ws)
+    for (i, _, _), y in zip(taken, ys, strict=True):
+        out[i] = y
+    return tuple(out)
 
 
 def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw) -> jax.Array | None:

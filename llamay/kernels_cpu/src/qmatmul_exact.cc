@@ -5,12 +5,16 @@
 // Each block decodes to its quants as f32 vectors of 16 plus, per sub-block, a scale
 // and an offset (value = scale·q + offset: bit-exact with the dequantisation, the
 // product being exact). Two loops use that:
-// - decode rows (M <= 8): per weight row, per sub-block, t = Σ q·x in vectors, then
-//   acc += scale·t and, where there are offsets, acc_o += offset·Σx (Σx per sub-block of
-//   each x row computed once per call): one pass over the weight, nothing stored.
+// - one decode row (M = 1): per weight row, per sub-block, t = Σ q·x in vectors, then
+//   acc += scale·t and, where there are offsets, acc_o += offset·Σx (Σx per sub-block
+//   computed once per call): one pass over the weight, nothing stored.
+// - 2..8 decode rows: each block dequantised once in registers (w = scale·q + offset),
+//   then one FMA per value and x row (dequant_tile), two weight rows at a time.
 // - more rows (prefill): NR weight rows at a time dequantised into a buffer (L1/L2),
 //   then MR x NR register tiles over all rows of x: each weight row decoded once.
 // LLAMAY_SCALAR (a test build) takes the buffer loop with scalar dequantisation.
+// LlamayQmmExactMulti: several weights that read the same x (q, k, v; gate, up) in one
+// call, all their rows in one split over the threads (one handoff instead of one each).
 
 #include <algorithm>
 #include <cstdint>
@@ -543,9 +547,17 @@ int64_t rows_per_task(int64_t n, int64_t threads) {
   return (per + NR - 1) / NR * NR;
 }
 
-ffi::Error QmmExact(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                    ffi::BufferR0<ffi::S32> layer,
-                    ffi::ResultBuffer<ffi::F32> y, int32_t type) {
+// One weight's share of a call: its plan, its job and how its rows split into tasks.
+struct Part {
+  Plan p;
+  Job job;
+  std::vector<float> sx;
+  int64_t per = 0, tasks = 0;
+};
+
+ffi::Error part_of(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::U8>& w,
+                   const ffi::BufferR0<ffi::S32>& layer, float* y, int32_t type,
+                   int64_t threads, Part* part) {
   auto xd = x.dimensions();
   Weight wt;
   if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
@@ -554,22 +566,64 @@ ffi::Error QmmExact(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
   if (block_elems(type) == 0) return ffi::Error::InvalidArgument("LlamayQmmExact: unsupported weight type");
   if (k % block_elems(type) || k / block_elems(type) * block_bytes(type) != rb)
     return ffi::Error::InvalidArgument("LlamayQmmExact: x's last dim does not match the weight rows");
-  const Plan p = plan(type, m);
-  std::vector<float> sx;
-  if (p.sub) {
-    sx.resize(m * (k / p.sub));
-    sub_sums(x.typed_data(), m, k, p.sub, sx.data());
+  part->p = plan(type, m);
+  if (part->p.sub) {
+    part->sx.resize(m * (k / part->p.sub));
+    sub_sums(x.typed_data(), m, k, part->p.sub, part->sx.data());
   }
-  const Job job{x.typed_data(), sx.data(), m, k, n, rb, wt.data, y->typed_data()};
-  const int64_t per = rows_per_task(n, pool.num_threads());
-  parallel_for(pool, (n + per - 1) / per, [&](int64_t task) {
-    const int64_t n0 = task * per, n1 = std::min(n, n0 + per);
-    if (p.decode) {
-      p.decode(job, n0, n1);
+  part->job = Job{x.typed_data(), part->sx.data(), m, k, n, rb, wt.data, y};
+  part->per = rows_per_task(n, threads);
+  part->tasks = (n + part->per - 1) / part->per;
+  return ffi::Error::Success();
+}
+
+// Every part's row tasks in one split over the pool (one handoff to the threads).
+void run_parts(ffi::ThreadPool& pool, const Part* parts, int64_t count) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += parts[i].tasks;
+  parallel_for(pool, total, [&](int64_t task) {
+    const Part* part = parts;
+    while (task >= part->tasks) task -= (part++)->tasks;
+    const Job& j = part->job;
+    const int64_t n0 = task * part->per, n1 = std::min(j.n, n0 + part->per);
+    if (part->p.decode) {
+      part->p.decode(j, n0, n1);
     } else {
-      buffer_rows(p.row, job.x, m, k, job.w, rb, n0, n1, job.y, n);
+      buffer_rows(part->p.row, j.x, j.m, j.k, j.w, j.rb, n0, n1, j.y, j.n);
     }
   });
+}
+
+ffi::Error QmmExact(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                    ffi::BufferR0<ffi::S32> layer,
+                    ffi::ResultBuffer<ffi::F32> y, int32_t type) {
+  Part part;
+  if (auto err = part_of(x, w, layer, y->typed_data(), type, pool.num_threads(), &part); err.failure())
+    return err;
+  run_parts(pool, &part, 1);
+  return ffi::Error::Success();
+}
+
+// Several weights that read the same x (q, k, v; gate, up): operands (w, layer) per
+// weight, one result each, `ggml_types` theirs; all rows in one split over the threads.
+ffi::Error QmmExactMulti(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets, ffi::Span<const int32_t> types) {
+  const int64_t count = (int64_t)types.size();
+  if ((int64_t)args.size() != 2 * count || (int64_t)rets.size() != count)
+    return ffi::Error::InvalidArgument("LlamayQmmExactMulti: one (weight, layer) and one result per type");
+  std::vector<Part> parts(count);
+  for (int64_t i = 0; i < count; ++i) {
+    auto w = args.get<ffi::Buffer<ffi::U8>>(2 * i);
+    auto layer = args.get<ffi::BufferR0<ffi::S32>>(2 * i + 1);
+    auto y = rets.get<ffi::Buffer<ffi::F32>>(i);
+    if (w.has_error()) return w.error();
+    if (layer.has_error()) return layer.error();
+    if (y.has_error()) return y.error();
+    if (auto err = part_of(x, *w, *layer, (*y)->typed_data(), types[i], pool.num_threads(), &parts[i]);
+        err.failure())
+      return err;
+  }
+  run_parts(pool, parts.data(), count);
   return ffi::Error::Success();
 }
 
@@ -584,3 +638,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmExact, llamay::QmmExact,
                                   .Arg<ffi::BufferR0<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("ggml_type"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmExactMulti, llamay::QmmExactMulti,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const int32_t>>("ggml_types"));

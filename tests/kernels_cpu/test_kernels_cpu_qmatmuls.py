@@ -1,0 +1,165 @@
+"""Several exact matmuls that read the same x in one native call (`kernels_cpu.qmatmuls`:
+q, k, v and gate, up of a decode step) against each product alone: the same kernels per
+row, so bit for bit `qmatmul_native` of each (itself within 1e-5 of the f32 dot over
+the jnp dequantisation, checked here too), over types (one type, mixed types as Gemma's
+Q4_K/Q6_K files have) x shapes (rows not a multiple of the tiles) x M = 1..9 and 64;
+stacks read in place at a layer; and the dispatcher's fallbacks (LoRA, llamacpp
+numerics) equal `matmul` of each."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from llamay.gguf.constants import GGMLType
+from llamay.kernels_cpu import build
+from llamay.kernels_cpu.qmatmul import qmatmul_native
+from llamay.kernels_cpu.qmatmuls import qmatmuls_native
+from llamay.quant import MixedQTensor, QTensor
+from llamay.quant.quantize import random_blocks
+
+T = GGMLType
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native():
+    """The kernels must build here (a test that silently took the XLA path would pass)."""
+    import os
+
+    old = os.environ.get(build.ENV)
+    os.environ[build.ENV] = "native"
+    yield
+    if old is None:
+        os.environ.pop(build.ENV)
+    else:
+        os.environ[build.ENV] = old
+
+
+def weight(t, n, k, seed, numerics="exact"):
+    if t in (T.F16, T.BF16):  # finite values (random bytes would hold NaNs)
+        values = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.02
+        bits = values.astype(np.float16) if t == T.F16 else (values.view(np.uint32) >> 16)
+        raw = bits.astype(np.uint16 if t == T.BF16 else np.float16).view(np.uint8)
+        return QTensor.from_raw(raw.reshape(n, -1), t, numerics)
+    return QTensor.from_raw(random_blocks(t, n, k, seed, scales=(0.001, 0.01)), t, numerics)
+
+
+def acts(m, k, seed):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal((m, k)), jnp.float32)
+
+
+# (types, rows of each, K): q|k|v of one type (N = 37 and 5: no tile, fewer rows than a
+# task), gate|up mixed, Q4_1 as SmolLM2, a 32-element type with a K-quant
+GROUPS = [
+    ((T.Q4_1, T.Q4_1, T.Q4_1), (64, 37, 5), 576),
+    ((T.Q4_K, T.Q6_K), (40, 37), 512),
+    ((T.Q5_0, T.Q8_0, T.Q4_K), (24, 8, 9), 256),
+    ((T.F16, T.BF16), (33, 3), 64),
+]
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 64])
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: "-".join(t.name for t in g[0]))
+def test_one_call_equals_each_product_alone(group, m):
+    types, rows, k = group
+    ws = tuple(weight(t, n, k, i) for i, (t, n) in enumerate(zip(types, rows, strict=True)))
+    x = acts(m, k, m)
+    got = jax.jit(lambda x, ws: qmatmuls_native(x, ws))(x, ws)
+    assert [g.shape for g in got] == [(m, n) for n in rows]
+    for w, g in zip(ws, got, strict=True):
+        alone = jax.jit(lambda x, w: qmatmul_native(x, w, "exact"))(x, w)
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(alone))
+        want = np.asarray(x, np.float64) @ np.asarray(w.dequantize(jnp.float32), np.float64).T
+        scale = np.abs(np.asarray(x)) @ np.abs(np.asarray(w.dequantize(jnp.float32))).T
+        assert np.all(np.abs(np.asarray(g) - want) <= 1e-5 * scale + 1e-30)
+
+
+def test_leading_dims_and_stacks_read_in_place_at_a_layer():
+    import llamay.kernels_cpu as kcpu
+
+    k, layers = 256, 3
+    stacks = [
+        QTensor.from_raw(np.stack([random_blocks(t, n, k, 7 * s + n) for s in range(layers)]), t)
+        for t, n in ((T.Q4_1, 24), (T.Q6_K, 12))
+    ]
+    x = acts(6, k, 2).reshape(2, 3, k)
+
+    def scanned(x):
+        def body(_, i):
+            mixed = [MixedQTensor((s,), jnp.int32(0), i) for s in stacks]
+            return None, kcpu.matmuls(x, mixed, "exact")
+
+        return jax.lax.scan(body, None, jnp.arange(layers, dtype=jnp.int32))[1]
+
+    got = jax.jit(scanned)(x)
+    for s, g in zip(stacks, got, strict=True):
+        assert g.shape == (layers, 2, 3, s.data.shape[1])
+        for i in range(layers):
+            one = QTensor.from_raw(np.asarray(s.data[i]), s.ggml_type)
+            np.testing.assert_array_equal(
+                np.asarray(g[i]), np.asarray(qmatmul_native(x, one, "exact"))
+            )
+
+
+def test_dispatcher_falls_back_to_each_matmul():
+    """llamacpp numerics, a LoRA adapter on one of them, or a weight the kernels do not
+    take: `kernels.matmuls` is `kernels.matmul` of each (the same numbers)."""
+    import llamay.kernels_cpu as kcpu
+    from llamay import kernels
+    from llamay.kernels.lora import LoraMatrix
+
+    k = 256
+    x = acts(3, k, 9)
+    ggml = tuple(weight(t, 40, k, i, "llamacpp") for i, t in enumerate((T.Q4_0, T.Q6_K)))
+    assert kcpu.matmuls(x, ggml, "llamacpp") is None
+    for g, w in zip(jax.jit(kernels.matmuls)(x, ggml), ggml, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.jit(kernels.matmul)(x, w)))
+    exact = tuple(weight(t, 40, k, i) for i, t in enumerate((T.Q4_1, T.Q4_1)))
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((1, 4, k)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((1, 40, 4)), jnp.float32)
+    one = jnp.ones((1,), jnp.float32)
+    lora = LoraMatrix(exact[0], a, b, one, one)
+    got = jax.jit(kernels.matmuls)(x, (lora, exact[1]))
+    for g, w in zip(got, (lora, exact[1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.jit(kernels.matmul)(x, w)))
+    # the fused call itself, where it applies
+    fused = jax.jit(kernels.matmuls)(x, exact)
+    for g, w in zip(fused, exact, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(qmatmul_native(x, w, "exact")))
+
+
+def test_the_weights_taken_go_in_one_call_the_others_alone():
+    """Gemma's Q4_K_M files mix types across layers in some roles (a two-stack
+    MixedQTensor, chosen per layer by a switch), and a LoRA adapter may sit on one
+    projection: the others still go in one call, each result equal to `matmul` alone."""
+    import llamay.kernels_cpu as kcpu
+    from llamay import kernels
+    from llamay.kernels.lora import LoraMatrix
+
+    k = 256
+    x = acts(2, k, 4)
+    a, b = weight(T.Q4_1, 24, k, 1), weight(T.Q4_K, 16, k, 2)
+    two = MixedQTensor(
+        tuple(QTensor.from_raw(random_blocks(t, 8, k, 3)[None], t) for t in (T.Q4_K, T.Q6_K)),
+        jnp.int32(1),
+        jnp.int32(0),
+    )
+    got = kcpu.matmuls(x, (a, two, b), "exact")
+    assert got[1] is None
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(qmatmul_native(x, a, "exact")))
+    np.testing.assert_array_equal(np.asarray(got[2]), np.asarray(qmatmul_native(x, b, "exact")))
+    rng = np.random.default_rng(1)
+    one = jnp.ones((1,), jnp.float32)
+    lora = LoraMatrix(
+        weight(T.Q4_1, 40, k, 5),
+        jnp.asarray(rng.standard_normal((1, 4, k)), jnp.float32),
+        jnp.asarray(rng.standard_normal((1, 40, 4)), jnp.float32),
+        one,
+        one,
+    )
+    ws = (a, lora, two, b)
+    for g, w in zip(jax.jit(kernels.matmuls)(x, ws), ws, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.jit(kernels.matmul)(x, w)))
