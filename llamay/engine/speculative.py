@@ -193,6 +193,7 @@ class Speculating:
         for i, d in list(drafts.items()):
             a = self.slots[i]
             r = a.handle.request
+            d = d[: next((j for j, t in enumerate(d) if t < 0), len(d))]  # no image placeholder
             lo = self.spec.draft_min if getattr(r, "draft_min", None) is None else r.draft_min
             if r.constraint is not None and d:
                 d, masks[i] = _constrained(r.constraint, d)
