@@ -292,15 +292,28 @@ def server_command(engine: str, args, model: Path, n: int, port: int) -> list[st
             "--parallel", str(n), "--ctx", str(ctx), "--keep-alive", "-1"]  # fmt: skip
 
 
-def server_env(engine: str) -> dict:
+def server_env(engine: str, sources: Path | None = None) -> dict:
     """llama-server at its defaults (no OMP_WAIT_POLICY, whatever the caller's), or with
-    PASSIVE; llamay's environment as given."""
+    PASSIVE; llamay's environment as given, running the copy of its sources in `sources`
+    (`snapshot`) when given."""
     env = dict(os.environ)
+    if engine == "llamay" and sources is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(sources), env.get("PYTHONPATH")]))
     if engine.startswith("llama-server"):
         env.pop("OMP_WAIT_POLICY", None)
         if engine == "llama-server-passive":
             env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env
+
+
+def snapshot(into: Path) -> Path:
+    """A copy of llamay's sources under `into`, which every llamay server of the run
+    imports: its programs are keyed by those sources (`llamay.engine.programs`), so the
+    timed servers read back what the priming ones built even if the checkout is edited
+    meanwhile."""
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "llamay", into / "llamay", ignore=shutil.ignore_patterns("__pycache__"))
+    return into
 
 
 @contextlib.contextmanager
@@ -530,6 +543,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     logs = Path(tempfile.mkdtemp(prefix="llamaserver-bench-"))
     streams = [int(s) for s in args.streams.split(",")]
+    sources = snapshot(logs / "sources") if "llamay" in engines and not args.dry_run else None
     if args.prime and "llamay" in engines:
         for n in sorted({n for n, _ in plan(streams, args.prefix > 0)}):
             if ("llamay", "prime", n) in done:
@@ -537,7 +551,10 @@ def main(argv: list[str] | None = None) -> dict:
             port = free_port()
             cmd = server_command("llamay", args, model, n, port)
             load0 = os.getloadavg()
-            with running(cmd, port, server_env("llamay"), logs / f"prime-{n}.log") as (_, ready):
+            with running(cmd, port, server_env("llamay", sources), logs / f"prime-{n}.log") as (
+                _,
+                ready,
+            ):
                 pass
             row = {"engine": "llamay", "kind": "prime", "streams": n,
                    "prime_ready_s": round(ready[1], 3)}  # fmt: skip
@@ -558,7 +575,8 @@ def main(argv: list[str] | None = None) -> dict:
                 continue
             port = free_port()
             cmd = server_command(engine, args, model, n, port)
-            with running(cmd, port, server_env(engine), logs / f"{engine}-{n}.log") as (
+            env = server_env(engine, sources)
+            with running(cmd, port, env, logs / f"{engine}-{n}.log") as (
                 url,
                 ready,
             ):
