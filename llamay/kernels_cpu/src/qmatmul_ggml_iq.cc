@@ -109,16 +109,17 @@ void iq_dot_block(int32_t t, const uint8_t* b, int16_t* w, int16_t* w2, float* d
     return;
   }
   const int per = be / n_sc;
-  for (int e = 0; e < be; ++e) {
-    const int s = isc[e / per];
-    if (iq1(t)) {  // q = 8·grid + delta, grid in {-1, 0, 1}, delta ±1
-      const int g = q[e] > 4 ? 1 : (q[e] < -4 ? -1 : 0);
-      w[e] = (int16_t)(s * g);
-      w2[e] = (int16_t)(s * (q[e] - 8 * g));
-    } else {
-      w[e] = (int16_t)(s * q[e]);
-    }
+  if (iq1(t)) {  // q = 8·grid + delta, grid in {-1, 0, 1}, delta ±1
+    for (int s = 0; s < n_sc; ++s)
+      for (int i = 0; i < per; ++i) {
+        const int e = s * per + i, v = q[e], g = (v > 4) - (v < -4);
+        w[e] = (int16_t)(isc[s] * g);
+        w2[e] = (int16_t)(isc[s] * (v - 8 * g));
+      }
+    return;
   }
+  for (int s = 0; s < n_sc; ++s)
+    for (int i = 0; i < per; ++i) w[s * per + i] = (int16_t)(isc[s] * q[s * per + i]);
 }
 
 inline float hsum8f(const float* v) {
@@ -238,8 +239,23 @@ void iq_rows(const IqJob& j, int64_t n0, int64_t n1) {
   const bool k_acts = !q8_0_type(j.type);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = j.w + n * j.row_bytes;
-    for (int64_t b = 0; b < nb; ++b)
-      iq_dot_block(j.type, row + b * bb, w.data() + b * be, w2.empty() ? nullptr : w2.data() + b * be, &dw[b]);
+    if (!k_acts) {  // IQ4_NL / MXFP4: the codebook values straight from the nibbles
+      const bool nl = j.type == IQ4_NL;
+      const int8_t* table = nl ? IQ4NL_VALUES : MXFP4_VALUES;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + b * bb;
+        const uint8_t* qs = blk + (nl ? 2 : 1);
+        dw[b] = nl ? rdf16(blk) : e8m0_half(blk[0]);
+        int16_t* wb = w.data() + 32 * b;
+        for (int i = 0; i < 16; ++i) {
+          wb[i] = table[qs[i] & 0xF];
+          wb[i + 16] = table[qs[i] >> 4];
+        }
+      }
+    } else {
+      for (int64_t b = 0; b < nb; ++b)
+        iq_dot_block(j.type, row + b * bb, w.data() + b * be, w2.empty() ? nullptr : w2.data() + b * be, &dw[b]);
+    }
     for (int64_t m = 0; m < j.m; ++m) {
       const int8_t* a = j.qa + m * j.k;
       j.y[m * j.n + n] = k_acts ? dot_q8k(j, w.data(), w2.data(), dw.data(), a, j.da + m * nb, j.bsums + m * (j.k / 16))
