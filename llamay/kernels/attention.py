@@ -23,7 +23,7 @@ page tables, the implementation chosen at trace time from the backend
                                                         rows below
     paged   llamacpp   any                              "paged-ggml" (the pages gathered, then
                                                         `ggml_attention.attention`)
-    dense   exact      CPU auto, causal, float cache    "native" (the paged kernel over the
+    dense   exact      CPU auto, causal, any KV type    "native" (the paged kernel over the
                                                         cache viewed as pages: `dense_pages`,
                                                         no copy, T <= 16); on None
                                                         the row below
@@ -33,9 +33,9 @@ page tables, the implementation chosen at trace time from the backend
 
 The references live beside the Pallas kernel they are the oracle of; the CPU path runs
 exactly them. A quantised cache (q8_0, q4_0, ...: `llamay.kv.types`): a paged pool in
-exact numerics takes the native kernel on CPU (each row dequantised as it is read) or
-the Pallas kernel (each page's tile dequantised in the kernel); otherwise (neither
-kernel, a dense cache, llamacpp numerics) its pages are gathered, then read by the
+exact numerics takes the native kernel on CPU (each row dequantised as it is read; a
+dense cache too) or the Pallas kernel (each page's tile dequantised in the kernel);
+otherwise (neither kernel, llamacpp numerics) its pages are gathered, then read by the
 dense reference (exact: dequantised; llamacpp: `ggml_attention`'s
 emulation of llama.cpp's flash attention over that cache type).
 Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the reference: the
@@ -94,7 +94,7 @@ def attention(
         y = kernels_cpu.ggml_attention(q, k, v, q_pos, page_table, layer, **kw)
         if y is not None:
             return y
-    if be.native and (page_table is not None or not quantised):  # paged: any KV type
+    if be.native:  # any KV type, dense or paged (None: not built, or a call it does not take)
         if page_table is not None:
             y = kernels_cpu.paged_attention(q, k, v, page_table, q_pos, layer, **kw)
         else:

@@ -18,6 +18,8 @@ from llamay import kernels
 from llamay.kernels_cpu import build, plug
 from llamay.kernels_cpu.attention import paged_attention_native
 from llamay.kernels_pallas.paged_attention import paged_attention_reference
+from llamay.kv.types import KV_TYPES
+from llamay.quant import kv_cache
 
 PAD = 1 << 30  # llamay.engine.paged_steps.PAD_POSITION
 
@@ -184,26 +186,34 @@ DENSE_CASES = [
     (3, 1, 8, 8, 32, 37, None, 50.0, jnp.float32),  # MHA, softcap, odd S
     (2, 5, 9, 3, 64, 64, None, None, jnp.bfloat16),  # a verify chunk
     (8, 1, 16, 4, 16, 48, 13, None, jnp.float32),
+    (1, 1, 9, 3, 64, 80, None, None, "q8_0"),  # block KV types (llamay.kv.types)
+    (2, 3, 4, 1, 128, 50, 20, None, "q4_0"),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(DENSE_CASES)))
 def test_dense_cache_runs_native_and_equals_reference(monkeypatch, case):
     """A dense cache — one layer [B, S, K, D], or the stack [L, B, S, K, D] the layer scan
-    hands with `layer` — goes to the native kernel (read in place as one page per row)
-    on CPU and equals the dense reference (`attention_reference`) at each row's queries."""
-    from llamay.kernels_pallas.paged_attention import attention_reference
-
+    hands with `layer`; float or a block type — goes to the native kernel (read in place
+    as one page per row) on CPU and equals the dense reference at each row's queries."""
     monkeypatch.delenv("LLAMAY_BACKEND", raising=False)
     monkeypatch.delenv(build.ENV, raising=False)
     B, T, H, K, D, S, window, softcap, dtype = DENSE_CASES[case]
     rng = np.random.default_rng(100 + case)
-    k = jnp.asarray(rng.standard_normal((3, B, S, K, D)), dtype)
-    v = jnp.asarray(rng.standard_normal((3, B, S, K, D)), dtype)
+    k = jnp.asarray(rng.standard_normal((3, B, S, K, D)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((3, B, S, K, D)), jnp.float32)
+    if isinstance(dtype, str):  # a block type: rows of its GGUF blocks
+        t = KV_TYPES[dtype]
+        k, v = (kv_cache.encode(a, jnp.zeros((1, t.row_width(D)), t.dtype)) for a in (k, v))
+    else:
+        k, v = k.astype(dtype), v.astype(dtype)
     q = jnp.asarray(rng.standard_normal((B, T, H, D)) * 2, jnp.float32)
     ends = rng.integers(T, S + 1, size=B)
     pos = jnp.asarray(np.stack([np.arange(n - T, n) for n in ends]), jnp.int32)
     kw = dict(scale=D**-0.5, window=window, softcap=softcap)
+
+    def ref(layer):  # the dense reference (a block cache: dequantised first)
+        return kernels.dense_reference(q, k[layer], v[layer], pos, **kw)
 
     def stacked(q, k, v, pos, layer):
         return kernels.attention(q, k, v, pos, layer=layer, **kw)
@@ -212,7 +222,7 @@ def test_dense_cache_runs_native_and_equals_reference(monkeypatch, case):
         return kernels.attention(q, k, v, pos, **kw)
 
     for layer in (0, 2):
-        want = attention_reference(q, k[layer], v[layer], pos, **kw)
+        want = ref(layer)
         args = (q, k, v, pos, jnp.int32(layer))
         assert _native_in_program(stacked, *args)
         _check(jax.jit(stacked)(*args), want, pos, S)
@@ -220,5 +230,5 @@ def test_dense_cache_runs_native_and_equals_reference(monkeypatch, case):
         _check(jax.jit(one_layer)(q, k[layer], v[layer], pos), want, pos, S)
     monkeypatch.setenv(build.ENV, "xla")  # the reference, the layer read out of the stack
     assert not _native_in_program(stacked, q, k, v, pos, jnp.int32(1))
-    want = attention_reference(q, k[1], v[1], pos, **kw)
+    want = ref(1)
     _check(jax.jit(stacked)(q, k, v, pos, jnp.int32(1)), want, pos, S)
