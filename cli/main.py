@@ -291,6 +291,18 @@ def bench(
     repetitions: Annotated[int, typer.Option("--repetitions", "-r", min=1)] = 3,
     numerics: Annotated[str, typer.Option("--numerics")] = "exact",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    cache_type_k: Annotated[
+        str | None,
+        typer.Option(
+            "--cache-type-k",
+            "-ctk",
+            help="KV cache type for K: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0 (llama.cpp's).",
+        ),
+    ] = None,
+    cache_type_v: Annotated[
+        str | None,
+        typer.Option("--cache-type-v", "-ctv", help="KV cache type for V (as --cache-type-k)."),
+    ] = None,
 ) -> None:
     """Measure prefill (ppN) and decode (tgN) tokens/s, llama-bench style."""
     import llamay
@@ -303,7 +315,9 @@ def bench(
     except ValueError:
         raise typer.BadParameter(f"--batch must be positive integers, got {batch!r}") from None
     try:
-        m = llamay.load(model, numerics=numerics)
+        m = llamay.load(
+            model, numerics=numerics, cache_type_k=cache_type_k, cache_type_v=cache_type_v
+        )
         results = run_bench(m, model, prompt_tokens, gen_tokens, batches, repetitions)
     except LlamayError as exc:
         raise _fail(exc) from None
