@@ -17,7 +17,7 @@ bit, and how XLA is kept from fusing):
   llamacpp reference); `Q_PRESCALED` here names the families whose graph scales q first.
 - `swiglu` / `geglu` / `gelu`: ggml_vec_swiglu_f32 (x / (1 + ggml_v_expf(-x)) · g) and
   GELU through ggml's f16 lookup table.
-  `rms_norm` and `swiglu` run as native kernels on CPU (`llamay.kernels.elementwise`),
+  `rms_norm`, `swiglu` and `apply_rope` run as native kernels on CPU (`llamay.kernels.elementwise`),
   bit for bit their `*_reference` here, which are their oracle and the other backends' path.
 - `moe`: build_moe_ffn with ggml_soft_max's scalar tail (libm expf) and MUL_MAT_ID's
   row-by-row kernels.
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from llamay.kernels import matmul
-from llamay.kernels.elementwise import ggml_rms_norm, ggml_swiglu
+from llamay.kernels.elementwise import ggml_rms_norm, ggml_rope, ggml_swiglu
 from llamay.quant.ggml_float import (
     div_pair as _div_pair,
 )
@@ -182,6 +182,12 @@ def rope_angles(positions: jax.Array, rope, freq_factors: jax.Array | None, n_po
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, kind: str) -> jax.Array:
+    """`apply_rope_reference`, by the native CPU kernel where there is one (bit for bit)."""
+    y = ggml_rope(x, cos, sin, kind)
+    return apply_rope_reference(x, cos, sin, kind) if y is None else y
+
+
+def apply_rope_reference(x: jax.Array, cos: jax.Array, sin: jax.Array, kind: str) -> jax.Array:
     """x [B, T, H, D] rotated as ggml's rotate_pairs (GCC fuses the first product)."""
     half = cos.shape[-1]
     n_rot = 2 * half

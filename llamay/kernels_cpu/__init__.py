@@ -15,7 +15,8 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
 - `ggml_attention(q, k, v, q_pos, page_table=None, layer=None, **kw)`: numerics="llamacpp"
   attention over a dense cache or pages read in place (`ggml_attention.py`), bit for bit
   `llamay.kernels.ggml_attention.attention`.
-- `ggml_swiglu(g, u)`, `ggml_rms_norm(x, w, eps)`: those llamacpp-numerics layers
+- `ggml_swiglu(g, u)`, `ggml_rms_norm(x, w, eps)`, `ggml_rope(x, cos, sin, kind)`: those
+  llamacpp-numerics layers
   (`ggml_elementwise.py`), bit for bit `llamay.arch.ggml_ops`'.
 """
 
@@ -23,6 +24,7 @@ from llamay.kernels_cpu.plug import (
     available,
     ggml_attention,
     ggml_rms_norm,
+    ggml_rope,
     ggml_swiglu,
     matmul,
     matmuls,
@@ -33,6 +35,7 @@ __all__ = [
     "available",
     "ggml_attention",
     "ggml_rms_norm",
+    "ggml_rope",
     "ggml_swiglu",
     "matmul",
     "matmuls",

@@ -60,6 +60,7 @@ HANDLERS = (
     "LlamayGgmlAttention",
     "LlamayGgmlSwiglu",
     "LlamayGgmlRmsNorm",
+    "LlamayGgmlRope",
 )
 
 log = logging.getLogger("llamay.kernels_cpu")

@@ -3,8 +3,9 @@ bit-identical to their XLA emulation in `llamay.arch.ggml_ops` (the reference an
 oracle): `swiglu` (ggml_vec_swiglu_f32: g / (1 + ggml_v_expf(-g)) · u, the vector exp
 from error-free sums as `llamay.quant.ggml_float.v_expf` builds it) and `rms_norm`
 (ggml_compute_forward_rms_norm_f32: Σx² in double as `ggml_float.dsum`'s pairwise tree,
-the mean as `div_pair`, x · 1/sqrt(mean + eps), times the weight). XLA runs each as a
-chain of small fusions per layer; here one pass over the row.
+the mean as `div_pair`, x · 1/sqrt(mean + eps), times the weight) and `apply_rope`
+(rotate_pairs with GCC's FMA, as `ggml_float.fma` rounds it). XLA runs each as a chain
+of small fusions per layer; here one pass over the row.
 """
 
 from __future__ import annotations
@@ -51,3 +52,22 @@ def rms_norm_native(x, w, eps: float, variant: str = "native") -> jax.Array | No
     out = jax.ShapeDtypeStruct(x.shape, F32)
     call = jax.ffi.ffi_call(prefix + "LlamayGgmlRmsNorm", out, vmap_method="sequential")
     return call(x.astype(F32), wa, eps=np.float32(eps), has_w=np.int32(w is not None))
+
+
+def rope_native(x, cos, sin, kind: str, variant: str = "native") -> jax.Array | None:
+    """`ggml_ops.apply_rope(x, cos, sin, kind)`: x [B, T, H, D], cos/sin [B, T, n_rot/2];
+    None when it does not apply or the kernels are not built."""
+    if kind not in ("norm", "neox") or not all(isinstance(a, jax.Array) for a in (x, cos, sin)):
+        return None
+    if x.ndim != 4 or cos.ndim != 3 or cos.shape != sin.shape:
+        return None
+    if cos.shape[:2] != x.shape[:2] or 2 * cos.shape[-1] > x.shape[-1]:
+        return None
+    if not jnp.issubdtype(x.dtype, jnp.floating) or cos.dtype != F32 or sin.dtype != F32:
+        return None
+    prefix = targets(variant)
+    if prefix is None:
+        return None
+    out = jax.ShapeDtypeStruct(x.shape, F32)
+    call = jax.ffi.ffi_call(prefix + "LlamayGgmlRope", out, vmap_method="sequential")
+    return call(x.astype(F32), cos, sin, neox=np.int32(kind == "neox"))

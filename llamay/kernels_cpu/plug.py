@@ -1,6 +1,6 @@
 """The plug point the dispatcher (`llamay.kernels`) asks at trace time: `available`,
-`matmul`, `paged_attention`, `ggml_attention`, `ggml_swiglu`, `ggml_rms_norm` (the
-package docstring says what each returns)."""
+`matmul`, `paged_attention`, `ggml_attention`, `ggml_swiglu`, `ggml_rms_norm`,
+`ggml_rope` (the package docstring says what each returns)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.attention import paged_attention_native
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.ggml_attention import ggml_attention_native
-from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, swiglu_native
+from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, rope_native, swiglu_native
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
 from llamay.kernels_cpu.qmatmuls import qmatmuls_native
 from llamay.quant import MixedQTensor, QTensor
@@ -131,3 +131,9 @@ def ggml_rms_norm(x, w, eps: float) -> jax.Array | None:
     """numerics="llamacpp" RMS norm natively (bit for bit `llamay.arch.ggml_ops.rms_norm`),
     or None (not on CPU, not built, a weight not of the row's length)."""
     return rms_norm_native(x, w, eps) if jax.default_backend() == "cpu" else None
+
+
+def ggml_rope(x, cos, sin, kind: str) -> jax.Array | None:
+    """numerics="llamacpp" RoPE natively (bit for bit `llamay.arch.ggml_ops.apply_rope`),
+    or None (not on CPU, not built, other shapes)."""
+    return rope_native(x, cos, sin, kind) if jax.default_backend() == "cpu" else None

@@ -1,10 +1,11 @@
-"""The native llamacpp-numerics SwiGLU and RMS norm (`llamay.kernels_cpu.ggml_elementwise`)
-against their oracle, the XLA emulations `llamay.arch.ggml_ops.swiglu_reference` /
-`rms_norm_reference` (ggml's vector expf, its double sums; they hold the llama.cpp
+"""The native llamacpp-numerics SwiGLU, RMS norm and RoPE
+(`llamay.kernels_cpu.ggml_elementwise`) against their oracle, the XLA emulations
+`llamay.arch.ggml_ops.swiglu_reference` / `rms_norm_reference` / `apply_rope_reference`
+(ggml's vector expf, its double sums, GCC's FMA in rotate_pairs; they hold the llama.cpp
 goldens), bit for bit, over shapes of real models (SmolLM2's 1536-wide FFN and 576-wide
-rows, per-head norms of 64/128/256, rows 1..9) and inputs from subnormal to overflowing
-exp; the scalar build gives the same bits; `ggml_ops` takes the kernels on CPU and the
-emulation under LLAMAY_CPU_KERNELS=xla."""
+rows, per-head norms of 64/128/256, rows 1..9, partial rotary dims, both rope kinds)
+and inputs from subnormal to overflowing exp; the scalar build gives the same bits;
+`ggml_ops` takes the kernels on CPU and the emulation under LLAMAY_CPU_KERNELS=xla."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from llamay.arch import ggml_ops
 from llamay.kernels_cpu import build
-from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, swiglu_native
+from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, rope_native, swiglu_native
 
 
 def _wide(rng, shape, scale):
@@ -68,12 +69,47 @@ def test_rms_norm_equals_the_emulation_bit_for_bit(case):
     np.testing.assert_array_equal(np.asarray(rms_norm_native(x, w, eps, variant="scalar")), want)
 
 
+# x shape [B, T, H, D], rotated dims, kind, positions up to
+ROPES = [
+    ((1, 1, 9, 64), 64, "norm", 256),  # SmolLM2 decoding
+    ((9, 1, 3, 64), 64, "norm", 4096),
+    ((2, 16, 4, 256), 256, "neox", 32768),  # Gemma 3
+    ((3, 5, 8, 128), 64, "neox", 1000),  # partial rotary dims
+    ((1, 7, 2, 80), 32, "norm", 100),
+]
+
+
+@pytest.mark.parametrize("case", range(len(ROPES)))
+def test_rope_equals_the_emulation_bit_for_bit(case):
+    shape, n_rot, kind, n_pos = ROPES[case]
+    rng = np.random.default_rng(80 + case)
+    B, T = shape[:2]
+    x = _wide(rng, shape, 3.0)
+    pos = rng.integers(0, n_pos, (B, T))
+    theta = pos[..., None] * (10000.0 ** (-np.arange(n_rot // 2) * 2 / n_rot))
+    cos = jnp.asarray(np.cos(theta), jnp.float32)
+    sin = jnp.asarray(np.sin(theta), jnp.float32)
+    want = np.asarray(jax.jit(ggml_ops.apply_rope_reference, static_argnums=3)(x, cos, sin, kind))
+    got = np.asarray(jax.jit(rope_native, static_argnums=3)(x, cos, sin, kind))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(
+        np.asarray(rope_native(x, cos, sin, kind, variant="scalar")), want
+    )
+
+
 def test_calls_they_do_not_take_return_none():
     g = jnp.ones((4, 8), jnp.float32)
     assert swiglu_native(g, jnp.ones((4, 9), jnp.float32)) is None
     assert swiglu_native(g.astype(jnp.float16), g.astype(jnp.float16)) is None
     assert rms_norm_native(g, jnp.ones((9,), jnp.float32), 1e-5) is None
     assert rms_norm_native(g, jnp.ones((4, 8), jnp.float32), 1e-5) is None
+    x, cs = jnp.ones((1, 2, 3, 8), jnp.float32), jnp.ones((1, 2, 4), jnp.float32)
+    assert rope_native(x, cs, cs, "yarn") is None
+    assert rope_native(x, cs[:, :1], cs[:, :1], "norm") is None
+    assert (
+        rope_native(x, jnp.ones((1, 2, 5), jnp.float32), jnp.ones((1, 2, 5), jnp.float32), "norm")
+        is None
+    )
 
 
 def test_ggml_ops_take_the_kernels_on_cpu_and_the_emulation_otherwise(monkeypatch):

@@ -4,6 +4,9 @@
 //   LlamayGgmlSwiglu  y = g / (1 + v_expf(0 - g)) * u          (ggml_vec_swiglu_f32)
 //   LlamayGgmlRmsNorm y = x * (1 / sqrt(mean + eps)) [* w], mean = (Σx² in double) / n as
 //                     `ggml_float.dsum` and `div_pair` form it (ggml_compute_forward_rms_norm_f32)
+//   LlamayGgmlRope    x [B, T, H, D] rotated by cos/sin [B, T, n_rot/2] as rotate_pairs
+//                     with GCC's contraction: d0 = fma(x0, c, -(x1 s)), d1 = fma(x0, s, x1 c)
+//                     (ggml_float.fma's bits), pairs adjacent ("norm") or halves ("neox")
 // Operands f32, rows over the last axis; w [n] (rms_norm, `has_w`). Result f32.
 #include <cmath>
 #include <cstdint>
@@ -87,8 +90,48 @@ ffi::Error RmsNorm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   return ffi::Error::Success();
 }
 
+ffi::Error Rope(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> cos,
+                ffi::Buffer<ffi::F32> sin, ffi::ResultBuffer<ffi::F32> out, int32_t neox) {
+  auto xd = x.dimensions(), cd = cos.dimensions(), sd = sin.dimensions();
+  if (xd.size() != 4 || cd.size() != 3 || sd.size() != 3)
+    return ffi::Error::InvalidArgument("LlamayGgmlRope: x must be [B, T, H, D], cos/sin [B, T, n]");
+  const int64_t B = xd[0], T = xd[1], H = xd[2], D = xd[3], half = cd[2];
+  if (cd[0] != B || cd[1] != T || sd[0] != B || sd[1] != T || sd[2] != half || 2 * half > D)
+    return ffi::Error::InvalidArgument("LlamayGgmlRope: shapes do not fit");
+  const float* xp = x.typed_data();
+  const float* cp = cos.typed_data();
+  const float* sp = sin.typed_data();
+  float* op = out->typed_data();
+  parallel_for(pool, B * T, [&](int64_t bt) {
+    ScopedFtz ftz;
+    const float* c = cp + bt * half;
+    const float* s = sp + bt * half;
+    for (int64_t h = 0; h < H; ++h) {
+      const float* xr = xp + (bt * H + h) * D;
+      float* o = op + (bt * H + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float x0 = xr[i0], x1 = xr[i1];
+        o[i0] = efma(x0, c[i], -(x1 * s[i]));
+        o[i1] = efma(x0, s[i], x1 * c[i]);
+      }
+      for (int64_t d = 2 * half; d < D; ++d) o[d] = xr[d];
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace llamay
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayGgmlRope, llamay::Rope,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("neox"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayGgmlSwiglu, llamay::Swiglu,
                               ffi::Ffi::Bind()
