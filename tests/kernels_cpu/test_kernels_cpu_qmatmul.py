@@ -110,11 +110,12 @@ def test_leading_dims_are_rows():
 
 
 @pytest.mark.parametrize("numerics", ["exact", "llamacpp"])
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.Q3_K],
-                         ids=lambda t: t.name)  # fmt: skip
+@pytest.mark.parametrize("t", sorted(Q8_TYPES | K_TYPES), ids=lambda t: t.name)
 def test_scalar_build_equals_the_simd_build(t, numerics):
+    """Every tile shape of the llamacpp kernels: M = 1 (one row), 3 (4-row tiles), 9 (8
+    activation rows, then 1); N = 40 takes the 8-row Q4_0 repack tiles, 37 the odd rows."""
     for n, k in shapes(t):
-        for m in (1, 9):
+        for m in (1, 3, 9):
             w, x = weight(t, n, k, numerics), acts(m, k, m)
             simd = np.asarray(qmatmul_native(x, w, numerics))
             scalar = np.asarray(qmatmul_native(x, w, numerics, variant="scalar"))

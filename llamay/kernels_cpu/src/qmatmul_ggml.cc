@@ -308,9 +308,10 @@ inline v32b quants32(const uint8_t* b) {
   if (T == Q8_0) return ld<v32b>(b + 2);
   constexpr int qs = T == Q4_0 ? 2 : T == Q4_1 ? 4 : T == Q5_0 ? 6 : 8;
 #if defined(LLAMAY_AVX2)
-  const __m128i v = _mm_loadu_si128((const __m128i*)(b + qs));
-  const __m128i m4 = _mm_set1_epi8(0xF);
-  __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+  // the 16 bytes in both halves, the upper shifted right by 4 (a 64-bit shift: the bits
+  // it moves across bytes are masked off), low nibbles then high ones
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(b + qs)));
+  __m256i q = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
   if (T == Q5_0 || T == Q5_1) {
     uint32_t bits;
     std::memcpy(&bits, b + qs - 4, 4);
@@ -351,7 +352,7 @@ struct Q8Job {
 // xy_l, acc_l) block by block, hsum_float_8, + Σ m_w·s_a for the _1 types) or, WHOLE,
 // the Q4_0x8 repack GEMV/GEMM (acc = fma(Σ_block, d_w·d_a, acc)).
 template <int32_t T, int R, int MT, bool WHOLE>
-void q8_tile(const Q8Job& j, int64_t r0, int64_t m0) {
+void q8_tile(const Q8Job& j, int64_t r0, int64_t m0, int64_t rs = 1) {
   constexpr bool has_m = T == Q4_1 || T == Q5_1;
   constexpr bool biased = T == Q4_0 || T == Q5_0;
   constexpr int bb = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
@@ -360,13 +361,13 @@ void q8_tile(const Q8Job& j, int64_t r0, int64_t m0) {
   v8f acc[R][MT] = {};
   float sacc[R][MT] = {};  // WHOLE: the accumulator; _1 types: Σ m·s
   const uint8_t* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = j.w + (r0 + r) * j.d.row_bytes;
+  for (int r = 0; r < R; ++r) rows[r] = j.w + (r0 + r * rs) * j.d.row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
     v32b q[R];
     float dw[R], mw[R];
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = rows[r] + b * bb;
-      if (R > 1) prefetch(blk + R * j.d.row_bytes);
+      if (R > 1 && rs == 1) prefetch(blk + R * j.d.row_bytes);
       q[r] = quants32<T>(blk);
       dw[r] = rdf16(blk);
       mw[r] = has_m ? rdf16(blk + 2) : 0.0f;
@@ -391,7 +392,7 @@ void q8_tile(const Q8Job& j, int64_t r0, int64_t m0) {
     for (int r = 0; r < R; ++r) {
       float y = WHOLE ? sacc[r][m] : hsum8(acc[r][m]);
       if (!WHOLE && has_m) y = y + sacc[r][m];
-      j.y[(m0 + m) * j.d.n + r0 + r] = y;
+      j.y[(m0 + m) * j.d.n + r0 + r * rs] = y;
     }
 }
 
@@ -447,6 +448,11 @@ void q8_range_mt(const Q8Job& j, int64_t n0, int64_t n1, int64_t m0) {
   int64_t r = n0;
   if (WHOLE && T == Q4_0)
     for (; r + 8 <= n1; r += 8) q4_0_whole8<MT>(j, r, m0);
+  if (MT == 1 && !WHOLE) {  // two rows at once (two f32 chains in flight), from two runs in order
+    const int64_t half = (n1 - r) / 2;
+    for (int64_t i = 0; i < half; ++i) q8_tile<T, 2, 1, WHOLE>(j, r + i, m0, half);
+    r += 2 * half;
+  }
   for (; r + R <= n1; r += R) q8_tile<T, R, MT, WHOLE>(j, r, m0);
   for (; r < n1; ++r) q8_tile<T, 1, MT, WHOLE>(j, r, m0);
 }
@@ -457,6 +463,7 @@ void q8_range(const Q8Job& j, int64_t n0, int64_t n1) {
       &q8_range_mt<T, WHOLE, 1>, &q8_range_mt<T, WHOLE, 2>, &q8_range_mt<T, WHOLE, 3>,
       &q8_range_mt<T, WHOLE, 4>, &q8_range_mt<T, WHOLE, 5>, &q8_range_mt<T, WHOLE, 6>,
       &q8_range_mt<T, WHOLE, 7>, &q8_range_mt<T, WHOLE, 8>};
+  if (j.d.m <= 8) return by_mt[j.d.m - 1](j, n0, n1, 0);
   // Row blocks of 16 weight rows (a few KB: stay in L1) against all activation rows.
   for (int64_t s = n0; s < n1; s += 16) {
     const int64_t e = std::min(n1, s + 16);
