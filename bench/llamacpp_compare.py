@@ -64,7 +64,7 @@ CACHED = {  # store names -> the files as the test fixtures' wheel cache holds t
 
 # Runs inside the llama.cpp venv: argv = path threads pp tg batches reps; prints JSON lines.
 LLAMACPP_RUNNER = r"""
-import ctypes, json, statistics, sys, time
+import ctypes, json, os, statistics, sys, time
 import llama_cpp as L
 
 path, threads, pp, tg, reps = sys.argv[1], *map(int, sys.argv[2:5]), int(sys.argv[6])
@@ -85,6 +85,9 @@ def context(n_seq):
     cp.n_seq_max = n_seq
     cp.kv_unified = True
     cp.n_threads = cp.n_threads_batch = threads
+    for field in ("type_k", "type_v"):  # KV cache types (ggml type ids), e.g. 8 = q8_0
+        if os.environ.get("LLAMACPP_" + field.upper()):
+            setattr(cp, field, int(os.environ["LLAMACPP_" + field.upper()]))
     return L.llama_init_from_model(model, cp)
 
 
@@ -161,10 +164,19 @@ def model_path(name: str) -> Path:
 
 
 def run_llamacpp(
-    path: Path, threads: int, reps: int, pp: int = 128, tg: int = 128, omp_wait: str | None = None
+    path: Path,
+    threads: int,
+    reps: int,
+    pp: int = 128,
+    tg: int = 128,
+    omp_wait: str | None = None,
+    batches: str = "1,8",
+    kv_types: tuple[int, int] | None = None,
 ) -> list[dict]:
     """The runner in the llama.cpp venv. LLAMACPP_PYTHONPATH (its PYTHONPATH) and
     LLAMA_CPP_LIB_PATH (llama-cpp-python's own) point it at an uninstalled build.
+    `batches`: the tg batch sizes ("1,8"); `kv_types`: the KV cache's (type_k, type_v) as
+    ggml type ids (llama.cpp's -ctk/-ctv; None: its default, f16).
     `omp_wait`: OMP_WAIT_POLICY for ggml's OpenMP threads, None for llama.cpp's default
     (the variable unset); the rows are labelled "llama.cpp" / "llama.cpp <policy>"."""
     python = VENV / "bin" / "python"
@@ -174,7 +186,9 @@ def run_llamacpp(
     env.pop("OMP_WAIT_POLICY", None)
     if omp_wait:
         env["OMP_WAIT_POLICY"] = omp_wait
-    args = [str(python), "-c", LLAMACPP_RUNNER, str(path), str(threads), str(pp), str(tg), "1,8"]
+    if kv_types:
+        env["LLAMACPP_TYPE_K"], env["LLAMACPP_TYPE_V"] = map(str, kv_types)
+    args = [str(python), "-c", LLAMACPP_RUNNER, str(path), str(threads), str(pp), str(tg), batches]
     out = subprocess.run([*args, str(reps)], capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
         sys.exit(f"llama.cpp run failed:\n{out.stderr[-2000:]}")
