@@ -73,9 +73,10 @@ def _time_tg(m, n: int, batch: int, vocab: int) -> float:
         it = iter(gen)
         next(it)
         t = time.perf_counter()
-        for _ in it:
-            pass
-        return time.perf_counter() - t
+        made = sum(1 for _ in it)
+        # a generation that stops early (an end-of-generation token) made fewer than n: the
+        # seconds n tokens take at its rate, not the shorter run's
+        return (time.perf_counter() - t) * n / max(made, 1)
     slots = bucket(8 + n + 1, 256)
     logits, kv = _prefill(m, ids, slots)
     tok = jnp.argmax(logits, -1).astype(jnp.int32)
