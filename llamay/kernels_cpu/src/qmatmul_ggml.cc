@@ -764,8 +764,56 @@ void k_tile(const KJob& j, int64_t r0, int64_t m0) {
     }
 }
 
+// K_REPACK for 8 activation rows at once, one per f32 lane (the scalar chains of
+// k_tile<.., K_REPACK, ..> per output, in the same order: parts, then super-blocks).
+template <int32_t T, int PARTS>
+void k_repack8(const KJob& j, int64_t r, int64_t m0) {
+  constexpr int bb = T == Q2_K ? 84 : 144;
+  const int64_t nsb = j.nsb;
+  const Acts& a = *j.a;
+  v8f acc = {}, acc_min = {};
+  KBlock w;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    load_kblock<T>(j.w + r * j.d.row_bytes + sb * bb, w);
+    v8f da;
+    v8i mm[8];
+    for (int m = 0; m < 8; ++m) {
+      const int64_t i = (m0 + m) * nsb + sb;
+      da[m] = a.d[i];
+      mm[m] = madd16(ld<v16h>(T == Q2_K ? &a.bsums[i * 16] : &a.bs32[i * 16]), w.mins);
+    }
+    const v8f d = da * splat(w.d), dmin = da * splat(w.dmin);
+    for (int p = 0; p < PARTS; ++p) {
+      v8i g[8];
+      for (int m = 0; m < 8; ++m) {
+        const int8_t* qa = &a.qs[((m0 + m) * nsb + sb) * 256];
+        v8i t = {};
+        for (int c = p * 8 / PARTS; c < (p + 1) * 8 / PARTS; ++c)
+          t = dot_u_scaled(t, ld<v32b>(w.q + 32 * c), ld<v32b>(qa + 32 * c), w.scv[c]);
+        g[m] = t;
+      }
+      v8i mt;  // the part's min sums: Q4_K lane p of mm (4 parts) / all 4; Q2_K 4 lanes per part / all 8
+      for (int m = 0; m < 8; ++m) {
+        const v8i v = mm[m];
+        if (PARTS == 1) mt[m] = hsum_i(v);
+        else if (T == Q4_K) mt[m] = v[p];
+        else mt[m] = (v[4 * p] + v[4 * p + 1]) + (v[4 * p + 2] + v[4 * p + 3]);
+      }
+      acc = fma8(cvt(hsum_each(g)), d, acc);
+      acc_min = fma8(cvt(mt), dmin, acc_min);
+    }
+  }
+  const v8f y = acc - acc_min;
+  for (int m = 0; m < 8; ++m) j.y[(m0 + m) * j.d.n + r] = y[m];
+}
+
 template <int32_t T, int KERN, int MT>
 void k_range_mt(const KJob& j, int64_t n0, int64_t n1, int64_t m0) {
+  if (KERN == K_REPACK && MT == 8 && (T == Q4_K || T == Q2_K)) {
+    auto rep = j.parts == 1 ? &k_repack8<T, 1> : j.parts == 2 ? &k_repack8<T, 2> : &k_repack8<T, 4>;
+    for (int64_t r = n0; r < n1; ++r) rep(j, r, m0);
+    return;
+  }
   // one weight row at a time (more measured slower); the repack's parts: 1, 2 (Q2_K), 4 (Q4_K)
   auto tile = j.parts == 1 ? &k_tile<T, KERN, 1, MT, 1>
               : j.parts == 2 ? &k_tile<T, KERN, 1, MT, 2> : &k_tile<T, KERN, 1, MT, 4>;
