@@ -58,7 +58,8 @@ import numpy as np
 import llama_cpp as L
 
 path, (tk, tv, n), ids = sys.argv[1], map(int, sys.argv[2:5]), json.loads(sys.argv[5])
-llm = L.Llama(path, n_ctx=256, n_threads=2, logits_all=True, type_k=tk, type_v=tv, verbose=False)
+kw = dict(type_k=tk, type_v=tv, flash_attn=tv != 1)  # a quantised V needs flash attention
+llm = L.Llama(path, n_ctx=256, n_threads=2, logits_all=True, verbose=False, **kw)
 llm.eval(ids)
 out = []
 for _ in range(n):
