@@ -45,20 +45,20 @@ def table_width(pages: int, lo: int) -> int:
 def native_tables(cfg, kv) -> bool:
     """Whether steps of up to `NATIVE_MAX_QUERY_TOKENS` tokens per row over the pool `kv`
     read it through the native CPU kernel (`llamay.kernels_cpu.paged_attention`: exact
-    numerics, causal, an f32/f16/bf16 pool, built). That kernel's work is bounded by the
+    numerics, causal, a pool of a KV type it reads, built). That kernel's work is bounded by the
     rows' positions, not by the table's width, so such steps get one width, the whole
     context's (`Planner._table_width`): one program per (rows, tokens) instead of one
     per width, the same cost."""
     from llamay import kernels_cpu
     from llamay.kernels.backend import backend
-    from llamay.kernels_cpu.attention import POOL_DTYPES
+    from llamay.kernels_cpu.attention import pool_type
 
     pools = [a for a in (kv.k, kv.v, kv.local_k, kv.local_v) if a is not None]
     return (
         backend().native
         and getattr(cfg, "numerics", "exact") == "exact"
         and getattr(cfg, "causal", True)
-        and all(isinstance(a, jax.Array) and a.dtype in POOL_DTYPES for a in pools)
+        and all(isinstance(a, jax.Array) and pool_type(a, cfg.head_dim) for a in pools)
         and kernels_cpu.available()
     )
 
