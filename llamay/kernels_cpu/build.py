@@ -47,7 +47,7 @@ SOURCES = {
     "ggml_attention.cc": ("-ffp-contract=off",),
     "ggml_elementwise.cc": ("-ffp-contract=off",),
 }
-HEADERS = ("blocks.h", "ggml_float.h", "operands.h", "parallel.h")
+HEADERS = ("blocks.h", "ggml_float.h", "operands.h", "parallel.h", "vec16.h")
 #: Headers written at build time (into the build directory, on the include path).
 GENERATED = ("iq_tables.h",)
 HANDLERS = (

@@ -37,6 +37,7 @@
 
 #include "blocks.h"
 #include "parallel.h"
+#include "vec16.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -150,37 +151,6 @@ struct Pool {
 
 #if !defined(LLAMAY_SCALAR) && (defined(__AVX512F__) || defined(__AVX2__))
 #define LLAMAY_PA_VECTOR 1
-typedef float f16v __attribute__((vector_size(64)));   // 16 floats
-typedef int32_t i16v __attribute__((vector_size(64)));  // 16 int32
-// 16 bytes widened to 16 int32, unsigned / signed.
-#if defined(__AVX512F__)
-inline i16v wide_u8(const uint8_t* p) {
-  return (i16v)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
-}
-inline i16v wide_s8(const uint8_t* p) {
-  return (i16v)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
-}
-#else
-inline i16v wide_u8(const uint8_t* p) {
-  i16v v;
-  const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-  const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-  std::memcpy(&v, &lo, 32);
-  std::memcpy((char*)&v + 32, &hi, 32);
-  return v;
-}
-inline i16v wide_s8(const uint8_t* p) {
-  i16v v;
-  const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p));
-  const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-  std::memcpy(&v, &lo, 32);
-  std::memcpy((char*)&v + 32, &hi, 32);
-  return v;
-}
-#endif
-inline f16v to_f(i16v v) { return __builtin_convertvector(v, f16v); }
-inline void store16(float* p, f16v v) { std::memcpy(p, &v, 64); }
-const i16v LANE16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 // The 32 values of one block of type T (a 32-element type) into out[0..31].
 template <int32_t T>

@@ -23,6 +23,7 @@
 #include "blocks.h"
 #include "operands.h"
 #include "parallel.h"
+#include "vec16.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -34,43 +35,6 @@ namespace ffi = xla::ffi;
 namespace llamay {
 namespace {
 
-typedef float f16v __attribute__((vector_size(64)));    // 16 floats
-typedef int32_t i16v __attribute__((vector_size(64)));   // 16 int32
-typedef uint8_t u8x16 __attribute__((vector_size(16)));
-typedef int8_t s8x16 __attribute__((vector_size(16)));
-
-inline f16v loadf(const float* p) { f16v v; std::memcpy(&v, p, 64); return v; }
-inline void storef(float* p, f16v v) { std::memcpy(p, &v, 64); }
-// 16 bytes widened to 16 int32 (GCC lowers the generic conversion byte by byte).
-#if defined(__AVX512F__)
-inline i16v wide(const uint8_t* p) {
-  return (i16v)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
-}
-inline i16v wide_s(const uint8_t* p) {
-  return (i16v)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
-}
-#elif defined(__AVX2__)
-inline i16v wide(const uint8_t* p) {
-  i16v v;
-  const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-  const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-  std::memcpy(&v, &lo, 32);
-  std::memcpy((char*)&v + 32, &hi, 32);
-  return v;
-}
-inline i16v wide_s(const uint8_t* p) {
-  i16v v;
-  const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p));
-  const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-  std::memcpy(&v, &lo, 32);
-  std::memcpy((char*)&v + 32, &hi, 32);
-  return v;
-}
-#else
-inline i16v wide(const uint8_t* p) { u8x16 b; std::memcpy(&b, p, 16); return __builtin_convertvector(b, i16v); }
-inline i16v wide_s(const uint8_t* p) { s8x16 b; std::memcpy(&b, p, 16); return __builtin_convertvector(b, i16v); }
-#endif
-inline f16v tof(i16v v) { return __builtin_convertvector(v, f16v); }
 // A tree of adds (a loop over the lanes is a chain of 16 dependent adds per output).
 inline float hsum(f16v v) {
 #if defined(__AVX512F__)
@@ -82,7 +46,6 @@ inline float hsum(f16v v) {
   return (h[0] + h[2]) + (h[1] + h[3]);
 #endif
 }
-const i16v LANE = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 // Per type: VECS vectors of 16 quants per block, SUBS sub-blocks (VECS / SUBS vectors
 // each), OFFS whether there are offsets; decode(block, q[VECS], scale[SUBS], offs[SUBS]).
@@ -90,9 +53,9 @@ struct DQ4_0 {
   static constexpr int BYTES = 18;
   static constexpr int VECS = 2, SUBS = 1, OFFS = 0;
   static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
-    const i16v v = wide(b + 2);
-    q[0] = tof((v & 0xF) - 8);
-    q[1] = tof((v >> 4) - 8);
+    const i16v v = wide_u8(b + 2);
+    q[0] = to_f((v & 0xF) - 8);
+    q[1] = to_f((v >> 4) - 8);
     sc[0] = rdf16(b);
     of[0] = 0.0f;
   }
@@ -101,9 +64,9 @@ struct DQ4_1 {
   static constexpr int BYTES = 20;
   static constexpr int VECS = 2, SUBS = 1, OFFS = 1;
   static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
-    const i16v v = wide(b + 4);
-    q[0] = tof(v & 0xF);
-    q[1] = tof(v >> 4);
+    const i16v v = wide_u8(b + 4);
+    q[0] = to_f(v & 0xF);
+    q[1] = to_f(v >> 4);
     sc[0] = rdf16(b);
     of[0] = rdf16(b + 2);
   }
@@ -116,11 +79,11 @@ struct DQ5 {
     const int off = ONE ? 4 : 2;
     uint32_t qh;
     std::memcpy(&qh, b + off, 4);
-    const i16v v = wide(b + off + 4), h = (i16v){} + (int32_t)qh;
-    const i16v hl = ((h >> LANE) & 1) << 4, hh = ((h >> (LANE + 16)) & 1) << 4;
+    const i16v v = wide_u8(b + off + 4), h = (i16v){} + (int32_t)qh;
+    const i16v hl = ((h >> LANE16) & 1) << 4, hh = ((h >> (LANE16 + 16)) & 1) << 4;
     const int bias = ONE ? 0 : 16;
-    q[0] = tof(((v & 0xF) | hl) - bias);
-    q[1] = tof(((v >> 4) | hh) - bias);
+    q[0] = to_f(((v & 0xF) | hl) - bias);
+    q[1] = to_f(((v >> 4) | hh) - bias);
     sc[0] = rdf16(b);
     of[0] = ONE ? rdf16(b + 2) : 0.0f;
   }
@@ -129,8 +92,8 @@ struct DQ8_0 {
   static constexpr int BYTES = 34;
   static constexpr int VECS = 2, SUBS = 1, OFFS = 0;
   static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
-    q[0] = tof(wide_s(b + 2));
-    q[1] = tof(wide_s(b + 18));
+    q[0] = to_f(wide_s8(b + 2));
+    q[1] = to_f(wide_s8(b + 18));
     sc[0] = rdf16(b);
     of[0] = 0.0f;
   }
@@ -142,8 +105,8 @@ struct DQ2_K {
     const float d = rdf16(b + 80), dmin = rdf16(b + 82);
     for (int n = 0; n < 2; ++n)
       for (int h = 0; h < 2; ++h) {
-        const i16v v = wide(b + 16 + 32 * n + 16 * h);
-        for (int j = 0; j < 4; ++j) q[8 * n + 2 * j + h] = tof((v >> (2 * j)) & 3);
+        const i16v v = wide_u8(b + 16 + 32 * n + 16 * h);
+        for (int j = 0; j < 4; ++j) q[8 * n + 2 * j + h] = to_f((v >> (2 * j)) & 3);
       }
     for (int s = 0; s < 16; ++s) {
       sc[s] = d * (float)(b[s] & 0xF);
@@ -159,12 +122,12 @@ struct DQ3_K {
     int8_t s16[16];
     q3k_scales(b + 96, s16);
     for (int h = 0; h < 2; ++h) {
-      const i16v hm = wide(b + 16 * h);
+      const i16v hm = wide_u8(b + 16 * h);
       for (int n = 0; n < 2; ++n) {
-        const i16v v = wide(b + 32 + 32 * n + 16 * h);
+        const i16v v = wide_u8(b + 32 + 32 * n + 16 * h);
         for (int j = 0; j < 4; ++j) {
           const i16v high = (hm >> (4 * n + j)) & 1;
-          q[8 * n + 2 * j + h] = tof(((v >> (2 * j)) & 3) - ((high ^ 1) << 2));
+          q[8 * n + 2 * j + h] = to_f(((v >> (2 * j)) & 3) - ((high ^ 1) << 2));
         }
       }
     }
@@ -182,17 +145,17 @@ struct DQ45_K {
     const float d = rdf16(b), dmin = rdf16(b + 2);
     const uint8_t* qs = b + (FIVE ? 48 : 16);
     i16v qh[2];
-    if (FIVE) qh[0] = wide(b + 16), qh[1] = wide(b + 32);
+    if (FIVE) qh[0] = wide_u8(b + 16), qh[1] = wide_u8(b + 32);
     for (int n = 0; n < 4; ++n)
       for (int h = 0; h < 2; ++h) {
-        const i16v v = wide(qs + 32 * n + 16 * h);
+        const i16v v = wide_u8(qs + 32 * n + 16 * h);
         i16v lo = v & 0xF, hi = v >> 4;
         if (FIVE) {
           lo |= ((qh[h] >> (2 * n)) & 1) << 4;
           hi |= ((qh[h] >> (2 * n + 1)) & 1) << 4;
         }
-        q[4 * n + h] = tof(lo);
-        q[4 * n + 2 + h] = tof(hi);
+        q[4 * n + h] = to_f(lo);
+        q[4 * n + 2 + h] = to_f(hi);
       }
     for (int s = 0; s < 8; ++s) {
       uint8_t a, m;
@@ -209,12 +172,12 @@ struct DQ6_K {
     const float d = rdf16(b + 208);
     for (int n = 0; n < 2; ++n)
       for (int h = 0; h < 2; ++h) {
-        const i16v qh = wide(b + 128 + 32 * n + 16 * h);
-        const i16v l0 = wide(b + 64 * n + 16 * h), l1 = wide(b + 64 * n + 32 + 16 * h);
-        q[8 * n + 0 + h] = tof(((l0 & 0xF) | ((qh & 3) << 4)) - 32);
-        q[8 * n + 2 + h] = tof(((l1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32);
-        q[8 * n + 4 + h] = tof(((l0 >> 4) | (((qh >> 4) & 3) << 4)) - 32);
-        q[8 * n + 6 + h] = tof(((l1 >> 4) | (((qh >> 6) & 3) << 4)) - 32);
+        const i16v qh = wide_u8(b + 128 + 32 * n + 16 * h);
+        const i16v l0 = wide_u8(b + 64 * n + 16 * h), l1 = wide_u8(b + 64 * n + 32 + 16 * h);
+        q[8 * n + 0 + h] = to_f(((l0 & 0xF) | ((qh & 3) << 4)) - 32);
+        q[8 * n + 2 + h] = to_f(((l1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32);
+        q[8 * n + 4 + h] = to_f(((l0 >> 4) | (((qh >> 4) & 3) << 4)) - 32);
+        q[8 * n + 6 + h] = to_f(((l1 >> 4) | (((qh >> 6) & 3) << 4)) - 32);
       }
     const int8_t* s = (const int8_t*)(b + 192);
     for (int i = 0; i < 16; ++i) {
@@ -242,7 +205,7 @@ struct DIQ {
   static void decode(const uint8_t* b, f16v* q, float* sc, float* of) {
     int8_t buf[16 * VECS];
     iq_parts(T, b, buf, sc);
-    for (int v = 0; v < VECS; ++v) q[v] = tof(wide_s((const uint8_t*)buf + 16 * v));
+    for (int v = 0; v < VECS; ++v) q[v] = to_f(wide_s8((const uint8_t*)buf + 16 * v));
     for (int s = 0; s < SUBS; ++s) of[s] = 0.0f;
   }
 };
@@ -260,7 +223,7 @@ struct DNL {
     const __m512 tab = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)table)));
     const uint8_t* qs = b + (T == IQ4_NL ? 2 : T == MXFP4 ? 1 : 8);
     for (int g = 0; g < VECS / 2; ++g) {
-      const i16v v = wide(qs + 16 * g);
+      const i16v v = wide_u8(qs + 16 * g);
       q[2 * g] = (f16v)_mm512_permutexvar_ps((__m512i)(v & 0xF), tab);
       q[2 * g + 1] = (f16v)_mm512_permutexvar_ps((__m512i)(v >> 4), tab);
     }
@@ -310,8 +273,8 @@ void scale_after_rows(const float* x, const float* sx, int64_t k, const uint8_t*
       for (int s = 0; s < D::SUBS; ++s)
         for (int m = 0; m < M; ++m) {
           const float* xs = x + m * k + b * BE + s * PER * 16;
-          f16v t = q[s * PER] * loadf(xs);
-          for (int v = 1; v < PER; ++v) t += q[s * PER + v] * loadf(xs + 16 * v);
+          f16v t = q[s * PER] * load16(xs);
+          for (int v = 1; v < PER; ++v) t += q[s * PER + v] * load16(xs + 16 * v);
           acc[m] += sc[s] * t;
           if (D::OFFS) acc_o[m] += of[s] * sx[(m * nb + b) * D::SUBS + s];
         }
@@ -340,7 +303,7 @@ inline void dequant_tile(const float* x, int64_t k, const uint8_t* row, int64_t 
       for (int j = 0; j < R; ++j)
         wv[j] = D::OFFS ? sc[j][v / PER] * q[j][v] + of[j][v / PER] : sc[j][v / PER] * q[j][v];
       for (int m = 0; m < M; ++m) {
-        const f16v xv = loadf(xb + m * k + 16 * v);
+        const f16v xv = load16(xb + m * k + 16 * v);
         for (int j = 0; j < R; ++j) acc[j][m] += wv[j] * xv;
       }
     }
@@ -412,7 +375,7 @@ void dequant_row_v(const uint8_t* row, float* out, int64_t k) {
     f16v q[D::VECS];
     float sc[D::SUBS], of[D::SUBS];
     D::decode(row + b * bb, q, sc, of);
-    for (int v = 0; v < D::VECS; ++v) storef(out + (b * D::VECS + v) * 16, sc[v / PER] * q[v] + of[v / PER]);
+    for (int v = 0; v < D::VECS; ++v) store16(out + (b * D::VECS + v) * 16, sc[v / PER] * q[v] + of[v / PER]);
   }
 }
 
