@@ -198,7 +198,8 @@ inline uint16_t f32_to_f16(float f) {  // round to nearest even, as numpy's asty
 // the 16 bsums and the 8 sums of 32 (Q4_K/Q5_K's sub-blocks).
 struct Acts {
   std::vector<int8_t> qs;
-  std::vector<float> d, s;
+  std::vector<float> d, s, st;  // st: Q8_1's s again, [K/32, Mp] (Mp = M rounded up to 8)
+  int64_t mp = 0;
   std::vector<int32_t> corr;
   std::vector<int16_t> bsums, bs32;
 };
@@ -219,7 +220,7 @@ void quantize_q8(const float* x, int64_t row, int64_t k, bool q8_1, int bias, Ac
       total += q[e];
     }
     a.d[i] = f16_to_f32(f32_to_f16(d));
-    if (q8_1) a.s[i] = f16_to_f32(f32_to_f16((float)total * d));
+    if (q8_1) a.s[i] = a.st[b * a.mp + row] = f16_to_f32(f32_to_f16((float)total * d));
     if (bias)
       for (int l = 0; l < 8; ++l)
         a.corr[i * 8 + l] = -bias * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
@@ -359,7 +360,8 @@ void q8_tile(const Q8Job& j, int64_t r0, int64_t m0, int64_t rs = 1) {
   const int64_t nb = j.nb, k = j.d.k;
   const Acts& a = *j.a;
   v8f acc[R][MT] = {};
-  float sacc[R][MT] = {};  // WHOLE: the accumulator; _1 types: Σ m·s
+  float sacc[R][MT] = {};  // WHOLE: the accumulator; _1 types at MT = 1: Σ m·s
+  v8f msum[R] = {};        // _1 types at MT > 1: Σ m·s, activation row m in lane m
   const uint8_t* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = j.w + (r0 + r * rs) * j.d.row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
@@ -372,6 +374,10 @@ void q8_tile(const Q8Job& j, int64_t r0, int64_t m0, int64_t rs = 1) {
       dw[r] = rdf16(blk);
       mw[r] = has_m ? rdf16(blk + 2) : 0.0f;
     }
+    if (has_m && MT > 1) {  // Σ m·s for the tile's activation rows, one per lane
+      const v8f s8 = ld<v8f>(&a.st[b * a.mp + m0]);
+      for (int r = 0; r < R; ++r) msum[r] = msum[r] + s8 * splat(mw[r]);
+    }
     for (int m = 0; m < MT; ++m) {
       const int64_t i = (m0 + m) * nb + b;
       const v32b av = ld<v32b>(&a.qs[i * 32]);
@@ -383,7 +389,7 @@ void q8_tile(const Q8Job& j, int64_t r0, int64_t m0, int64_t rs = 1) {
           sacc[r][m] = std::fmaf((float)hsum_i(l), da * dw[r], sacc[r][m]);
         } else {
           acc[r][m] = fma8(splat(da) * splat(dw[r]), cvt(l), acc[r][m]);
-          if (has_m) sacc[r][m] = sacc[r][m] + a.s[i] * mw[r];
+          if (has_m && MT == 1) sacc[r][m] = sacc[r][m] + a.s[i] * mw[r];
         }
       }
     }
@@ -391,7 +397,7 @@ void q8_tile(const Q8Job& j, int64_t r0, int64_t m0, int64_t rs = 1) {
   for (int m = 0; m < MT; ++m)
     for (int r = 0; r < R; ++r) {
       float y = WHOLE ? sacc[r][m] : hsum8(acc[r][m]);
-      if (!WHOLE && has_m) y = y + sacc[r][m];
+      if (!WHOLE && has_m) y = y + (MT == 1 ? sacc[r][m] : msum[r][m]);
       j.y[(m0 + m) * j.d.n + r0 + r * rs] = y;
     }
 }
@@ -486,7 +492,8 @@ ffi::Error QmmQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
   Acts a;
   a.qs.resize(d.m * d.k);
   a.d.resize(d.m * nb);
-  if (q8_1) a.s.resize(d.m * nb);
+  a.mp = (d.m + 7) / 8 * 8;
+  if (q8_1) a.s.resize(d.m * nb), a.st.assign(nb * a.mp, 0.0f);
   if (bias) a.corr.resize(d.m * nb * 8);
   const float* xp = x.typed_data();
   each_row(pool, d.m, d.k, [&](int64_t r) { quantize_q8(xp, r, d.k, q8_1, bias, a); });
