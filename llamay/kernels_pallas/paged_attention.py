@@ -319,11 +319,11 @@ def _gpu_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_ref, o
     o_ref[...] = finish(l, acc)
 
 
-def _gpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret, types):
+def _gpu_grid_call(kernel, name, qh, pos, pool_k, pool_v, table, meta, bounds, *, interpret):
+    """One program per (row, kv head): `kernel` gets the row's queries [R, D] and
+    positions [R, 1] as blocks, the scalars, page table, bounds and pools whole."""
     B, K, R, D = qh.shape
-    ps = pool_k.shape[-3]
     whole = pl.no_block_spec  # the whole array: the kernel indexes it
-    kernel = functools.partial(_gpu_kernel, ps=ps, scale=scale, softcap=softcap, types=types)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(qh.shape, F32),
@@ -339,8 +339,15 @@ def _gpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, i
         ],
         out_specs=pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0)),
         interpret=interpret,
-        name="paged_attention_gpu",
+        name=name,
     )(meta, table, bounds, qh, pos, pool_k, pool_v)
+
+
+def _gpu_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret, types):
+    ps = pool_k.shape[-3]
+    kernel = functools.partial(_gpu_kernel, ps=ps, scale=scale, softcap=softcap, types=types)
+    args = (qh, pos, pool_k, pool_v, table, meta, bounds)
+    return _gpu_grid_call(kernel, "paged_attention_gpu", *args, interpret=interpret)
 
 
 # -- GPU over quantised pages: the same loop, every tile in pieces of 16 elements ----------
@@ -408,28 +415,11 @@ def _gpu_quant_kernel(meta_ref, table_ref, bounds_ref, q_ref, pos_ref, k_ref, v_
 
 def _gpu_quant_call(qh, pos, pool_k, pool_v, table, meta, bounds, *, scale, softcap, interpret,
                     types):  # fmt: skip
-    B, K, R, D = qh.shape
-    ps = pool_k.shape[-3]
-    whole = pl.no_block_spec
+    ps, d = pool_k.shape[-3], qh.shape[-1]
     kernel = functools.partial(_gpu_quant_kernel, ps=ps, scale=scale, softcap=softcap,
-                               types=types, d=D)  # fmt: skip
-    return pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct(qh.shape, F32),
-        grid=(B, K),
-        in_specs=[
-            whole,
-            whole,
-            whole,
-            pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0)),
-            pl.BlockSpec((None, R, 1), lambda b, h: (b, 0, 0)),
-            whole,
-            whole,
-        ],
-        out_specs=pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0)),
-        interpret=interpret,
-        name="paged_attention_gpu_quant",
-    )(meta, table, bounds, qh, pos, pool_k, pool_v)
+                               types=types, d=d)  # fmt: skip
+    args = (qh, pos, pool_k, pool_v, table, meta, bounds)
+    return _gpu_grid_call(kernel, "paged_attention_gpu_quant", *args, interpret=interpret)
 
 
 # -- the wrapper: the reference's signature (plus the platform) ------------------------
