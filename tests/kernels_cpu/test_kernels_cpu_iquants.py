@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import acts
 
 from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu import build
@@ -28,18 +29,7 @@ MS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 64]
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def native():
-    """The kernels must build here (a test that silently took the XLA path would pass)."""
-    import os
-
-    old = os.environ.get(build.ENV)
-    os.environ[build.ENV] = "native"
-    yield
-    if old is None:
-        os.environ.pop(build.ENV)
-    else:
-        os.environ[build.ENV] = old
+pytestmark = pytest.mark.usefixtures("native_kernels")  # conftest.py
 
 
 def blocks(t: GGMLType, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -62,10 +52,6 @@ def blocks(t: GGMLType, rows: int, cols: int, seed: int) -> np.ndarray:
 def shapes(t: GGMLType) -> list[tuple[int, int]]:
     be = LAYOUTS[t].block_elems
     return [(37, be), (40, be * 5), (37, be * 7)]
-
-
-def acts(m: int, k: int, seed: int) -> jax.Array:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal((m, k)), jnp.float32)
 
 
 def exact_reference(x, w):

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import acts
 
 from llamay.gguf.constants import GGMLType
-from llamay.kernels_cpu import build
 from llamay.kernels_cpu.qmatmul import IQ_TYPES, qmatmul_native
 from llamay.quant import QTensor, qtensor
 from llamay.quant.ggml_iq_dot import Q8_0_TYPES, kernel_for
@@ -24,18 +24,7 @@ T = GGMLType
 MS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 64]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def native():
-    """The kernels must build here (a test that silently took the XLA path would pass)."""
-    import os
-
-    old = os.environ.get(build.ENV)
-    os.environ[build.ENV] = "native"
-    yield
-    if old is None:
-        os.environ.pop(build.ENV)
-    else:
-        os.environ[build.ENV] = old
+pytestmark = pytest.mark.usefixtures("native_kernels")  # conftest.py
 
 
 def shapes(t: GGMLType) -> list[tuple[int, int]]:
@@ -56,10 +45,6 @@ def weight(t: GGMLType, n: int, k: int, seed: int) -> QTensor:
             nib = ((d >> (4 * i)) & 0xF).astype(np.uint8)
             blocks[..., 49 + 2 * i] = (blocks[..., 49 + 2 * i] & 0x0F) | (nib << 4)
     return QTensor.from_raw(raw, t, "llamacpp")
-
-
-def acts(m: int, k: int, seed: int) -> jax.Array:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal((m, k)), jnp.float32)
 
 
 @pytest.mark.parametrize("m", MS)

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import acts
 
 from llamay.gguf.constants import GGMLType
-from llamay.kernels_cpu import build
 from llamay.kernels_cpu.qmatmul import qmatmul_native
 from llamay.kernels_cpu.qmatmuls import qmatmuls_native
 from llamay.quant import MixedQTensor, QTensor
@@ -23,18 +23,7 @@ from llamay.quant.quantize import random_blocks
 T = GGMLType
 
 
-@pytest.fixture(scope="module", autouse=True)
-def native():
-    """The kernels must build here (a test that silently took the XLA path would pass)."""
-    import os
-
-    old = os.environ.get(build.ENV)
-    os.environ[build.ENV] = "native"
-    yield
-    if old is None:
-        os.environ.pop(build.ENV)
-    else:
-        os.environ[build.ENV] = old
+pytestmark = pytest.mark.usefixtures("native_kernels")  # conftest.py
 
 
 def weight(t, n, k, seed, numerics="exact"):
@@ -44,10 +33,6 @@ def weight(t, n, k, seed, numerics="exact"):
         raw = bits.astype(np.uint16 if t == T.BF16 else np.float16).view(np.uint8)
         return QTensor.from_raw(raw.reshape(n, -1), t, numerics)
     return QTensor.from_raw(random_blocks(t, n, k, seed, scales=(0.001, 0.01)), t, numerics)
-
-
-def acts(m, k, seed):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal((m, k)), jnp.float32)
 
 
 # (types, rows of each, K): q|k|v of one type (N = 37 and 5: no tile, fewer rows than a

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import encode, make_case
 from test_pallas_lowering import KERNEL_CALL, S, lower
 
 from llamay.kernels.attention import paged_reference
@@ -23,28 +24,6 @@ from llamay.kv.types import KV_TYPES
 from llamay.quant import kv_cache
 
 BLOCK = ["q8_0", "q5_1", "q5_0", "q4_1", "q4_0"]
-
-
-def encode(x, name):
-    t = KV_TYPES[name]
-    return kv_cache.encode(x, jnp.zeros((1, t.row_width(x.shape[-1])), t.dtype))
-
-
-def make_case(B, T, H, K, D, ps, M, kt, vt, seed, layers=2):
-    """Random pools of the two types [L, P, ps, K, row], distinct page tables, each row's
-    T queries at the end of a random length (not a multiple of the page)."""
-    rng = np.random.default_rng(seed)
-    P = B * M + 2
-    k = encode(jnp.asarray(rng.standard_normal((layers, P, ps, K, D)), jnp.float32), kt)
-    v = encode(jnp.asarray(rng.standard_normal((layers, P, ps, K, D)), jnp.float32), vt)
-    q = jnp.asarray(rng.standard_normal((B, T, H, D)) * 2, jnp.float32)
-    table = rng.permutation(np.arange(1, P))[: B * M].reshape(B, M)
-    pos = []
-    for n in rng.integers(T, M * ps + 1, B):
-        n = int(n) - 1 if n % ps == 0 and n > T else int(n)
-        pos.append(np.arange(n - T, n))
-    pos = np.stack(pos)
-    return q, k, v, jnp.asarray(table, jnp.int32), jnp.asarray(pos, jnp.int32)
 
 
 @pytest.mark.parametrize("name", BLOCK)
