@@ -5,8 +5,8 @@ row's pages into a dense view, then `attention_reference`), which the XLA path r
 copies every layer's pages into that dense view each step. The kernel
 (`src/paged_attention.cc`) walks the page table instead: per row, block of query
 tokens (one token decoding; a prefill or verify chunk in blocks) and chunk of the
-visible keys (aligned to pages, or 16 keys where pages are longer) (so one row's decode step spreads over the threads), the scores of
-every kv head's rows (causal, sliding window, softcap as the reference), the chunk's
+visible keys (aligned to pages, or to 16 keys where pages are longer; so one row's
+decode step spreads over the threads), the scores of every kv head's rows (causal, sliding window, softcap as the reference), the chunk's
 softmax state, the weighted values; the chunks merged as flash-decoding does. Exact
 numerics, any query length; equal to the reference up to the f32 summation order (1e-5
 relative). Pools: f32, f16 or bf16, or quantised (q8_0, q5_1, q5_0, q4_1, q4_0: uint8 rows
