@@ -3,19 +3,20 @@
 Reference: `llamay.kernels_pallas.paged_attention.paged_attention_reference` (gather each
 row's pages into a dense view, then `attention_reference`), which the XLA path runs: it
 copies every layer's pages into that dense view each step. The kernel
-(`src/paged_attention.cc`) walks the page table instead: per row, block of query
-tokens (one token decoding; a prefill or verify chunk in blocks) and chunk of the
-visible keys (aligned to pages, or to 16 keys where pages are longer; so one row's
-decode step spreads over the threads), the scores of every kv head's rows (causal, sliding window, softcap as the reference), the chunk's
-softmax state, the weighted values; the chunks merged as flash-decoding does. Exact
-numerics, any query length; equal to the reference up to the f32 summation order (1e-5
-relative). Pools: f32, f16 or bf16, or quantised (q8_0, q5_1, q5_0, q4_1, q4_0: uint8 rows
-of GGUF blocks, `llamay.kv.types`), K and V of independent types; a quantised row is
-dequantised as it is read (the values of `llamay.quant.kv_cache.decode` bit for bit), so
-the reference for those is the pages gathered, dequantised, then `attention_reference`.
-Queries whose output is unused differ: one that sees no key, or at a position outside the
-table (padding), gives 0 (the reference: NaN, or attention over the padded table).
-A dense cache is read as one page per row (`llamay.kernels.attention.dense_pages`).
+(`src/paged_attention.cc`) walks the page table instead: per row, block of query tokens
+(one token decoding; a prefill or verify chunk in blocks) and chunk of the visible keys
+(aligned to pages, or to 16 keys where pages are longer; so one row's decode step spreads
+over the threads), the scores of every kv head's rows (causal, sliding window, softcap as
+the reference), the chunk's softmax state, the weighted values; the chunks merged as
+flash-decoding does. Exact numerics, any query length; equal to the reference up to the
+f32 summation order (1e-5 relative). Pools: f32, f16 or bf16, or quantised (q8_0, q5_1,
+q5_0, q4_1, q4_0: uint8 rows of GGUF blocks, `llamay.kv.types`), K and V of independent
+types; a quantised row is dequantised as it is read (the values of
+`llamay.quant.kv_cache.decode` bit for bit), so the reference for those is the pages
+gathered, dequantised, then `attention_reference`. Queries whose output is unused differ:
+one that sees no key, or at a position outside the table (padding), gives 0 (the
+reference: NaN, or attention over the padded table). A dense cache is read as one page per
+row (`llamay.kernels.attention.dense_pages`).
 
 Not handled here (None: the dispatcher's reference): numerics "llamacpp", non-causal
 attention, pools of other dtypes or row widths, other shapes.
