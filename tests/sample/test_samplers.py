@@ -274,6 +274,22 @@ def test_greedy_and_top_k_1_are_argmax():
         np.testing.assert_array_equal(np.asarray(toks), logits.argmax(1))
 
 
+def test_argmax_is_numpys_first_maximum():
+    """The sampler's argmax (two plain reductions, fast on XLA CPU) is numpy's: the first
+    index of the maximum, ties and -inf rows included; a row of NaNs gives 0."""
+    from llamay.sample.chain import argmax
+
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, size=(6, 49152)).astype(np.float32)  # many ties at the max
+    x[1] = -np.inf
+    x[2, 7] = np.inf
+    x[3, :100] = -np.inf
+    got = np.asarray(jax.jit(argmax)(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, x.argmax(1))
+    nan = np.full((1, 10), np.nan, np.float32)
+    assert int(argmax(jnp.asarray(nan))[0]) == 0
+
+
 def test_same_seed_same_draws_new_keys_differ():
     logits = jnp.asarray(np.random.default_rng(1).normal(size=(1, 1000)).astype(np.float32))
     s = Sampler(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=42)
