@@ -10,9 +10,12 @@ install:
 	scripts/bootstrap.sh
 	$(PY) -m llamay.kernels_cpu  # the native CPU kernels, built ahead (optional)
 
+# test files run at once (scripts/run-tests.sh): XLA compiles on one core per process
+TEST_JOBS ?= 2
+
 test: install
 	scripts/test-oracles.sh
-	PY=$(PY) scripts/run-tests.sh --require-fixtures $(PYTEST_ARGS)
+	PY=$(PY) TEST_JOBS=$(TEST_JOBS) scripts/run-tests.sh --require-fixtures $(PYTEST_ARGS)
 
 # the quick suites on jax 0.11.2, the oldest supported, in .venv-jax011 (CI runs both)
 test-jax011:
