@@ -17,7 +17,7 @@ import typer
 
 from llamay.errors import LlamayError
 from llamay_cli import eval_cmds, ocr, serve_cmds, store_cmds, warmup_cmds
-from llamay_cli.serve_cmds import lora_arg
+from llamay_cli.serve_cmds import CacheTypeKOpt, CacheTypeVOpt, lora_arg
 
 DEFAULT_MODEL = "smollm2:135m"
 
@@ -107,18 +107,8 @@ def generate(
             "is in PROMPT; without markers the images go first, as in llama-mtmd-cli.",
         ),
     ] = None,
-    cache_type_k: Annotated[
-        str | None,
-        typer.Option(
-            "--cache-type-k",
-            "-ctk",
-            help="KV cache type for K: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0 (llama.cpp's).",
-        ),
-    ] = None,
-    cache_type_v: Annotated[
-        str | None,
-        typer.Option("--cache-type-v", "-ctv", help="KV cache type for V (as --cache-type-k)."),
-    ] = None,
+    cache_type_k: CacheTypeKOpt = None,
+    cache_type_v: CacheTypeVOpt = None,
 ) -> None:
     """Continue PROMPT with MODEL, streaming the generated text to stdout."""
     import llamay
@@ -291,18 +281,8 @@ def bench(
     repetitions: Annotated[int, typer.Option("--repetitions", "-r", min=1)] = 3,
     numerics: Annotated[str, typer.Option("--numerics")] = "exact",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-    cache_type_k: Annotated[
-        str | None,
-        typer.Option(
-            "--cache-type-k",
-            "-ctk",
-            help="KV cache type for K: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0 (llama.cpp's).",
-        ),
-    ] = None,
-    cache_type_v: Annotated[
-        str | None,
-        typer.Option("--cache-type-v", "-ctv", help="KV cache type for V (as --cache-type-k)."),
-    ] = None,
+    cache_type_k: CacheTypeKOpt = None,
+    cache_type_v: CacheTypeVOpt = None,
 ) -> None:
     """Measure prefill (ppN) and decode (tgN) tokens/s, llama-bench style."""
     import llamay

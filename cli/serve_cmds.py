@@ -12,6 +12,25 @@ import typer
 DEFAULT_PORT = 11435
 
 
+#: llama.cpp's -ctk/-ctv, shared by `serve`, `run` and `bench`.
+CacheTypeKOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cache-type-k",
+        "-ctk",
+        help="KV cache type for K: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1 or q4_0 "
+        "(llama.cpp's flag; default f32). Block types need a head dim that is a "
+        "multiple of 32.",
+    ),
+]
+CacheTypeVOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cache-type-v", "-ctv", help="KV cache type for V (the types of --cache-type-k)."
+    ),
+]
+
+
 def lora_arg(spec: str) -> tuple[str, float]:
     """--lora PATH or PATH:SCALE (scale 1 when absent, as llama.cpp's --lora)."""
     path, sep, scale = spec.rpartition(":")
@@ -188,24 +207,8 @@ def register_serve(app: typer.Typer) -> None:
                 'request\'s "lora" field turns them on).',
             ),
         ] = False,
-        cache_type_k: Annotated[
-            str | None,
-            typer.Option(
-                "--cache-type-k",
-                "-ctk",
-                help="KV cache type for K: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1 or q4_0 "
-                "(llama-server's flag; default f32). Block types need a head dim that is a "
-                "multiple of 32.",
-            ),
-        ] = None,
-        cache_type_v: Annotated[
-            str | None,
-            typer.Option(
-                "--cache-type-v",
-                "-ctv",
-                help="KV cache type for V (the types of --cache-type-k).",
-            ),
-        ] = None,
+        cache_type_k: CacheTypeKOpt = None,
+        cache_type_v: CacheTypeVOpt = None,
         model_draft: Annotated[
             str | None,
             typer.Option(
