@@ -32,7 +32,7 @@ from llamay.kernels_cpu.plug import NATIVE_MAX_QUERY_TOKENS
 from llamay.kv import bucket
 from llamay.kv.pages import grow_paged_kv, new_paged_kv
 from llamay.kv.sequences import KVManager, SeqKV
-from llamay.sample.chain import unpack_mask
+from llamay.sample.chain import argmax, unpack_mask
 
 NGRAM_MAX = 4  # the longest suffix n-gram looked up
 NGRAM_MIN = 1
@@ -87,7 +87,7 @@ def _greedy(logits, mask=None):
     if mask is not None:
         logits = jnp.where(unpack_mask(mask, logits.shape[-1]), logits, -jnp.inf)
     lp = jax.nn.log_softmax(logits, axis=-1)
-    tok = jnp.argmax(lp, axis=-1).astype(jnp.int32)
+    tok = argmax(lp).astype(jnp.int32)  # the sampler's: XLA CPU's argmax is unvectorised
     return tok, jnp.exp(jnp.take_along_axis(lp, tok[:, None], -1)[:, 0])
 
 
