@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from llamay.arch import architecture_of
 from llamay.engine.programs import persistent_jit
 from llamay.model import forward
+from llamay.model.forward import head_rows, real_tokens
 from llamay.sample import SamplingParams, sample
 
 PAD_POSITION = 1 << 30  # past any page table: never written, never attended
@@ -48,7 +48,8 @@ def paged_step(
         cfg, weights, kv, tokens, positions, page_table, local_table, local_base, embeds
     )
     x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
-    return architecture_of(cfg).head(cfg, weights, x_last)[:, 0], kv
+    real = real_tokens(kv, jnp.take_along_axis(positions, last[:, None], axis=1), page_table)
+    return head_rows(cfg, weights, x_last, real)[:, 0], kv
 
 
 def paged_hidden(

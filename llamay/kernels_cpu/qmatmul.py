@@ -25,7 +25,7 @@ import numpy as np
 from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.qmatmul_iq import IQ_DOT_TYPES, qmatmul_iq_native
-from llamay.quant import QTensor
+from llamay.quant import QTensor, ggml_rows
 
 _T = GGMLType
 #: The i-quants, ternary types and MXFP4: src/blocks.h's iq_parts over the grids build.py
@@ -86,13 +86,25 @@ def qmatmul_native(
     if t in IQ_DOT_TYPES:  # `qmatmul_iq`: src/qmatmul_ggml_iq.cc
         return qmatmul_iq_native(x, w, prefix, layer, batched)
     x2 = x.astype(jnp.float32).reshape(-1, k)  # quantised in the kernel, as act_quant does
-    n = math.prod(lead) if batched is None else (8 if batched else 1)
     if t in Q8_TYPES:
         whole = t == _T.Q4_0 and n_rows % 8 == 0  # the Q4_0x8 repack GEMV/GEMM
         return _call(prefix, "LlamayQmmQ8", lead, n_rows, x2, *data, ggml_type=t,
                      whole_block=whole)  # fmt: skip
-    if t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0:
-        kernel = K_REPACK
+
+    def kernel_at(n: int) -> int:
+        if t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0:
+            return K_REPACK
+        return K_TILED if n >= 8 else K_VEC
+
+    def call(kernel: int):
+        return lambda x2, *data: _call(prefix, "LlamayQmmQ8K", x2.shape[:1], n_rows, x2, *data,
+                                       ggml_type=t, kernel=kernel)  # fmt: skip
+
+    if batched is not None:
+        y = call(kernel_at(8 if batched else 1))(x2, *data)
+    elif kernel_at(1) == K_REPACK:  # its GEMM's last count % 4 rows: the GEMV
+        repack = call(K_REPACK)
+        y = ggml_rows.gemv_tail(x2, ggml_rows.real_count(x), lambda x2: repack(x2, *data))
     else:
-        kernel = K_TILED if n >= 8 else K_VEC
-    return _call(prefix, "LlamayQmmQ8K", lead, n_rows, x2, *data, ggml_type=t, kernel=kernel)
+        y = ggml_rows.choose(x, kernel_at, call)(x2, *data)  # the real row count's kernel
+    return y.reshape(*lead, n_rows)

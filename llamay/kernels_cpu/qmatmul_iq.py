@@ -4,17 +4,16 @@ emulation of ggml's kernels, which this equals bit for bit).
 
 The activations are quantised to the weight's vec_dot type (Q8_K; Q8_0 for IQ4_NL and
 MXFP4) by the same jnp code the emulation runs, and the kernel is chosen as
-`ggml_iq_dot.kernel_for` chooses it (from the weight's row count and x's)."""
+`ggml_iq_dot.kernel_for` chooses it (from the weight's row count and x's real one:
+`ggml_rows`)."""
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from llamay.quant import QTensor, ggml_float, quantize_q8_0, quantize_q8_k
+from llamay.quant import QTensor, ggml_float, ggml_rows, quantize_q8_0, quantize_q8_k
 from llamay.quant.ggml_iq_dot import IQ_DOT_TYPES, KERNELS, Q8_0_TYPES, kernel_for
 
 __all__ = ["IQ_DOT_TYPES", "qmatmul_iq_native"]
@@ -28,7 +27,6 @@ def qmatmul_iq_native(
     `qtensor.ggml_matmul`'s."""
     lead, k = x.shape[:-1], x.shape[-1]
     n_rows, t = w.data.shape[-2], w.ggml_type
-    n = math.prod(lead) if batched is None else (8 if batched else 1)
     x2 = ggml_float.opaque(x.astype(jnp.float32).reshape(-1, k))  # as ggml_matmul hides it
     if t in Q8_0_TYPES:
         acts = quantize_q8_0(x2, "x86")
@@ -38,5 +36,13 @@ def qmatmul_iq_native(
         sums = acts.sums
     out = jax.ShapeDtypeStruct((x2.shape[0], n_rows), jnp.float32)
     call = jax.ffi.ffi_call(prefix + "LlamayQmmIQ", out, vmap_method="sequential")
-    attrs = dict(ggml_type=np.int32(t), kernel=np.int32(KERNELS[kernel_for(t, n_rows, n)]))
-    return call(acts.qs, acts.d, sums, w.data, layer, **attrs).reshape(*lead, n_rows)
+    args = (acts.qs, acts.d, sums, w.data, layer)
+
+    def run(kernel: str):
+        return lambda *args: call(*args, ggml_type=np.int32(t), kernel=np.int32(KERNELS[kernel]))
+
+    if batched is not None:
+        y = run(kernel_for(t, n_rows, 8 if batched else 1))(*args)
+    else:  # the kernel of x's real row count (`ggml_rows`)
+        y = ggml_rows.choose(x, lambda n: kernel_for(t, n_rows, n), run)(*args)
+    return y.reshape(*lead, n_rows)

@@ -16,6 +16,7 @@ import numpy as np
 from llamay.arch import architecture_of
 from llamay.arch.decoder import local_layers
 from llamay.arch.paged import DenseLayer, PagedLayer, SplitPagedLayer
+from llamay.quant import ggml_rows
 from llamay.quant.matrix import scan_split
 
 
@@ -51,7 +52,30 @@ def forward(
     `local_base` [B] (the position its slot 0 holds), and each block sees a
     `SplitPagedLayer`.
     Returns (final hidden state [B, T, E], new kv, per-layer outputs [L, B, T, E] or None).
+    Padding tokens (positions past the cache) are not counted among the rows of the
+    blocks' matmuls (`ggml_rows`: llamacpp numerics choose ggml's kernel by that count).
     """
+    valid = real_tokens(kv, positions, page_table)
+    with ggml_rows.real_rows(ggml_rows.count_of(valid), of=valid.size):
+        return _forward(cfg, weights, kv, tokens, positions, hidden, page_table, local_table,
+                        local_base, embeds)  # fmt: skip
+
+
+def real_tokens(kv, positions: jax.Array, page_table=None) -> jax.Array:
+    """[B, T] bool: a step's real tokens (its padding has positions past the cache)."""
+    capacity = kv.k.shape[2] * (1 if page_table is None else page_table.shape[1])
+    return ggml_rows.valid_tokens(positions, capacity)
+
+
+def head_rows(cfg, weights, x: jax.Array, valid: jax.Array) -> jax.Array:
+    """The LM head over x [B, T, E] whose real rows are `valid` [B, T] (the count
+    llamacpp numerics choose ggml's kernel by, `ggml_rows`)."""
+    with ggml_rows.real_rows(ggml_rows.count_of(valid), of=valid.size):
+        return architecture_of(cfg).head(cfg, weights, x)
+
+
+def _forward(cfg, weights, kv, tokens, positions, hidden, page_table, local_table, local_base,
+             embeds):  # fmt: skip
     arch = architecture_of(cfg)
     x = arch.embed(cfg, weights, tokens, positions)
     if embeds is not None:
@@ -117,6 +141,5 @@ def _split_paged(cfg, arch, kv, x, positions, scanned, layer_weights, hidden, ta
 def logits_step(cfg, weights, kv, tokens, positions, hidden: bool = False, embeds=None):
     """Logits at every position [B, T, V] (and per-layer hidden states if asked);
     `embeds` as `forward` takes them."""
-    arch = architecture_of(cfg)
     x, kv, hs = forward(cfg, weights, kv, tokens, positions, hidden=hidden, embeds=embeds)
-    return arch.head(cfg, weights, x), hs, kv
+    return head_rows(cfg, weights, x, real_tokens(kv, positions)), hs, kv

@@ -33,7 +33,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from llamay.gguf.constants import BLOCK_SIZES, GGMLType
-from llamay.quant import formulas, ggml_float
+from llamay.quant import formulas, ggml_float, ggml_rows
 from llamay.quant.act_quant import (
     VEC_DOT_TYPES,
     quantize_q8_0,
@@ -238,39 +238,62 @@ def _ggml_kernel(x: jax.Array, w: QTensor, batched: bool | None = None):
     K-quants: Q4_K and Q2_K with rows % 8 == 0 the repack GEMV/GEMM, the others the
     tiled GEMM when n >= 8, else vec_dot.
 
-    n is x's row count as traced: for a bucket-padded prompt that is the bucket, so a
-    prompt shorter than a kernel's threshold (2 for tinyBLAS, 8 for the tiled GEMM, or
-    one with n % 4 rows left for the repack GEMV) is computed with the batch kernel
-    where llama.cpp would use the one-row one: rounding differences in its last rows.
-    """
+    n is x's real row count: a bucket-padded step says how many of its rows are real
+    (`ggml_rows.real_rows`) and the kernel is switched on that count at run time, so a
+    5-token prompt in a 16-row step takes vec_dot as in llama.cpp. Without one, n is
+    x's row count as traced (`batched`: as for >= 8 rows, or for one)."""
+    if batched is not None:
+        n = 8 if batched else 1
+        return _kernel_of(w, _kernel_key(w, n), n)
+    count = ggml_rows.real_count(x)
+    return ggml_rows.choose(x, lambda n: _kernel_key(w, n), lambda key: _kernel_of(w, key, count))
+
+
+def _kernel_key(w: QTensor, n: int) -> tuple:
+    """Which ggml kernel computes w for n rows of x (hashable: equal keys, same kernel)."""
     t = w.ggml_type
     dot = VEC_DOT_TYPES[t]
-    n = int(np.prod(x.shape[:-1])) if batched is None else (8 if batched else 1)
     n_rows = w.data.shape[-2]
+    if dot in _Q8_ACTS and t in _Q8_BLOCK_TYPES:
+        return ("q4_0-repack",) if t == _T.Q4_0 and n_rows % 8 == 0 else ("q8-block",)
+    if dot in _FLOAT_DOTS:
+        step = _FLOAT_DOTS[dot][1]
+        return ("float", n >= 2 and n_rows % 4 == 0 and w.cols % step == 0)
+    if dot == _T.Q8_K and t in _KQUANT_DOTS:
+        repacked = t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0
+        return ("kquant", "repack" if repacked else "tiled" if n >= 8 else t.name)
+    if t in IQ_DOT_TYPES:  # the i-quants, TQ1_0/TQ2_0, MXFP4: `ggml_iq_dot`
+        return ("iq", iq_kernel_for(t, n_rows, n))
+    return ("dequant",)
+
+
+def _kernel_of(w: QTensor, key: tuple, count):
+    """The function (x, data) of `_kernel_key`'s kernel `key` for x of which `count` rows
+    are real (the repack GEMM's rows are computed by its GEMV past count - count % 4)."""
+    t = w.ggml_type
 
     def on(f, *args):  # f(x, w, *args) as a function of (x, rows of w)
         return lambda x, data: f(x, dataclasses.replace(w, data=data), *args)
 
-    if dot in _Q8_ACTS and t in _Q8_BLOCK_TYPES:
-        if t == _T.Q4_0 and n_rows % 8 == 0:
-            return on(_q4_0_repack_dot)
+    kind = key[0]
+    if kind == "q4_0-repack":
+        return on(_q4_0_repack_dot)
+    if kind == "q8-block":
         return on(_q8_block_dot)
-    if dot in _FLOAT_DOTS:
-        sgemm, step, vec = _FLOAT_DOTS[dot]
-        batched = n >= 2 and n_rows % 4 == 0 and w.cols % step == 0
+    if kind == "float":
+        sgemm, _, vec = _FLOAT_DOTS[VEC_DOT_TYPES[t]]
 
         def float_dot(x, w):
             xr = w.round_activations(x)[..., None, :]
-            return (sgemm if batched else vec)(xr, w.dequantize(jnp.float32))
+            return (sgemm if key[1] else vec)(xr, w.dequantize(jnp.float32))
 
         return on(float_dot)
-    if dot == _T.Q8_K and t in _KQUANT_DOTS:
-        repacked = t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0
-        return on(_kquant_dot, "repack" if repacked else "tiled" if n >= 8 else t.name)
-    if t in IQ_DOT_TYPES:  # the i-quants, TQ1_0/TQ2_0, MXFP4: `ggml_iq_dot`
-        kernel = iq_kernel_for(t, n_rows, n)
-        return lambda x, data: iq_dot(x, data, t, kernel)
-
+    if kind == "kquant" and key[1] == "repack":
+        return on(lambda x, w: ggml_rows.gemv_tail(x, count, lambda x: _kquant_dot(x, w, "repack")))
+    if kind == "kquant":
+        return on(_kquant_dot, key[1])
+    if kind == "iq":
+        return lambda x, data: iq_dot(x, data, t, key[1])
     return on(dequant_matmul)
 
 
