@@ -1,6 +1,7 @@
-"""Random inputs the kernel tests share (tests/kernels_cpu, tests/kernels_pallas): matmul
-activations and paged KV pools of llamay.kv.types, the pools written as the cache
-writers store them (`kv_cache.encode`)."""
+"""Random inputs and checks the kernel tests share (tests/kernels_cpu, tests/kernels_pallas,
+tests/quant): matmul activations, well-formed i-quant/MXFP4 weight blocks, the exact
+matmul's reference and tolerance, and paged KV pools of llamay.kv.types, the pools
+written as the cache writers store them (`kv_cache.encode`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from llamay.gguf.constants import GGMLType
 from llamay.kv.types import KV_TYPES
-from llamay.quant import kv_cache
+from llamay.quant import LAYOUTS, QTensor, kv_cache
+from llamay.quant.quantize import random_blocks
 
 PAD = 1 << 30  # llamay.engine.paged_steps.PAD_POSITION
 
@@ -17,6 +20,35 @@ PAD = 1 << 30  # llamay.engine.paged_steps.PAD_POSITION
 def acts(m: int, k: int, seed: int) -> jax.Array:
     """Activations x [m, k], f32 standard normal."""
     return jnp.asarray(np.random.default_rng(seed).standard_normal((m, k)), jnp.float32)
+
+
+def iq_blocks(t: GGMLType, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Well-formed random blocks [rows, bytes] (`random_blocks`: every quant bit, f16
+    scales uniform in ±0.01), plus MXFP4's exponent byte in 118..125 (finite, normal
+    scales) and IQ1_M's d (the top nibbles of its four u16 scales) in 0.001..0.01."""
+    raw = random_blocks(t, rows, cols, seed, scales=(-0.01, 0.01))
+    raw = raw.reshape(rows, -1, LAYOUTS[t].block_bytes)
+    rng = np.random.default_rng(seed)
+    if t == GGMLType.MXFP4:
+        raw[..., 0] = rng.integers(118, 126, raw.shape[:-1])
+    elif t == GGMLType.IQ1_M:
+        sc = raw[..., -8:].copy().view(np.uint16) & 0x0FFF
+        d = rng.uniform(0.001, 0.01, raw.shape[:-1]).astype(np.float16).view(np.uint16)
+        sc |= ((d[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12
+        raw[..., -8:] = sc.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def exact_reference(x: jax.Array, w: QTensor) -> jax.Array:
+    """The exact matmul's oracle: the f32 dot over llamay.quant's dequantisation (itself
+    checked against gguf-py in tests/quant)."""
+    return jnp.einsum("mk,nk->mn", x, w.dequantize(jnp.float32), precision="highest")
+
+
+def assert_close_sums(got, want, x, w: QTensor, what) -> None:
+    """f32 sums in another order: within 1e-5 of the sum of |products| of each output."""
+    scale = np.abs(np.asarray(x)) @ np.abs(np.asarray(w.dequantize())).T
+    assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), what
 
 
 def encode(x: jax.Array, name: str) -> jax.Array:

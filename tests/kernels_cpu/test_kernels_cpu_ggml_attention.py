@@ -182,7 +182,7 @@ def _native_in_program(fn, *args) -> bool:
     return "LlamayGgmlAttention" in jax.jit(lambda *a: fn(*a)).lower(*args).as_text()
 
 
-def test_dispatcher_uses_it_on_cpu_and_falls_back(monkeypatch, tmp_path):
+def test_dispatcher_uses_it_on_cpu_and_falls_back(monkeypatch, drop_compiler):
     q, k, v, table, pos = _paged_case(2, 1, 9, 3, 64, 16, 4, F16, F16, 2.0, seed=5)
     lay = jnp.int32(1)
 
@@ -206,16 +206,8 @@ def test_dispatcher_uses_it_on_cpu_and_falls_back(monkeypatch, tmp_path):
     for f in (paged, dense):
         assert not _native_in_program(f, q, k, v, table, pos)
 
-    # the build missing (no compiler, auto): the emulation, the same bits
-    monkeypatch.setenv(build.ENV, "auto")
-    monkeypatch.setenv("LLAMAY_CACHE", str(tmp_path))
-    monkeypatch.setenv("LLAMAY_CXX", str(tmp_path / "no-such-c++"))
-    monkeypatch.setattr(build, "_failed", {})
-    build._registered.cache_clear()
-    try:
-        assert plug.ggml_attention(q, k, v, pos, table, lay, scale=0.125) is None
-        for f, want in ((paged, want_paged), (dense, want_dense)):
-            assert not _native_in_program(f, q, k, v, table, pos)
-            np.testing.assert_array_equal(np.asarray(jax.jit(f)(q, k, v, table, pos)), want)
-    finally:
-        build._registered.cache_clear()
+    drop_compiler()  # the build missing (auto): the emulation, the same bits
+    assert plug.ggml_attention(q, k, v, pos, table, lay, scale=0.125) is None
+    for f, want in ((paged, want_paged), (dense, want_dense)):
+        assert not _native_in_program(f, q, k, v, table, pos)
+        np.testing.assert_array_equal(np.asarray(jax.jit(f)(q, k, v, table, pos)), want)

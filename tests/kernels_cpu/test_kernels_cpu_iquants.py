@@ -16,13 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import acts
+from kernel_cases import acts, assert_close_sums, exact_reference, iq_blocks
 
 from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu import build
 from llamay.kernels_cpu.qmatmul import EXACT_TYPES, IQ_TYPES, applies, qmatmul_native
 from llamay.quant import LAYOUTS, QTensor
-from llamay.quant.quantize import random_blocks
 
 T = GGMLType
 MS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 64]
@@ -32,35 +31,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 pytestmark = pytest.mark.usefixtures("native_kernels")  # conftest.py
 
 
-def blocks(t: GGMLType, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Well-formed random blocks: f16 scales uniform in ±0.01, MXFP4's exponent near 2^-5,
-    IQ1_M's d (packed in the top nibbles of its four u16 scales) in 0.001..0.01."""
-    raw = random_blocks(t, rows, cols, seed, scales=(-0.01, 0.01))
-    lay = LAYOUTS[t]
-    raw = raw.reshape(rows, -1, lay.block_bytes)
-    rng = np.random.default_rng(seed)
-    if t == T.MXFP4:
-        raw[..., 0] = rng.integers(118, 126, raw.shape[:-1])
-    elif t == T.IQ1_M:
-        sc = raw[..., -8:].copy().view(np.uint16) & 0x0FFF
-        d = rng.uniform(0.001, 0.01, raw.shape[:-1]).astype(np.float16).view(np.uint16)
-        sc |= ((d[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12
-        raw[..., -8:] = sc.view(np.uint8)
-    return raw.reshape(rows, -1)
-
-
 def shapes(t: GGMLType) -> list[tuple[int, int]]:
     be = LAYOUTS[t].block_elems
     return [(37, be), (40, be * 5), (37, be * 7)]
-
-
-def exact_reference(x, w):
-    return jnp.einsum("mk,nk->mn", x, w.dequantize(jnp.float32), precision="highest")
-
-
-def assert_close_sums(got, want, x, w, what):
-    scale = np.abs(np.asarray(x)) @ np.abs(np.asarray(w.dequantize())).T
-    assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), what
 
 
 def test_every_new_type_is_an_exact_kernel_type():
@@ -81,7 +54,7 @@ def test_generated_tables_are_the_python_ones():
 @pytest.mark.parametrize("t", IQ_TYPES, ids=lambda t: t.name)
 def test_exact_matches_the_f32_dot_of_the_dequantised_weight(t, m):
     for n, k in shapes(t):
-        w = QTensor.from_raw(blocks(t, n, k, n + k), t, "exact")
+        w = QTensor.from_raw(iq_blocks(t, n, k, n + k), t, "exact")
         x = acts(m, k, m)
         got = np.asarray(jax.jit(lambda x, w: qmatmul_native(x, w, "exact"))(x, w))
         want = np.asarray(jax.jit(exact_reference)(x, w), np.float64)
@@ -93,7 +66,7 @@ def test_exact_matches_the_f32_dot_of_the_dequantised_weight(t, m):
 def test_scalar_build_equals_the_simd_build(t):
     for n, k in shapes(t)[:2]:
         for m in (1, 9):
-            w, x = QTensor.from_raw(blocks(t, n, k, 3), t, "exact"), acts(m, k, m)
+            w, x = QTensor.from_raw(iq_blocks(t, n, k, 3), t, "exact"), acts(m, k, m)
             simd = np.asarray(qmatmul_native(x, w, "exact"))
             scalar = np.asarray(qmatmul_native(x, w, "exact", variant="scalar"))
             assert_close_sums(scalar, simd, x, w, (t.name, n, k, m))

@@ -136,7 +136,7 @@ def _native_in_program(fn, *args) -> bool:
     return "LlamayPagedAttention" in text
 
 
-def test_dispatcher_uses_it_on_cpu_and_falls_back(monkeypatch, tmp_path):
+def test_dispatcher_uses_it_on_cpu_and_falls_back(monkeypatch, drop_compiler):
     q, k, v, table, pos = _case(3, 1, 9, 3, 64, 16, 4, jnp.float32, seed=5)
 
     def f(q, k, v, table, pos):
@@ -151,18 +151,10 @@ def test_dispatcher_uses_it_on_cpu_and_falls_back(monkeypatch, tmp_path):
     monkeypatch.setenv(build.ENV, "xla")
     assert not _native_in_program(f, q, k, v, table, pos)
 
-    # the build missing (no compiler, auto): the reference, same values
-    monkeypatch.setenv(build.ENV, "auto")
-    monkeypatch.setenv("LLAMAY_CACHE", str(tmp_path))
-    monkeypatch.setenv("LLAMAY_CXX", str(tmp_path / "no-such-c++"))
-    monkeypatch.setattr(build, "_failed", {})
-    build._registered.cache_clear()
-    try:
-        assert plug.paged_attention(q, k, v, table, pos, jnp.int32(1), scale=0.125) is None
-        assert not _native_in_program(f, q, k, v, table, pos)
-        _check(jax.jit(lambda *a: f(*a))(q, k, v, table, pos), want, pos, 64)
-    finally:
-        build._registered.cache_clear()
+    drop_compiler()  # the build missing (auto): the reference, same values
+    assert plug.paged_attention(q, k, v, table, pos, jnp.int32(1), scale=0.125) is None
+    assert not _native_in_program(f, q, k, v, table, pos)
+    _check(jax.jit(lambda *a: f(*a))(q, k, v, table, pos), want, pos, 64)
 
 
 def test_long_prefill_chunks_keep_the_reference(monkeypatch):

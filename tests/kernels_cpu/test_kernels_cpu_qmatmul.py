@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import acts, assert_close_sums, exact_reference
 
 from llamay.gguf.constants import GGMLType
-from llamay.kernels_cpu import build
 from llamay.kernels_cpu.qmatmul import EXACT_TYPES, IQ_TYPES, K_TYPES, Q8_TYPES, qmatmul_native
 from llamay.quant import QTensor, qtensor
 from llamay.quant.quantize import random_blocks
@@ -23,18 +23,7 @@ T = GGMLType
 MS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 64]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def native(tmp_path_factory):
-    """The kernels must build here (a test that silently took the XLA path would pass)."""
-    import os
-
-    old = os.environ.get(build.ENV)
-    os.environ[build.ENV] = "native"
-    yield
-    if old is None:
-        os.environ.pop(build.ENV)
-    else:
-        os.environ[build.ENV] = old
+pytestmark = pytest.mark.usefixtures("native_kernels")  # conftest.py
 
 
 def block(t: GGMLType) -> int:
@@ -54,20 +43,6 @@ def weight(t: GGMLType, n: int, k: int, numerics: str, seed: int = 0) -> QTensor
         values = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.02
         raw = (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, -1)
     return QTensor.from_raw(raw, t, numerics)
-
-
-def acts(m: int, k: int, seed: int) -> jax.Array:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal((m, k)), jnp.float32)
-
-
-def assert_close_sums(got, want, x, w, what):
-    """f32 sums in another order: within 1e-5 of the sum of |products| of each output."""
-    scale = np.abs(np.asarray(x)) @ np.abs(np.asarray(w.dequantize())).T
-    assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), what
-
-
-def exact_reference(x, w):
-    return jnp.einsum("mk,nk->mn", x, w.dequantize(jnp.float32), precision="highest")
 
 
 @pytest.mark.parametrize("m", MS)

@@ -13,6 +13,7 @@ import gguf.quants
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import iq_blocks
 
 from llamay.gguf.constants import GGMLType
 from llamay.kernels_pallas.layout import (
@@ -23,8 +24,7 @@ from llamay.kernels_pallas.layout import (
     repack,
 )
 from llamay.kernels_pallas.qmatmul import Tiling, qmatmul_pallas, qmatmul_reference
-from llamay.quant import LAYOUTS, QTensor
-from llamay.quant.quantize import random_blocks
+from llamay.quant import QTensor
 
 T = GGMLType
 CODEBOOK = [T.IQ4_NL, T.IQ4_XS, T.MXFP4]
@@ -33,20 +33,7 @@ TYPES = CODEBOOK + INT8
 
 
 def random_weight(t: GGMLType, n: int, k: int, seed: int = 0) -> QTensor:
-    """Random blocks (every quant bit), f16 scales in ±0.01; MXFP4's exponent byte 118..125
-    (finite, normal scales: the subnormal and infinite ones are tests/quant's), IQ1_M's d
-    (the top nibbles of its four u16 scales) in 0.001..0.01."""
-    raw = random_blocks(t, n, k, seed, scales=(-0.01, 0.01))
-    raw = raw.reshape(n, -1, LAYOUTS[t].block_bytes)
-    rng = np.random.default_rng(seed)
-    if t == T.MXFP4:
-        raw[..., 0] = rng.integers(118, 126, raw.shape[:-1])
-    elif t == T.IQ1_M:
-        sc = raw[..., -8:].copy().view(np.uint16) & 0x0FFF
-        d = rng.uniform(0.001, 0.01, raw.shape[:-1]).astype(np.float16).view(np.uint16)
-        sc |= ((d[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12
-        raw[..., -8:] = sc.view(np.uint8)
-    return QTensor.from_raw(raw.reshape(n, -1), t)
+    return QTensor.from_raw(iq_blocks(t, n, k, seed), t)
 
 
 def random_x(m: int, k: int, seed: int = 1) -> jnp.ndarray:

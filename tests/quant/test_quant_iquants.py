@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import iq_blocks
 
 from llamay import kernels
 from llamay.gguf.constants import GGMLType
-from llamay.quant import LAYOUTS, AffineQTensor, QTensor, dequantize, dequantize_jnp, iquants
-from llamay.quant.quantize import random_blocks
+from llamay.quant import AffineQTensor, QTensor, dequantize, dequantize_jnp, iquants
 
 T = GGMLType
 NEW_TYPES = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
@@ -78,30 +78,13 @@ def test_mxfp4_subnormal_scales_bit_exact():
     np.testing.assert_array_equal(_bits(got), _bits(expect))
 
 
-def _weight_blocks(t: GGMLType, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Well-formed random blocks (`random_blocks`: f16 scales uniform in ±0.01), plus
-    MXFP4's exponent byte near 2^-5 and IQ1_M's d (packed in its four u16 scales)."""
-    raw = random_blocks(t, rows, cols, seed, scales=(-0.01, 0.01))
-    lay = LAYOUTS[t]
-    raw = raw.reshape(rows, -1, lay.block_bytes)
-    rng = np.random.default_rng(seed)
-    if t == T.MXFP4:
-        raw[..., 0] = rng.integers(118, 126, raw.shape[:-1])
-    elif t == T.IQ1_M:
-        sc = raw[..., -8:].copy().view(np.uint16) & 0x0FFF
-        d = rng.uniform(0.001, 0.01, raw.shape[:-1]).astype(np.float16).view(np.uint16)
-        sc |= ((d[..., None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12
-        raw[..., -8:] = sc.view(np.uint8)
-    return raw.reshape(rows, -1)
-
-
 @pytest.mark.parametrize("t", NEW_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("form", ["blocks", "affine", "llamacpp"])
 def test_matmul_through_dispatcher(t, form):
     """Exact numerics within 1e-3 of float64 over gguf-py's dequantised weight; llamacpp
     numerics (activations rounded to Q8_K / Q8_0) within the rounding of those."""
     rows, cols = 24, 512
-    raw = _weight_blocks(t, rows, cols, seed=int(t))
+    raw = iq_blocks(t, rows, cols, seed=int(t))
     wf = _oracle(raw, t).astype(np.float64)
     assert np.isfinite(wf).all() and np.abs(wf).max() > 0
     x = np.random.default_rng(1).standard_normal((3, cols)).astype(np.float32)
