@@ -119,6 +119,9 @@ class Handle:
         self._slot: int | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled = threading.Event()
+        # an asyncio consumer waiting for the next event: (its loop, a future to resolve)
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
+        self._waiter_lock = threading.Lock()
 
     @property
     def slot(self) -> int | None:
@@ -135,12 +138,24 @@ class Handle:
 
     def _emit(self, token_id: int, logprob: float | None = None, top=()) -> None:
         ev = TokenEvent(token_id, self.usage.completion_tokens, logprob, tuple(top))
-        self._events.put(ev)
         self.usage.completion_tokens += 1
+        self._put(ev)
 
     def _finish(self, reason: str, error: BaseException | None = None) -> None:
         self.finish_reason, self.error = reason, error
-        self._events.put(_DONE)
+        self._put(_DONE)
+
+    def _put(self, item) -> None:
+        """Queue an event and wake an asyncio consumer waiting for one, on its loop."""
+        self._events.put(item)
+        with self._waiter_lock:
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, fut = waiter
+            try:
+                loop.call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:  # its loop closed: nobody is waiting any more
+                pass
 
     @property
     def cancelled(self) -> bool:
@@ -168,13 +183,36 @@ class Handle:
                 return
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        """The events on the running loop, woken by the engine's thread (`_put`): no
+        executor thread blocked per stream (the default executor has cpu_count + 4, so
+        16 streams on 2 cores queued behind each other and behind tokenisation)."""
         loop = asyncio.get_running_loop()
         while True:
-            ev = await loop.run_in_executor(None, self._events.get)
+            try:
+                ev = self._events.get_nowait()
+            except queue.Empty:
+                fut = loop.create_future()
+                with self._waiter_lock:  # checked again under the lock: no lost wake-up
+                    if self._events.empty():
+                        self._waiter = (loop, fut)
+                    else:
+                        fut.set_result(None)
+                try:
+                    await fut
+                finally:
+                    with self._waiter_lock:
+                        if self._waiter is not None and self._waiter[1] is fut:
+                            self._waiter = None
+                continue
             try:
                 yield self._next(ev)
             except StopIteration:
                 return
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():  # a consumer cancelled while waiting leaves its future behind
+        fut.set_result(None)
 
 
 class Engine(Protocol):

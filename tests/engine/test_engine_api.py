@@ -70,3 +70,41 @@ def test_bad_request_raises_in_the_consumer_and_the_engine_survives(engine):
     assert h.finish_reason == "error"
     ok = e.submit(Request([5, 6, 7], max_tokens=2, sampler=GREEDY))
     assert len(list(ok)) == 2
+
+
+def test_async_consumers_need_no_executor_threads():
+    # 24 streams iterated on one loop whose executor refuses work: the engine's thread
+    # wakes each consumer on the loop (a blocked executor thread per stream would queue
+    # streams behind each other, and behind tokenisation, past cpu_count + 4 of them)
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llamay.engine.api import Handle
+
+    class Refusing(ThreadPoolExecutor):
+        def submit(self, *a, **k):
+            raise AssertionError("an executor thread was asked for")
+
+    handles = [Handle(Request([1])) for _ in range(24)]
+
+    def produce():
+        for k in range(5):
+            for h in handles:
+                h._emit(k)
+        for h in handles[:-1]:
+            h._finish("length")
+        handles[-1]._finish("error", RequestError("bad"))
+
+    async def collect(h):
+        return [ev.token_id async for ev in h]
+
+    async def main():
+        asyncio.get_running_loop().set_default_executor(Refusing())
+        tasks = [asyncio.ensure_future(collect(h)) for h in handles]
+        await asyncio.sleep(0.01)  # every consumer waiting before the first event
+        threading.Thread(target=produce).start()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    got = asyncio.run(main())
+    assert got[:-1] == [[0, 1, 2, 3, 4]] * 23
+    assert isinstance(got[-1], RequestError)
