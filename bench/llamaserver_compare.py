@@ -43,8 +43,11 @@ its defaults (`llama-server`), and again with `OMP_WAIT_POLICY=PASSIVE`
 (`llama-server-passive`: spinning OpenMP threads collapse on a shared CPU, as
 bench/llamacpp_compare.py found; a second, labelled row, never the reference), and
 `llamay serve -m GGUF --parallel N --ctx ctx` (exact numerics, what `llamay serve` runs),
-ctx = prefix + tokens + 64 per sequence. The engines take turns per N; ratios are
-llamay / llama-server at its defaults.
+ctx = prefix + tokens + 64 per sequence on the servers that measure TTFT (N = 1), else
+8 + tokens + 64, the decode prompts' (a llamay server primes a program per page-table
+width its context allows: far fewer to build at N > 1, and both engines' decode attends
+over the positions in use, not the whole context). The engines take turns per N; ratios
+are llamay / llama-server at its defaults.
 Rows are saved after each measurement to bench/results/llamaserver-<time>.json; `--resume`
 that file to skip what it already holds (same model, tokens, prefix). `--dry-run` drives two
 fake llama.cpp-style servers (`--fake-server`, fixed per-token sleeps) instead: the whole
@@ -274,8 +277,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def context(args, n: int) -> int:
+    """Positions per sequence on the N = n servers (the docstring: only those measuring
+    TTFT hold the prefix)."""
+    return max(args.prefix if n == 1 else 0, PROMPT_TOKENS) + args.tokens + 64
+
+
 def server_command(engine: str, args, model: Path, n: int, port: int) -> list[str]:
-    ctx = args.prefix + args.tokens + 64
+    ctx = context(args, n)
     if args.dry_run:  # llama-server's fake decodes faster, so the ratio differs from 1
         ms = {"llama-server": "2", "llama-server-passive": "3", "llamay": "4"}[engine]
         fake = ["--fake-server", str(port), "--fake-token-ms", ms]
