@@ -17,7 +17,14 @@ import typer
 
 from llamay.errors import LlamayError
 from llamay_cli import eval_cmds, ocr, serve_cmds, store_cmds, warmup_cmds
-from llamay_cli.serve_cmds import CacheTypeKOpt, CacheTypeVOpt, lora_arg
+from llamay_cli.serve_cmds import (
+    CacheTypeKOpt,
+    CacheTypeVOpt,
+    ImageOpt,
+    MmprojOpt,
+    image_prompt,
+    lora_arg,
+)
 
 DEFAULT_MODEL = "smollm2:135m"
 
@@ -88,25 +95,8 @@ def generate(
         list[str] | None,
         typer.Option("--lora", help="A GGUF LoRA adapter, PATH or PATH:SCALE (repeatable)."),
     ] = None,
-    mmproj: Annotated[
-        Path | None,
-        typer.Option(
-            "--mmproj",
-            exists=True,
-            dir_okay=False,
-            help="A multimodal projector GGUF (llama.cpp's --mmproj): the model reads images.",
-        ),
-    ] = None,
-    image: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--image",
-            exists=True,
-            dir_okay=False,
-            help="An image file (repeatable, needs --mmproj): each goes where a <__media__> "
-            "is in PROMPT; without markers the images go first, as in llama-mtmd-cli.",
-        ),
-    ] = None,
+    mmproj: MmprojOpt = None,
+    image: ImageOpt = None,
     cache_type_k: CacheTypeKOpt = None,
     cache_type_v: CacheTypeVOpt = None,
 ) -> None:
@@ -134,9 +124,7 @@ def generate(
     )
     if samplers:
         sampling["samplers"] = samplers
-    images = [str(p) for p in image] if image else None
-    if images and "<__media__>" not in prompt:  # as llama-mtmd-cli: the images first
-        prompt = "<__media__>" * len(images) + prompt
+    prompt, images = image_prompt(prompt, image)
     m = None
     try:
         t0 = time.perf_counter()

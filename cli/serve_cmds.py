@@ -29,6 +29,39 @@ CacheTypeVOpt = Annotated[
         "--cache-type-v", "-ctv", help="KV cache type for V (the types of --cache-type-k)."
     ),
 ]
+# the one-shot commands' images (`generate`, `run`)
+MmprojOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--mmproj",
+        exists=True,
+        dir_okay=False,
+        help="A multimodal projector GGUF (llama.cpp's --mmproj): the model reads images.",
+    ),
+]
+ImageOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--image",
+        exists=True,
+        dir_okay=False,
+        help="An image file (repeatable; the model needs a projector: --mmproj, or a "
+        "model's projector layer): each goes where a <__media__> is in PROMPT; without "
+        "markers the images go first, as in llama-mtmd-cli and Ollama.",
+    ),
+]
+
+
+def image_prompt(prompt: str, images: list[Path] | None) -> tuple[str, list[str] | None]:
+    """(prompt, image paths) for `Model.generate`: without `<__media__>` markers in the
+    prompt, one per image goes first (llama-mtmd-cli's and Ollama's order)."""
+    from llamay.vision import MEDIA_MARKER
+
+    if not images:
+        return prompt, None
+    if MEDIA_MARKER not in prompt:
+        prompt = MEDIA_MARKER * len(images) + prompt
+    return prompt, [str(p) for p in images]
 
 
 def lora_arg(spec: str) -> tuple[str, float]:

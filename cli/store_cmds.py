@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from llamay.errors import LlamayError, ModelNotFoundError
+from llamay_cli.serve_cmds import ImageOpt, MmprojOpt, image_prompt
 
 
 def _err(msg: str) -> None:
@@ -144,9 +145,13 @@ def run(
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", min=0)] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", min=0.0)] = None,
     seed: Annotated[int | None, typer.Option("--seed", "-s")] = None,
+    mmproj: MmprojOpt = None,
+    image: ImageOpt = None,
 ) -> None:
     """Generate with a model's template, system and params layers applied (as `ollama run`
-    does for one prompt); options given here override the params layer."""
+    does for one prompt); options given here override the params layer. `--image` gives
+    the message images (before its text unless it has `<__media__>` markers), read by the
+    model's projector layer or `--mmproj`."""
     from llamay import library, ollama
 
     overrides = {
@@ -154,15 +159,18 @@ def run(
         for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("seed", seed))
         if v is not None
     }
+    prompt, images = image_prompt(prompt, image)
+    if images:
+        overrides["images"] = images
     try:
         try:
-            model, om = library.load(name)
+            model, om = library.load(name, mmproj=mmproj)
             pieces = ollama.generate(
                 model, om, prompt, system=system, raw=raw, stream=True, **overrides
             )
         except ModelNotFoundError as layered:
             try:
-                pieces = _run_plain(name, prompt, system, raw, overrides)
+                pieces = _run_plain(name, prompt, system, raw, overrides, mmproj)
             except ModelNotFoundError:
                 raise layered from None
         for piece in pieces:
@@ -173,12 +181,12 @@ def run(
     sys.stdout.write("\n")
 
 
-def _run_plain(name: str, prompt: str, system: str | None, raw: bool, overrides: dict):
+def _run_plain(name: str, prompt: str, system: str | None, raw: bool, overrides: dict, mmproj=None):
     """A model without layers (a wheel-fetched default, a GGUF file): its GGUF chat
     template formats the prompt, as `ollama run` does with the template a pull brings."""
     import llamay
 
-    model = llamay.load(name)
+    model = llamay.load(name, mmproj=mmproj)
     if raw:
         text = prompt
     else:

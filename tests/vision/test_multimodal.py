@@ -198,6 +198,36 @@ def test_cli_generate_with_mmproj_and_image(images, tmp_path):
     assert r.exit_code != 0 and "no vision projector" in r.output
 
 
+def test_cli_run_with_image(images, tmp_path, monkeypatch):
+    """`llamay run MODEL --image IMG` (`--mmproj` for a GGUF without a projector layer):
+    raw, on the golden prompt, the first greedy token is llama.cpp's (as `generate`'s);
+    without markers the image goes before the message, through the chat template."""
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from llamay_cli.main import app
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    g = np.load(fixture("vision", "mlp.llamacpp.npz"))
+    png = tmp_path / "wide.png"
+    Image.fromarray(images["wide45x29"]).save(png)
+    model, mmproj = str(tiny_model_file("llama")), str(vision_mmproj("mlp"))
+    args = ["run", model, "-n", "1", "--temperature", "0", "--mmproj", mmproj, "--image", str(png)]
+    r = CliRunner().invoke(app, [*args, "--raw", str(g["prompt"])])
+    assert r.exit_code == 0, r.output
+    with llamay.load(tiny_model_file("llama"), mmproj=vision_mmproj("mlp")) as m:
+        assert r.stdout == m.detokenize([int(g["top_ids_wide45x29"][0])]) + "\n"
+        r = CliRunner().invoke(app, [*args[:3], "3", *args[4:], "What is it?"])
+        assert r.exit_code == 0, r.output
+        text = m.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "<__media__>What is it?"}]
+        )
+        expect = m.generate(text, images=[png.read_bytes()], max_tokens=3, temperature=0)
+    assert r.stdout == expect + "\n"
+    r = CliRunner().invoke(app, ["run", model, "--image", str(png), "hi"])
+    assert r.exit_code != 0 and "no vision projector" in r.output
+
+
 def test_prefix_cache_is_keyed_by_image_content(images):
     """The engine's prefix tree keys an image's positions by its content: a second request
     with the same image reuses the cached pages (counted in cached_tokens) and gets what a
