@@ -24,7 +24,7 @@ and every f32 operation after them is ggml's, in ggml's order. Which kernel runs
 - "tinyblas" (IQ4_NL, rows % 8 != 0, n >= 2): llamafile's tinyBLAS_Q0_AVX, one 8-lane
   accumulator over all blocks, then its hsum (hsum_float_8's order).
 
-n is x's row count as traced (see `qtensor._ggml_kernel`).
+n is x's real row count (`ggml_rows`; see `qtensor._ggml_kernel`).
 """
 
 from __future__ import annotations
