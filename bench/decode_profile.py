@@ -1,7 +1,9 @@
 """Where a decode step's time goes: XLA ops of `decode_logits` under jax.profiler, summed.
 
     .venv/bin/python bench/decode_profile.py [--model smollm2:135m] [--batch 1] [--steps 5]
-        [--slots 256] [--top 25] [--numerics exact|llamacpp] [--paged] [--json]
+        [--slots 256] [--top 25] [--numerics exact|llamacpp] [--paged] [--json] [--prefill T]
+
+`--prefill T`: a T-token prefill (`prefill_logits`, batch 1) instead of decode steps.
 
 `--paged`: the continuous-batching engine's forward instead (`paged_step` over a page pool,
 `--slots` positions of context per row in 16-position pages, page tables bucketed as the
@@ -110,6 +112,30 @@ def paged_steps(m, b: int, context: int, n_steps: int, ps: int = 16, positions=N
     return shapes, steps
 
 
+def prefill_steps(m, t: int):
+    """Prefill steps of `prefill_logits` over a t-token prompt (dense cache of t slots,
+    as `llamay bench -p t` runs it)."""
+    from llamay.engine.steps import prefill_logits
+
+    cfg = m.config
+    tok = jnp.asarray(np.random.default_rng(0).integers(100, 30000, (1, t)), jnp.int32)
+    pos = jnp.arange(t, dtype=jnp.int32)[None]
+    last = jnp.full((1,), t - 1, jnp.int32)
+
+    def new_kv():
+        return new_dense_kv(cfg.n_layers, 1, t, cfg.n_kv_heads, cfg.head_dim, m.runtime.kv_dtype)
+
+    compiled = prefill_logits.lower(cfg, m.weights, new_kv(), tok, pos, last).compile()
+    shapes = hlo_shapes(compiled.as_text())
+
+    def steps(n: int):
+        for _ in range(n):
+            logits, _ = prefill_logits(cfg, m.weights, new_kv(), tok, pos, last)
+        logits.block_until_ready()
+
+    return shapes, steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2:135m")
@@ -120,11 +146,14 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--paged", action="store_true", help="the engine's paged forward")
+    ap.add_argument("--prefill", type=int, default=0, help="profile a prefill of this many tokens")
     args = ap.parse_args()
 
     m = llamay.load(args.model, numerics=args.numerics, progress=False)
     b = args.batch
-    if args.paged:
+    if args.prefill:
+        shapes, steps = prefill_steps(m, args.prefill)
+    elif args.paged:
         shapes, steps = paged_steps(m, b, args.slots, args.steps)
     else:
         shapes, steps = dense_steps(m, b, args.slots)
@@ -151,7 +180,7 @@ def main() -> None:
     result = dict(
         model=args.model,
         numerics=args.numerics,
-        step="paged" if args.paged else "dense",
+        step=f"prefill{args.prefill}" if args.prefill else "paged" if args.paged else "dense",
         context=args.slots,
         batch=b,
         step_ms=round(step_ms, 2),

@@ -3,8 +3,9 @@ the f32 dot over the jnp dequantisation (llamay.quant, itself checked against gg
 llamacpp numerics bit for bit equal to the XLA emulation of ggml's kernels
 (`qtensor.ggml_matmul`, which the llama.cpp goldens hold), over types x shapes: K one
 block and many, N not a multiple of the 4-row tile nor of 8 (ggml's vec/tiled kernels)
-and a multiple of 8 (its repack kernels), M = 1..9 and 64. The portable scalar build
-equals the SIMD one. (The i-quants, TQ* and MXFP4: test_kernels_cpu_iquants.py.)"""
+and a multiple of 8 (its repack kernels), M = 1..9 and 64 (exact: also 37 and 130, the
+prefill tiles). The portable scalar build equals the SIMD one. (The i-quants, TQ* and
+MXFP4: test_kernels_cpu_iquants.py.)"""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ from llamay.quant.quantize import random_blocks
 
 T = GGMLType
 MS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 64]
+#: Prefill rows past the exact kernel's tiles of x rows (16 on AVX2, 32 on AVX-512): a
+#: partial tile after several whole ones.
+PREFILL_MS = [37, 130]
 
 
 pytestmark = pytest.mark.usefixtures("native_kernels")  # conftest.py
@@ -45,7 +49,7 @@ def weight(t: GGMLType, n: int, k: int, numerics: str, seed: int = 0) -> QTensor
     return QTensor.from_raw(raw, t, numerics)
 
 
-@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("m", MS + PREFILL_MS)
 @pytest.mark.parametrize("t", sorted(EXACT_TYPES - set(IQ_TYPES)), ids=lambda t: t.name)
 def test_exact_matches_the_f32_dot_of_the_dequantised_weight(t, m):
     for n, k in shapes(t):

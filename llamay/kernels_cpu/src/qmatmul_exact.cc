@@ -10,14 +10,17 @@
 //   computed once per call): one pass over the weight, nothing stored.
 // - 2..8 decode rows: each block dequantised once in registers (w = scale·q + offset),
 //   then one FMA per value and x row (dequant_tile), two weight rows at a time.
-// - more rows (prefill): NR weight rows at a time dequantised into a buffer (L1/L2),
-//   then MR x NR register tiles over all rows of x: each weight row decoded once.
-// LLAMAY_SCALAR (a test build) takes the buffer loop with scalar dequantisation.
+// - more rows (prefill): x packed k-major once per call, WR weight rows at a time
+//   dequantised into a panel (L1/L2), then register tiles of WR weight rows by 2 vectors
+//   of x rows over all rows of x: each weight row decoded once (the panel loop).
+// LLAMAY_SCALAR (a test build) takes the panel loop with scalar dequantisation.
 // LlamayQmmExactMulti: several weights that read the same x (q, k, v; gate, up) in one
 // call, all their rows in one split over the threads (one handoff instead of one each).
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "blocks.h"
@@ -322,49 +325,97 @@ void decode_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, i
   for (; r < n1; ++r) dequant_tile<D, M, 1>(x, k, w + r * rb, rb, y + r, n);
 }
 
-// -- the buffer loop (prefill; the scalar build) --------------------------------------
+// -- the panel loop (prefill; the scalar build) ---------------------------------------
+// x packed once per call in blocks of MB rows stored k-major (xp[b][i][l] = x[b·MB + l][i]);
+// then per task WR weight rows at a time dequantised into a panel (WR x k f32, L1/L2),
+// and register tiles of MB x rows by WR weight rows over all blocks of x: per k, XV vector
+// loads of x and WR broadcasts of the panel feed WR·XV FMAs, and each output's sum stays
+// in one lane to the end (no horizontal adds). WR·XV accumulators + XV + 1 fit the
+// registers: 16 vector registers (AVX2, SSE) take 6 x 2, 32 (AVX-512, NEON) 12 x 2.
 
 #if defined(LLAMAY_SCALAR)
 constexpr int VW = 1;
-typedef float vf __attribute__((vector_size(4)));
-#else
+#elif defined(__AVX512F__)
 constexpr int VW = 16;
-typedef f16v vf;
+#elif defined(__AVX__)
+constexpr int VW = 8;
+#else
+constexpr int VW = 4;
 #endif
+#if defined(__AVX512F__) || defined(__aarch64__)
+constexpr int WR = 12;
+#else
+constexpr int WR = 6;
+#endif
+constexpr int XV = 2, MB = XV * VW;
+typedef float vf __attribute__((vector_size(4 * VW)));
 inline vf loadv(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
+inline void storev(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
-constexpr int MR = 6, NR = 4;  // 24 accumulators + 4 weight vectors: AVX-512's 32 registers
-
-template <int R, int C>
-void tile(const float* x, int64_t k, const float* w, float* y, int64_t ldy) {
-  vf acc[R][C] = {};
-  int64_t i = 0;
-  for (; i + VW <= k; i += VW) {
-    vf wv[C];
-    for (int j = 0; j < C; ++j) wv[j] = loadv(w + j * k + i);
-    for (int r = 0; r < R; ++r) {
-      const vf xv = loadv(x + r * k + i);
-      for (int j = 0; j < C; ++j) acc[r][j] += xv * wv[j];
+// x [m, k] as ceil(m / MB) blocks [k][MB] (rows past m zero), blocks [b0, b1).
+void pack_x(const float* x, int64_t m, int64_t k, int64_t b0, int64_t b1, float* xp) {
+  for (int64_t b = b0; b < b1; ++b) {
+    float* dst = xp + b * k * MB;
+    const float* src = x + b * MB * k;
+    const int rows = (int)std::min<int64_t>(MB, m - b * MB);
+#if defined(__AVX__) && !defined(LLAMAY_SCALAR)
+    if (rows == MB) {  // 8 x 8 transposes: rows l0..l0+7, columns i..i+7
+      int64_t i = 0;
+      for (; i + 8 <= k; i += 8)
+        for (int l0 = 0; l0 < MB; l0 += 8) {
+          __m256 r[8], t[8];
+          for (int l = 0; l < 8; ++l) r[l] = _mm256_loadu_ps(src + (l0 + l) * k + i);
+          for (int l = 0; l < 8; l += 2) {
+            t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]);
+            t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+          }
+          for (int l = 0; l < 8; l += 4) {
+            r[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44);
+            r[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
+            r[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44);
+            r[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
+          }
+          // r[0..3]: columns (0,4) (1,5) (2,6) (3,7) of rows 0-3; r[4..7] of rows 4-7
+          for (int c = 0; c < 4; ++c) {
+            _mm256_storeu_ps(dst + (i + c) * MB + l0, _mm256_permute2f128_ps(r[c], r[c + 4], 0x20));
+            _mm256_storeu_ps(dst + (i + c + 4) * MB + l0, _mm256_permute2f128_ps(r[c], r[c + 4], 0x31));
+          }
+        }
+      for (; i < k; ++i)
+        for (int l = 0; l < MB; ++l) dst[i * MB + l] = src[l * k + i];
+      continue;
     }
+#endif
+    for (int64_t i = 0; i < k; ++i)
+      for (int l = 0; l < MB; ++l) dst[i * MB + l] = l < rows ? src[l * k + i] : 0.0f;
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < C; ++j) {
-      float s = 0.0f;
-      for (int l = 0; l < VW; ++l) s += acc[r][j][l];
-      for (int64_t ii = i; ii < k; ++ii) s += x[r * k + ii] * w[j * k + ii];
-      y[r * ldy + j] = s;
-    }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, float*, int64_t);
-constexpr TileFn TILES[MR][NR] = {
-    {&tile<1, 1>, &tile<1, 2>, &tile<1, 3>, &tile<1, 4>},
-    {&tile<2, 1>, &tile<2, 2>, &tile<2, 3>, &tile<2, 4>},
-    {&tile<3, 1>, &tile<3, 2>, &tile<3, 3>, &tile<3, 4>},
-    {&tile<4, 1>, &tile<4, 2>, &tile<4, 3>, &tile<4, 4>},
-    {&tile<5, 1>, &tile<5, 2>, &tile<5, 3>, &tile<5, 4>},
-    {&tile<6, 1>, &tile<6, 2>, &tile<6, 3>, &tile<6, 4>},
-};
+// y[rows of block, C weight rows] = x block · panel rows ᵀ (the panel: C rows of k).
+template <int C>
+void panel_tile(const float* xb, int64_t k, const float* p, float* y, int64_t n, int rows) {
+  vf acc[C][XV] = {};
+  for (int64_t i = 0; i < k; ++i) {
+    vf xv[XV];
+    for (int v = 0; v < XV; ++v) xv[v] = loadv(xb + i * MB + v * VW);
+    for (int j = 0; j < C; ++j) {
+      const float w = p[j * k + i];
+      for (int v = 0; v < XV; ++v) acc[j][v] += w * xv[v];
+    }
+  }
+  float t[C][MB];
+  for (int j = 0; j < C; ++j)
+    for (int v = 0; v < XV; ++v) storev(t[j] + v * VW, acc[j][v]);
+  for (int l = 0; l < rows; ++l)
+    for (int j = 0; j < C; ++j) y[l * n + j] = t[j][l];
+}
+
+template <int... C>
+constexpr auto panel_tiles(std::integer_sequence<int, C...>) {
+  using Fn = void (*)(const float*, int64_t, const float*, float*, int64_t, int);
+  return std::array<Fn, sizeof...(C)>{&panel_tile<C + 1>...};
+}
+constexpr auto PANEL_TILES = panel_tiles(std::make_integer_sequence<int, WR>{});
 
 // One weight row as f32 values: the vector decoders where there is one.
 template <class D>
@@ -375,21 +426,29 @@ void dequant_row_v(const uint8_t* row, float* out, int64_t k) {
     f16v q[D::VECS];
     float sc[D::SUBS], of[D::SUBS];
     D::decode(row + b * bb, q, sc, of);
-    for (int v = 0; v < D::VECS; ++v) store16(out + (b * D::VECS + v) * 16, sc[v / PER] * q[v] + of[v / PER]);
+    for (int v = 0; v < D::VECS; ++v) {
+      // in native-width vectors: GCC broadcasts a scalar into a 16-lane vector wider
+      // than the registers (AVX2) through 16 stores to the stack
+      vf h[16 / VW];
+      std::memcpy(h, &q[v], sizeof h);
+      for (int u = 0; u < 16 / VW; ++u)
+        storev(out + (b * D::VECS + v) * 16 + u * VW, sc[v / PER] * h[u] + of[v / PER]);
+    }
   }
 }
 
 using RowFn = void (*)(const uint8_t*, float*, int64_t);
 
-void buffer_rows(RowFn dq, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
-                 int64_t rb, int64_t n0, int64_t n1, float* y, int64_t n) {
-  std::vector<float> buf(NR * k);
-  for (int64_t r = n0; r < n1; r += NR) {
-    const int nr = (int)std::min<int64_t>(NR, n1 - r);
-    for (int j = 0; j < nr; ++j) dq(w + (r + j) * rb, buf.data() + j * k, k);
-    for (int64_t m = 0; m < m_rows; m += MR) {
-      const int mr = (int)std::min<int64_t>(MR, m_rows - m);
-      TILES[mr - 1][nr - 1](x + m * k, k, buf.data(), y + m * n + r, n);
+// Weight rows [n0, n1) against every block of the packed x (`pack_x`).
+void panel_rows(RowFn dq, const float* xp, int64_t m_rows, int64_t k, const uint8_t* w,
+                int64_t rb, int64_t n0, int64_t n1, float* y, int64_t n) {
+  std::vector<float> panel(WR * k);
+  for (int64_t r = n0; r < n1; r += WR) {
+    const int c = (int)std::min<int64_t>(WR, n1 - r);
+    for (int j = 0; j < c; ++j) dq(w + (r + j) * rb, panel.data() + j * k, k);
+    for (int64_t b = 0; b * MB < m_rows; ++b) {
+      const int rows = (int)std::min<int64_t>(MB, m_rows - b * MB);
+      PANEL_TILES[c - 1](xp + b * k * MB, k, panel.data(), y + b * MB * n + r, n, rows);
     }
   }
 }
@@ -504,10 +563,11 @@ Plan plan(int32_t t, int64_t m) {
   return p;
 }
 
-int64_t rows_per_task(int64_t n, int64_t threads) {
+// Rows per task: about four tasks a thread, a multiple of `unit` (whole panels).
+int64_t rows_per_task(int64_t n, int64_t threads, int64_t unit) {
   int64_t per = (n + 4 * threads - 1) / (4 * threads);
   per = std::max<int64_t>(per, 16);
-  return (per + NR - 1) / NR * NR;
+  return (per + unit - 1) / unit * unit;
 }
 
 // One weight's share of a call: its plan, its job and how its rows split into tasks.
@@ -535,15 +595,24 @@ ffi::Error part_of(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::U8>& w
     sub_sums(x.typed_data(), m, k, part->p.sub, part->sx.data());
   }
   part->job = Job{x.typed_data(), part->sx.data(), m, k, n, rb, wt.data, y};
-  part->per = rows_per_task(n, threads);
+  part->per = rows_per_task(n, threads, part->p.decode ? 4 : WR);
   part->tasks = (n + part->per - 1) / part->per;
   return ffi::Error::Success();
 }
 
-// Every part's row tasks in one split over the pool (one handoff to the threads).
+// Every part's row tasks in one split over the pool (one handoff to the threads). The
+// parts read one x: packed once for those that take the panel loop.
 void run_parts(ffi::ThreadPool& pool, const Part* parts, int64_t count) {
   int64_t total = 0;
-  for (int64_t i = 0; i < count; ++i) total += parts[i].tasks;
+  bool panels = false;
+  for (int64_t i = 0; i < count; ++i) total += parts[i].tasks, panels |= !parts[i].p.decode;
+  std::vector<float> xp;
+  if (panels && count) {
+    const Job& j = parts[0].job;
+    const int64_t blocks = (j.m + MB - 1) / MB;
+    xp.resize(blocks * MB * j.k);
+    parallel_for(pool, blocks, [&](int64_t b) { pack_x(j.x, j.m, j.k, b, b + 1, xp.data()); });
+  }
   parallel_for(pool, total, [&](int64_t task) {
     const Part* part = parts;
     while (task >= part->tasks) task -= (part++)->tasks;
@@ -552,7 +621,7 @@ void run_parts(ffi::ThreadPool& pool, const Part* parts, int64_t count) {
     if (part->p.decode) {
       part->p.decode(j, n0, n1);
     } else {
-      buffer_rows(part->p.row, j.x, j.m, j.k, j.w, j.rb, n0, n1, j.y, j.n);
+      panel_rows(part->p.row, xp.data(), j.m, j.k, j.w, j.rb, n0, n1, j.y, j.n);
     }
   });
 }
