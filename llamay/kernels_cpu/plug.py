@@ -63,6 +63,11 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
             return None
         if len(w.stacks) == 1:
             return qmatmul_native(x, w.stacks[0], numerics, layer=w.index, batched=batched)
+        if numerics == "exact" and not _xla_prefill(x, w, numerics):
+            # every stack into one call, the one holding this layer reads it (no switch)
+            ys = qmatmuls_native(x, (w,))
+            if ys is not None:
+                return ys[0]
         branches = [
             lambda x, s=s: qmatmul_native(x, s, numerics, layer=w.index, batched=batched)
             for s in w.stacks
@@ -77,17 +82,23 @@ def matmuls(x: jax.Array, ws, numerics: str) -> tuple[jax.Array | None, ...] | N
     each other one (the caller runs `matmul` on those); None when fewer than two are
     taken. Taken: exact numerics, on CPU, a GGUF-block `QTensor` [rows, cols] or one
     layer of a one-stack `MixedQTensor` (read in place), not prefill that `matmul` leaves
-    to XLA. llamacpp numerics stay one call per matrix."""
+    to XLA; a MixedQTensor's layer (its types differ per layer) takes every stack into the
+    call, the one holding the layer reading it. llamacpp numerics stay one call per matrix."""
     if numerics != "exact" or jax.default_backend() != "cpu" or targets() is None:
         return None
     taken = []  # (position, matrix, layer)
     for i, w in enumerate(ws):
         layer = None
         if isinstance(w, MixedQTensor):
-            if w.index.ndim != 0 or len(w.stacks) != 1:
+            if w.index.ndim != 0:
                 continue
-            w, layer = w.stacks[0], w.index
-        if applies(x, w, numerics, layer) and not _xla_prefill(x, w, numerics):
+            if len(w.stacks) == 1:
+                w, layer = w.stacks[0], w.index
+            elif not all(applies(x, s, numerics, w.index) for s in w.stacks):
+                continue
+        if _xla_prefill(x, w, numerics):
+            continue
+        if isinstance(w, MixedQTensor) or applies(x, w, numerics, layer):
             taken.append((i, w, layer))
     if len(taken) < 2:
         return None

@@ -1,7 +1,9 @@
 """Several exact-numerics matmuls that read the same x in one native call (q, k, v; gate,
 up): y_i = x @ W_i.T, all the weights' rows split over the threads together, so a decode
 step hands work to the threads once per group instead of once per matrix (the small
-projections of a decode step cost more in handoff than in reading their weight).
+projections of a decode step cost more in handoff than in reading their weight). A role
+whose type differs per layer (a `MixedQTensor`: Gemma's Q4_K_M files) goes in as all its
+stacks, each told its entry for this layer or -1 (held by another stack): no `lax.switch`.
 
 Reference: each product alone (`qmatmul.qmatmul_native`, whose reference is the f32 dot
 over `dequantize_jnp`): the same kernels per row, so the outputs are the same numbers.
@@ -17,30 +19,42 @@ import numpy as np
 
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.qmatmul import applies
-from llamay.quant import QTensor
+from llamay.quant import MixedQTensor
 
 
 def qmatmuls_native(
-    x: jax.Array, ws: tuple[QTensor, ...], layers: tuple | None = None, variant: str = "native"
+    x: jax.Array, ws: tuple, layers: tuple | None = None, variant: str = "native"
 ) -> tuple[jax.Array, ...] | None:
     """(x @ W_i.T for each W_i) by one exact-numerics native call, or None when a kernel
     does not take every weight (`qmatmul.applies`) or the kernels are not built. Each W_i
-    is [rows_i, cols], or with layers[i] (an int32 scalar) a stack [L, rows_i, cols] read
-    in place at that layer."""
+    is a QTensor [rows_i, cols], or with layers[i] (an int32 scalar) a stack [L, rows_i,
+    cols] read in place at that layer, or one layer of a `MixedQTensor` (scalar `which`/
+    `index`: each of its stacks goes in, the one holding the layer reads it, the others
+    are skipped; no `lax.switch`)."""
     layers = (None,) * len(ws) if layers is None else tuple(layers)
-    if not ws or not all(applies(x, w, "exact", i) for w, i in zip(ws, layers, strict=True)):
+    stacks = []  # (QTensor, layer or None, result index)
+    for r, (w, i) in enumerate(zip(ws, layers, strict=True)):
+        if isinstance(w, MixedQTensor):
+            if w.index.ndim != 0 or i is not None:
+                return None
+            for s, st in enumerate(w.stacks):
+                stacks.append((st, jnp.where(w.which == s, w.index, -1).astype(jnp.int32), r))
+        else:
+            stacks.append((w, i, r))
+    if not ws or not all(applies(x, w, "exact", i) for w, i, _ in stacks):
         return None
     prefix = targets(variant)
     if prefix is None:
         return None
     lead, k = x.shape[:-1], x.shape[-1]
     m = math.prod(lead)
-    rows = [w.data.shape[-2] for w in ws]
+    rows = [w.shape[-2] for w in ws]
     operands = []
-    for w, i in zip(ws, layers, strict=True):
+    for w, i, _ in stacks:
         operands += [w.data, jnp.zeros((), jnp.int32) if i is None else jnp.asarray(i, jnp.int32)]
     out = tuple(jax.ShapeDtypeStruct((m, n), jnp.float32) for n in rows)
     call = jax.ffi.ffi_call(prefix + "LlamayQmmExactMulti", out, vmap_method="sequential")
-    types = np.asarray([int(w.ggml_type) for w in ws], np.int32)
-    ys = call(x.astype(jnp.float32).reshape(m, k), *operands, ggml_types=types)
+    types = np.asarray([int(w.ggml_type) for w, _, _ in stacks], np.int32)
+    results = np.asarray([r for _, _, r in stacks], np.int32)
+    ys = call(x.astype(jnp.float32).reshape(m, k), *operands, ggml_types=types, results=results)
     return tuple(y.reshape(*lead, n) for y, n in zip(ys, rows, strict=True))

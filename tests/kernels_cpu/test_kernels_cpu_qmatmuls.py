@@ -116,10 +116,46 @@ def test_dispatcher_falls_back_to_each_matmul():
         np.testing.assert_array_equal(np.asarray(g), np.asarray(qmatmul_native(x, w, "exact")))
 
 
-def test_the_weights_taken_go_in_one_call_the_others_alone():
+def test_mixed_type_stacks_go_in_the_call_at_their_layer():
     """Gemma's Q4_K_M files mix types across layers in some roles (a two-stack
-    MixedQTensor, chosen per layer by a switch), and a LoRA adapter may sit on one
-    projection: the others still go in one call, each result equal to `matmul` alone."""
+    MixedQTensor): every stack goes into the one call, the one holding the layer reads
+    it, in a layer scan too; each result equals `qmatmul_native` of that layer alone."""
+    import llamay.kernels_cpu as kcpu
+
+    k, layers = 256, 4
+    which = jnp.asarray([1, 0, 0, 1], jnp.int32)
+    index = jnp.asarray([0, 0, 1, 1], jnp.int32)
+    stacks = tuple(
+        QTensor.from_raw(np.stack([random_blocks(t, 24, k, 5 * s + t) for s in range(2)]), t)
+        for t in (T.Q4_K, T.Q6_K)
+    )
+    a = weight(T.Q5_0, 16, k, 1)
+    for m in (1, 3, 8):
+        x = acts(m, k, m)
+
+        def scanned(x):
+            def body(_, part):
+                mixed = MixedQTensor(stacks, *part)
+                return None, (kcpu.matmuls(x, (a, mixed), "exact"), kcpu.matmul(x, mixed, "exact"))
+
+            return jax.lax.scan(body, None, (which, index))[1]
+
+        (ys_a, ys_mixed), ys_alone = jax.jit(scanned)(x)
+        for i in range(layers):
+            s = stacks[int(which[i])]
+            one = QTensor.from_raw(np.asarray(s.data[int(index[i])]), s.ggml_type)
+            want = np.asarray(qmatmul_native(x, one, "exact"))
+            np.testing.assert_array_equal(np.asarray(ys_mixed[i]), want)
+            np.testing.assert_array_equal(np.asarray(ys_alone[i]), want)
+            np.testing.assert_array_equal(
+                np.asarray(ys_a[i]), np.asarray(qmatmul_native(x, a, "exact"))
+            )
+
+
+def test_the_weights_taken_go_in_one_call_the_others_alone():
+    """A LoRA adapter may sit on one projection, and a mixed-type role's stacks may be of
+    a type the kernels do not take: the others still go in one call, each result equal to
+    `matmul` alone."""
     import llamay.kernels_cpu as kcpu
     from llamay import kernels
     from llamay.kernels.lora import LoraMatrix
@@ -133,9 +169,10 @@ def test_the_weights_taken_go_in_one_call_the_others_alone():
         jnp.int32(0),
     )
     got = kcpu.matmuls(x, (a, two, b), "exact")
-    assert got[1] is None
     np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(qmatmul_native(x, a, "exact")))
     np.testing.assert_array_equal(np.asarray(got[2]), np.asarray(qmatmul_native(x, b, "exact")))
+    one = QTensor.from_raw(np.asarray(two.stacks[1].data[0]), T.Q6_K)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(qmatmul_native(x, one, "exact")))
     rng = np.random.default_rng(1)
     one = jnp.ones((1,), jnp.float32)
     lora = LoraMatrix(

@@ -15,7 +15,10 @@
 //   of x rows over all rows of x: each weight row decoded once (the panel loop).
 // LLAMAY_SCALAR (a test build) takes the panel loop with scalar dequantisation.
 // LlamayQmmExactMulti: several weights that read the same x (q, k, v; gate, up) in one
-// call, all their rows in one split over the threads (one handoff instead of one each).
+// call, all their rows in one split over the threads (one handoff instead of one each);
+// a weight whose type differs per layer comes as its per-type stacks, one result.
+// AVX2 (16 registers): vec16.h's 16-lane vectors are two ymm halves, and the 2..8-row
+// tile keeps one 8-lane accumulator per output, at most 8 of them.
 
 #include <algorithm>
 #include <array>
@@ -42,6 +45,11 @@ namespace {
 inline float hsum(f16v v) {
 #if defined(__AVX512F__)
   return _mm512_reduce_add_ps((__m512)v);
+#elif defined(__AVX2__)
+  const __m256 s = (__m256)(v.lo + v.hi);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 #else
   float h[8];
   for (int i = 0; i < 8; ++i) h[i] = v[i] + v[i + 8];
@@ -273,10 +281,13 @@ void scale_after_rows(const float* x, const float* sx, int64_t k, const uint8_t*
       f16v q[D::VECS];
       float sc[D::SUBS], of[D::SUBS];
       D::decode(row + b * bb, q, sc, of);
+      LLAMAY_UNROLL
       for (int s = 0; s < D::SUBS; ++s)
+        LLAMAY_UNROLL
         for (int m = 0; m < M; ++m) {
           const float* xs = x + m * k + b * BE + s * PER * 16;
           f16v t = q[s * PER] * load16(xs);
+          LLAMAY_UNROLL
           for (int v = 1; v < PER; ++v) t += q[s * PER + v] * load16(xs + 16 * v);
           acc[m] += sc[s] * t;
           if (D::OFFS) acc_o[m] += of[s] * sx[(m * nb + b) * D::SUBS + s];
@@ -290,36 +301,59 @@ void scale_after_rows(const float* x, const float* sx, int64_t k, const uint8_t*
 // block's values dequantised in registers, w = scale·q + offset (one FMA per 16 values,
 // the dequantisation's value exactly: scale·q is exact), then acc[r][m] += w·x: per
 // value and x row one FMA, where scale_after_rows spends about 1.5.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// AVX2 (16 registers): one 8-lane accumulator per output, both halves of a 16-vector into it.
+typedef f8v accv;
+inline void fma_acc(accv& a, f16v w, f16v x) {
+  a += w.lo * x.lo;
+  a += w.hi * x.hi;
+}
+inline float hsum_acc(accv v) { return hsum(f16v{v, accv{}}); }
+#else
+typedef f16v accv;
+inline void fma_acc(accv& a, f16v w, f16v x) { a += w * x; }
+inline float hsum_acc(accv v) { return hsum(v); }
+#endif
+
 template <class D, int M, int R>
 inline void dequant_tile(const float* x, int64_t k, const uint8_t* row, int64_t rb, float* y,
                          int64_t n) {
   constexpr int BE = 16 * D::VECS, PER = D::VECS / D::SUBS;
   const int64_t nb = k / BE;
-  f16v acc[R][M] = {};
+  accv acc[R][M] = {};
   for (int64_t b = 0; b < nb; ++b) {
     f16v q[R][D::VECS];
     float sc[R][D::SUBS], of[R][D::SUBS];
+    LLAMAY_UNROLL
     for (int j = 0; j < R; ++j) D::decode(row + j * rb + b * D::BYTES, q[j], sc[j], of[j]);
     const float* xb = x + b * BE;
+    LLAMAY_UNROLL
     for (int v = 0; v < D::VECS; ++v) {
       f16v wv[R];
+      LLAMAY_UNROLL
       for (int j = 0; j < R; ++j)
         wv[j] = D::OFFS ? sc[j][v / PER] * q[j][v] + of[j][v / PER] : sc[j][v / PER] * q[j][v];
+      LLAMAY_UNROLL
       for (int m = 0; m < M; ++m) {
         const f16v xv = load16(xb + m * k + 16 * v);
-        for (int j = 0; j < R; ++j) acc[j][m] += wv[j] * xv;
+        LLAMAY_UNROLL
+        for (int j = 0; j < R; ++j) fma_acc(acc[j][m], wv[j], xv);
       }
     }
   }
   for (int j = 0; j < R; ++j)
-    for (int m = 0; m < M; ++m) y[m * n + j] = hsum(acc[j][m]);
+    for (int m = 0; m < M; ++m) y[m * n + j] = hsum_acc(acc[j][m]);
 }
 
 template <class D, int M>
 void decode_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, int64_t rb,
                  int64_t n0, int64_t n1, float* y, int64_t n) {
   if (M == 1) return scale_after_rows<D, M>(x, sx, k, w, rb, n0, n1, y, n);
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  constexpr int R = M <= 4 ? 2 : 1;  // at most 8 accumulators of AVX2's 16 registers
+#else
   constexpr int R = D::VECS > 2 ? 1 : 2;  // the K-quants' 16 vectors a row fill the registers
+#endif
   int64_t r = n0;
   for (; r + R <= n1; r += R) dequant_tile<D, M, R>(x, k, w + r * rb, rb, y + r, n);
   for (; r < n1; ++r) dequant_tile<D, M, 1>(x, k, w + r * rb, rb, y + r, n);
@@ -637,25 +671,38 @@ ffi::Error QmmExact(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
 }
 
 // Several weights that read the same x (q, k, v; gate, up): operands (w, layer) per
-// weight, one result each, `ggml_types` theirs; all rows in one split over the threads.
+// stack, `ggml_types` theirs, `results` the result each stack computes; all rows in one
+// split over the threads. A weight whose type differs per layer (Gemma's Q4_K/Q6_K
+// roles) is several stacks with one result: each stack's layer is its entry for this
+// layer, or -1 where another stack holds it (exactly one stack of a result takes part).
 ffi::Error QmmExactMulti(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::RemainingArgs args,
-                         ffi::RemainingRets rets, ffi::Span<const int32_t> types) {
-  const int64_t count = (int64_t)types.size();
-  if ((int64_t)args.size() != 2 * count || (int64_t)rets.size() != count)
-    return ffi::Error::InvalidArgument("LlamayQmmExactMulti: one (weight, layer) and one result per type");
-  std::vector<Part> parts(count);
+                         ffi::RemainingRets rets, ffi::Span<const int32_t> types,
+                         ffi::Span<const int32_t> results) {
+  const int64_t count = (int64_t)types.size(), nres = (int64_t)rets.size();
+  if ((int64_t)args.size() != 2 * count || (int64_t)results.size() != count)
+    return ffi::Error::InvalidArgument("LlamayQmmExactMulti: one (weight, layer) and one result index per type");
+  std::vector<Part> parts;
+  parts.reserve(count);
+  std::vector<int> taken(nres, 0);
   for (int64_t i = 0; i < count; ++i) {
     auto w = args.get<ffi::Buffer<ffi::U8>>(2 * i);
     auto layer = args.get<ffi::BufferR0<ffi::S32>>(2 * i + 1);
-    auto y = rets.get<ffi::Buffer<ffi::F32>>(i);
+    if (results[i] < 0 || results[i] >= nres)
+      return ffi::Error::InvalidArgument("LlamayQmmExactMulti: result index out of range");
+    auto y = rets.get<ffi::Buffer<ffi::F32>>(results[i]);
     if (w.has_error()) return w.error();
     if (layer.has_error()) return layer.error();
     if (y.has_error()) return y.error();
-    if (auto err = part_of(x, *w, *layer, (*y)->typed_data(), types[i], pool.num_threads(), &parts[i]);
+    if (w->dimensions().size() == 3 && *layer->typed_data() < 0) continue;  // another stack's layer
+    ++taken[results[i]];
+    parts.emplace_back();
+    if (auto err = part_of(x, *w, *layer, (*y)->typed_data(), types[i], pool.num_threads(), &parts.back());
         err.failure())
       return err;
   }
-  run_parts(pool, parts.data(), count);
+  for (int t : taken)
+    if (t != 1) return ffi::Error::InvalidArgument("LlamayQmmExactMulti: each result needs exactly one stack at this layer");
+  run_parts(pool, parts.data(), (int64_t)parts.size());
   return ffi::Error::Success();
 }
 
@@ -677,4 +724,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmExactMulti, llamay::QmmExactMulti,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .RemainingArgs()
                                   .RemainingRets()
-                                  .Attr<ffi::Span<const int32_t>>("ggml_types"));
+                                  .Attr<ffi::Span<const int32_t>>("ggml_types")
+                                  .Attr<ffi::Span<const int32_t>>("results"));

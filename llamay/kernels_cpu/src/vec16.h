@@ -15,8 +15,44 @@ namespace llamay {
 // Internal linkage, as where each kernel defined them: the same inlining (and code).
 namespace {
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// AVX2: two 8-lane halves. GCC lowers a 64-byte generic vector on a 32-byte ISA through
+// the stack (each accumulator stored and reloaded in 8-byte pieces every iteration: 5-10x
+// slower kernels); a struct of two ymm-sized vectors stays in registers.
+typedef float f8v __attribute__((vector_size(32)));
+typedef int32_t i8v __attribute__((vector_size(32)));
+template <class H, class S>
+struct V2 {
+  H lo, hi;
+  S operator[](int i) const { return i < 8 ? lo[i] : hi[i - 8]; }
+};
+typedef V2<f8v, float> f16v;   // 16 floats
+typedef V2<i8v, int32_t> i16v;  // 16 int32
+#define LLAMAY_V2_OP(OP)                                                              \
+  template <class H, class S>                                                          \
+  inline V2<H, S> operator OP(V2<H, S> a, V2<H, S> b) { return {a.lo OP b.lo, a.hi OP b.hi}; } \
+  template <class H, class S>                                                          \
+  inline V2<H, S> operator OP(V2<H, S> a, S b) { return {a.lo OP b, a.hi OP b}; }      \
+  template <class H, class S>                                                          \
+  inline V2<H, S> operator OP(S a, V2<H, S> b) { return {a OP b.lo, a OP b.hi}; }      \
+  template <class H, class S, class B>                                                 \
+  inline V2<H, S>& operator OP##=(V2<H, S>& a, B b) { return a = a OP b; }
+LLAMAY_V2_OP(+)
+LLAMAY_V2_OP(-)
+LLAMAY_V2_OP(*)
+LLAMAY_V2_OP(&)
+LLAMAY_V2_OP(|)
+LLAMAY_V2_OP(^)
+LLAMAY_V2_OP(<<)
+LLAMAY_V2_OP(>>)
+#undef LLAMAY_V2_OP
+// Loops over a tile's registers unrolled (GCC leaves some rolled, the accumulators then in memory).
+#define LLAMAY_UNROLL _Pragma("GCC unroll 16")
+#else
+#define LLAMAY_UNROLL
 typedef float f16v __attribute__((vector_size(64)));   // 16 floats
 typedef int32_t i16v __attribute__((vector_size(64)));  // 16 int32
+#endif
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t s8x16 __attribute__((vector_size(16)));
 
@@ -30,20 +66,12 @@ inline i16v wide_s8(const uint8_t* p) {
 }
 #elif defined(__AVX2__)
 inline i16v wide_u8(const uint8_t* p) {
-  i16v v;
-  const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-  const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-  std::memcpy(&v, &lo, 32);
-  std::memcpy((char*)&v + 32, &hi, 32);
-  return v;
+  return {(i8v)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)),
+          (i8v)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)))};
 }
 inline i16v wide_s8(const uint8_t* p) {
-  i16v v;
-  const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p));
-  const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-  std::memcpy(&v, &lo, 32);
-  std::memcpy((char*)&v + 32, &hi, 32);
-  return v;
+  return {(i8v)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)),
+          (i8v)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)))};
 }
 #else
 inline i16v wide_u8(const uint8_t* p) {
@@ -58,14 +86,32 @@ inline i16v wide_s8(const uint8_t* p) {
 }
 #endif
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+inline f16v to_f(i16v v) {
+  return {__builtin_convertvector(v.lo, f8v), __builtin_convertvector(v.hi, f8v)};
+}
+#else
 inline f16v to_f(i16v v) { return __builtin_convertvector(v, f16v); }
+#endif
+#if defined(__AVX2__) && !defined(__AVX512F__)
+inline f16v load16(const float* p) { return {(f8v)_mm256_loadu_ps(p), (f8v)_mm256_loadu_ps(p + 8)}; }
+inline void store16(float* p, f16v v) {
+  _mm256_storeu_ps(p, (__m256)v.lo);
+  _mm256_storeu_ps(p + 8, (__m256)v.hi);
+}
+#else
 inline f16v load16(const float* p) {
   f16v v;
   std::memcpy(&v, p, 64);
   return v;
 }
 inline void store16(float* p, f16v v) { std::memcpy(p, &v, 64); }
+#endif
+#if defined(__AVX2__) && !defined(__AVX512F__)
+const i16v LANE16 = {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}};
+#else
 const i16v LANE16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#endif
 
 }  // namespace
 }  // namespace llamay
