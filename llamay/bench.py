@@ -19,6 +19,11 @@ import numpy as np
 from llamay.engine.steps import decode_logits, prefill_logits
 from llamay.kv import bucket, new_dense_kv
 from llamay.sample import GREEDY
+from llamay.sample.chain import argmax
+
+# the sampler's greedy pick (two plain reductions): jnp.argmax's paired reduce runs
+# unvectorised on XLA CPU, milliseconds per step over Gemma 3's 262k x 8 logits
+_greedy = jax.jit(argmax)
 
 
 @dataclass
@@ -79,13 +84,13 @@ def _time_tg(m, n: int, batch: int, vocab: int) -> float:
         return (time.perf_counter() - t) * n / max(made, 1)
     slots = bucket(8 + n + 1, 256)
     logits, kv = _prefill(m, ids, slots)
-    tok = jnp.argmax(logits, -1).astype(jnp.int32)
+    tok = _greedy(logits)
     jax.block_until_ready(tok)
     t = time.perf_counter()
     for i in range(n):
         pos = jnp.full((batch,), 8 + i, jnp.int32)
         logits, kv = decode_logits(m.config, m.weights, kv, tok, pos)
-        tok = jnp.argmax(logits, -1).astype(jnp.int32)
+        tok = _greedy(logits)
     jax.block_until_ready(tok)
     return time.perf_counter() - t
 
