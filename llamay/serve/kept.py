@@ -54,10 +54,10 @@ class Kept:
         return engine is self.engine and tokens[: len(self.tokens)] == self.tokens
 
 
-def _prefill_request(prompt_ids: list[int]) -> Request:
+def _prefill_request(prompt_ids: list[int], images=()) -> Request:
     """Computes the prompt's KV and keeps it, generating nothing (the engine's
-    prefill-only request)."""
-    return Request(list(prompt_ids), max_tokens=0, sampler=GREEDY, keep=True)
+    prefill-only request); `images`: the prompt's `ImageSpan`s."""
+    return Request(list(prompt_ids), max_tokens=0, sampler=GREEDY, keep=True, images=images)
 
 
 async def _run(fn, *args):
@@ -89,10 +89,12 @@ async def prefill(
     tokens: list[int],
     kv: Kept | None = None,
     snapshot: Snapshot | None = None,
+    images=(),
 ) -> Kept:
     """`tokens`' KV computed now and kept (from `kv` or `snapshot` where they cover a
-    prefix of `tokens`)."""
-    handle = await start(engine, _prefill_request(tokens), kv, snapshot)
+    prefix of `tokens`; `images`: the `ImageSpan`s over `tokens`' placeholder ids, for a
+    sequence started afresh)."""
+    handle = await start(engine, _prefill_request(tokens, tuple(images)), kv, snapshot)
     await _drained(handle)
     if handle.finish_reason != "length":
         raise LlamayError(f"computing the context's KV ended with {handle.finish_reason}")

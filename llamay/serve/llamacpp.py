@@ -126,10 +126,7 @@ def _subprompt(lm: Loaded, p: Any) -> list[int]:
             if not isinstance(text, str):
                 raise ApiError(400, "with multimodal_data, prompt_string must be a string")
             images = [V.decode_base64(x, "multimodal_data") for x in data]
-            ids, start = V.image_prompt(lm, text, images)
-            out = V.ImageIds(ids)
-            out.start = start
-            return out
+            return V.image_prompt(lm, text, images)[0]
         p = p.get("prompt_string")
         if not isinstance(p, (str, list)):
             raise ApiError(400, "a prompt object needs a prompt_string", param="prompt")
@@ -235,8 +232,6 @@ async def complete(
     if not 1 <= n_cmpl <= n_slots:
         raise ApiError(400, f"n_cmpl must be in [1, {n_slots}], not {n_cmpl}", param="n_cmpl")
     prompts = [ids for ids in prompts for _ in range(n_cmpl)]  # prompt by prompt
-    if any(isinstance(ids, V.ImageIds) for ids in prompts) and body.n_predict == 0:
-        raise ApiError(400, "n_predict 0 with images is not supported yet")
     pin = body.id_slot if len(prompts) == 1 else -1
     if body.n_predict == 0 and kept.supports_kv(lm.engine):
         outs = [await _evaluate(st, lm, i, ids, pin) for i, ids in enumerate(prompts)]
@@ -350,18 +345,21 @@ async def _evaluate(
 ) -> dict[str, Any]:
     """n_predict 0: "no tokens will be generated but the prompt is evaluated into the
     cache" (llama-server's README): a prefill-only request whose K/V go to the prefix
-    cache, and its slot holds the prompt (for /slots/{id}?action=save)."""
+    cache, and its slot holds the prompt (for /slots/{id}?action=save). An image prompt's
+    images are evaluated too: their K/V go to the prefix cache under the image's content."""
     check_ids(lm, [ids])
     if not ids:
         raise RequestError("the prompt is empty (no tokens to evaluate)")
+    image = getattr(ids, "prompt", None)  # an `ImagePrompt` (serve.vision)
+    full, spans = (image.ids, image.images) if image is not None else (list(ids), ())
     t0 = time.perf_counter()
-    seq = await kept.prefill(lm.engine, ids)
+    seq = await kept.prefill(lm.engine, full, images=spans)
     handle = seq.handle
     seq.drop()
     ms = (time.perf_counter() - t0) * 1e3
     slot = pin if pin >= 0 else handle.slot
     if slot is not None:
-        st.slot_tokens[(lm.name, slot)] = list(ids)
+        st.hold_slot(lm.name, slot, full, spans)
     cached = handle.usage.cached_tokens
     n = len(ids) - cached
     return {

@@ -203,6 +203,15 @@ def restored_for(st: ServerState, lm: Loaded, ids: list[int]):
     return restore
 
 
+def _cut(images, n: int) -> tuple:
+    """The `ImageSpan`s over the first `n` positions (one cut at n keeps its first rows)."""
+    return tuple(
+        dataclasses.replace(im, embeddings=im.embeddings[: n - im.start])
+        for im in images
+        if im.start < n
+    )
+
+
 async def _wait_idle(st: ServerState, lm: Loaded, i: int) -> None:
     deadline = time.monotonic() + WAIT_IDLE_S
     while occupants(st, lm)[i] is not None:
@@ -231,6 +240,7 @@ async def slot_action(
         raise ApiError(400, "Invalid slot ID", kind="invalid_request_error")
     if action == "erase":
         n = len(st.slot_tokens.pop((lm.name, i), ()))
+        st.slot_images.pop((lm.name, i), None)
         held = _kept(st).pop((lm.name, i), None)
         if held is not None:
             held[0].drop()
@@ -247,8 +257,20 @@ async def slot_action(
         tokens = st.slot_tokens.get((lm.name, i), [])
         if len(tokens) < 2:
             raise ApiError(400, f"slot {i} holds no sequence to save", kind="invalid_request_error")
-        # the last token was sampled, never fed: its K/V does not exist (llama.cpp's too)
-        seq = await kept.prefill(lm.engine, tokens[:-1])
+        images = st.slot_images.get((lm.name, i), ())
+        if tokens[-1] < 0 or (not images and min(tokens) < 0):
+            raise ApiError(
+                400,
+                f"slot {i}'s sequence ends inside an image"
+                if tokens[-1] < 0
+                else f"slot {i} holds image K/V restored from a file, not the images: run "
+                "the request with its images again to save it",
+                kind="invalid_request_error",
+            )
+        # the last token was sampled, never fed: its K/V does not exist (llama.cpp's too);
+        # images' K/V are saved as any (their positions keep the placeholder ids, so a
+        # restore gives later requests with the same image its cached pages)
+        seq = await kept.prefill(lm.engine, tokens[:-1], images=_cut(images, len(tokens) - 1))
         try:
             snap = await kept.snapshot_of(seq)
         finally:
@@ -277,7 +299,7 @@ async def slot_action(
     if old is not None:
         old[0].drop()
     _kept(st)[(lm.name, i)] = (seq, snap)
-    st.slot_tokens[(lm.name, i)] = list(snap.tokens)
+    st.hold_slot(lm.name, i, snap.tokens)  # its images' K/V only: the images are not kept
     return {
         "id_slot": i,
         "filename": path.name,

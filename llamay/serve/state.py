@@ -45,7 +45,7 @@ class MeteredGen(TextGen):
     """A TextGen that adds itself to the server's metrics when it ends."""
 
     metrics: Metrics
-    slot_tokens: dict[tuple[str, int], list[int]]
+    server: ServerState
     id_slot: int = -1
 
     async def stream(self):
@@ -60,7 +60,10 @@ class MeteredGen(TextGen):
             # named (llama-server's id_slot), else the engine slot it ran in
             slot = self.id_slot if self.id_slot >= 0 else getattr(self.handle, "slot", None)
             if slot is not None:
-                self.slot_tokens[(self.lm.name, slot)] = self.prompt_ids + self.token_ids
+                # an image prompt's sequence: its placeholder ids and images (serve.vision)
+                r = self.handle.request if self.handle is not None else None
+                ids, images = (r.prompt_ids, r.images) if r and r.images else (self.prompt_ids, ())
+                self.server.hold_slot(self.lm.name, slot, ids + self.token_ids, images)
 
 
 @dataclass
@@ -79,6 +82,18 @@ class ServerState:
     #: (model, engine slot) -> the tokens of the last generation that ran in that slot:
     #: llama-server's per-slot prompt cache, which /slots/{id}?action=save writes out.
     slot_tokens: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    #: ... and the `ImageSpan`s over those tokens' image placeholder ids, where it had images.
+    slot_images: dict[tuple[str, int], tuple] = field(default_factory=dict)
+
+    def hold_slot(self, model: str, slot: int, tokens: list[int], images=()) -> None:
+        """Record what an engine slot last held: `tokens` (an image's positions hold its
+        placeholder ids) and `images` over them, which a save recomputes where the
+        prefix cache has lost their K/V."""
+        self.slot_tokens[(model, slot)] = list(tokens)
+        if images:
+            self.slot_images[(model, slot)] = tuple(images)
+        else:
+            self.slot_images.pop((model, slot), None)
 
     def textgen(
         self,
@@ -103,7 +118,7 @@ class ServerState:
             start=start,
         )
         gen.metrics = self.metrics
-        gen.slot_tokens = self.slot_tokens
+        gen.server = self
         return gen
 
     async def constraint(self, lm: Loaded, **kw: Any):

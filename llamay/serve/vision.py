@@ -21,10 +21,12 @@ __all__ = ["MEDIA_MARKER", "ImageIds", "decode_base64", "image_prompt", "url_byt
 
 
 class ImageIds(list):
-    """An image prompt's ids (0 at image positions) carrying its `start` for `TextGen`,
-    where a prompt travels as a list of ids (llama-server's /completion)."""
+    """An image prompt's ids (0 at image positions) carrying its `start` for `TextGen` and
+    its `prompt` (the `ImagePrompt`: placeholder ids and image spans, for a prefill-only
+    request), where a prompt travels as a list of ids (llama-server's /completion)."""
 
     start = None
+    prompt = None
 
 
 def decode_base64(data: str, where: str) -> bytes:
@@ -53,9 +55,9 @@ def url_bytes(url: str, where: str) -> bytes:
 
 
 def image_prompt(lm, text: str, images: list[bytes]):
-    """(prompt ids for counting, `start` for `TextGen`) of a rendered prompt with one
-    `<__media__>` per image. The ids hold 0 at image positions (what the edges count and
-    echo); `start` submits the request to the model's engine with the images'
+    """(prompt ids for counting, an `ImageIds`; `start` for `TextGen`) of a rendered prompt
+    with one `<__media__>` per image. The ids hold 0 at image positions (what the edges
+    count and echo); `start` submits the request to the model's engine with the images'
     placeholder ids and embeddings (`llamay.multimodal.layout`)."""
     from llamay import multimodal
 
@@ -66,10 +68,11 @@ def image_prompt(lm, text: str, images: list[bytes]):
             "--mmproj FILE (llama-server's flag) to give it images"
         )
     prompt = multimodal.layout(model.tokenizer, model.projector, text, images)
-    ids = [max(t, 0) for t in prompt.ids]
+    ids = ImageIds(max(t, 0) for t in prompt.ids)
 
     async def start(request: Request) -> Handle:
         full = dataclasses.replace(request, prompt_ids=prompt.ids, images=prompt.images)
         return lm.engine.submit(full)
 
+    ids.start, ids.prompt = start, prompt
     return ids, start

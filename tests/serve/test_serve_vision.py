@@ -216,6 +216,77 @@ def test_same_image_reuses_the_cached_prefix(vision_server, png):
     assert other["timings"]["cache_n"] == 0
 
 
+def _ask(url: str, text: str, image: str, n: int, **body) -> dict:
+    """llama-server's /completion of one image prompt, greedy."""
+    httpx = oracle("httpx")
+    body = {
+        "prompt": {"prompt_string": text, "multimodal_data": [image]},
+        "n_predict": n,
+        "temperature": 0,
+        **body,
+    }
+    r = httpx.post(url + "/completion", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_n_predict_0_evaluates_an_image_prompt_into_the_cache(vision_server, png):
+    """llama-server's n_predict 0 ("no tokens will be generated but the prompt is evaluated
+    into the cache") with an image: nothing generated, every position evaluated, and the next
+    request with the same image takes the image's pages from the cache and answers what the
+    library (held to llama.cpp in tests/vision) answers."""
+    b64 = base64.b64encode(png).decode()
+    text = "Evaluate: <__media__> then"
+    out = _ask(vision_server.url, text, b64, 0)
+    expect, n = _library(text, png, 3)
+    assert (out["content"], out["tokens_predicted"], out["tokens_evaluated"]) == ("", 0, n)
+    assert out["timings"]["prompt_n"] == n and out["tokens_cached"] == 0
+    with llamay.load(tiny_model_file("llama")) as m:
+        n_text = len(m.tokenize("Evaluate: ", add_special=True, parse_special=True))
+    again = _ask(vision_server.url, text, b64, 3)
+    assert again["timings"]["cache_n"] == (n - 1) // PAGE * PAGE > n_text + 16 - PAGE
+    assert again["content"] == expect
+
+
+def test_slot_save_and_restore_keep_an_images_kv(vision_server, png, tmp_path):
+    """/slots/{id}?action=save after an image request writes the image's K/V too (its
+    positions keyed by the image's content); restored into a fresh server, a request with
+    that image reuses them (timings.cache_n past the image) and answers as the first run
+    did, with the same log-probabilities."""
+    b64 = base64.b64encode(png).decode()
+    text, httpx = "Saved: <__media__> it is", oracle("httpx")
+    vision_server.app.state.llamay.extra["slot_save_path"] = str(tmp_path)
+    try:
+        first = _ask(vision_server.url, text, b64, 3, id_slot=0, n_probs=4)
+        r = httpx.post(
+            vision_server.url + "/slots/0?action=save", json={"filename": "img.bin"}, timeout=120
+        )
+        assert r.status_code == 200, r.text
+    finally:
+        vision_server.app.state.llamay.extra.pop("slot_save_path")
+    models = Models(
+        {"tiny": tiny_model_file("llama")}, use_store=False, mmproj=vision_mmproj("mlp")
+    )
+    app = create_app(models, max_tokens_limit=64)
+    app.state.llamay.extra["slot_save_path"] = str(tmp_path)
+    with running(app) as s:
+        r = httpx.post(s.url + "/slots/0?action=restore", json={"filename": "img.bin"}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["n_restored"] == first["tokens_evaluated"] + 3
+        r = httpx.post(s.url + "/slots/0?action=save", json={"filename": "again.bin"}, timeout=60)
+        assert r.status_code == 400 and "not the images" in r.text  # only its K/V came back
+        again = _ask(s.url, text, b64, 3, n_probs=4)
+    with llamay.load(tiny_model_file("llama")) as m:
+        n_text = len(m.tokenize("Saved: ", add_special=True, parse_special=True))
+    assert again["timings"]["cache_n"] >= (n_text + 16) // PAGE * PAGE > n_text
+    assert again["content"] == first["content"]
+    for a, b in zip(
+        again["completion_probabilities"], first["completion_probabilities"], strict=True
+    ):
+        assert a["id"] == b["id"]
+        np.testing.assert_allclose(a["logprob"], b["logprob"], atol=1e-5)
+
+
 def test_serve_cli_mmproj_flag(monkeypatch, tmp_path):
     """`llamay serve -m MODEL --mmproj FILE` gives the model its projector; without a model
     the flag is an error that says why."""
