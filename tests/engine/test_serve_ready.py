@@ -32,7 +32,7 @@ LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailab
 
 class Compiles:
     """Counts XLA compilations, and programs asked of the persistent cache (a program
-    read back from it was traced and lowered all the same), while registered."""
+    read back from it was traced and lowered all the same), inside `with Compiles()`."""
 
     def __init__(self):
         self.n = self.cache_requests = 0
@@ -44,6 +44,15 @@ class Compiles:
     def request(self, event: str, **_) -> None:
         if event == CACHE_REQUEST:
             self.cache_requests += 1
+
+    def __enter__(self) -> Compiles:
+        jax.monitoring.register_event_duration_secs_listener(self)
+        jax.monitoring.register_event_listener(self.request)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        jax.monitoring.unregister_event_duration_listener(self)
+        jax.monitoring.unregister_event_listener(self.request)
 
 
 def completion(url: str, **body) -> dict:
@@ -81,10 +90,7 @@ def test_health_loading_then_ok_and_first_requests_compile_nothing():
     with serve_in_thread(app) as url:
         wait_ready(url)
 
-        compiles = Compiles()
-        jax.monitoring.register_event_duration_secs_listener(compiles)
-        jax.monitoring.register_event_listener(compiles.request)
-        try:
+        with Compiles() as compiles:
             long_prompt = [(7 * i) % 4000 + 100 for i in range(300)]
             completion(url, prompt=[1, 2, 3, 4], n_predict=4)  # short
             completion(url, prompt=long_prompt, n_predict=4)  # long: prefill chunks
@@ -101,9 +107,6 @@ def test_health_loading_then_ok_and_first_requests_compile_nothing():
             c = int(np.random.default_rng().integers(1 << 30))
             jax.jit(lambda x: x * 3 + c)(np.arange(5))
             assert compiles.n == 1
-        finally:
-            jax.monitoring.unregister_event_duration_listener(compiles)
-            jax.monitoring.unregister_event_listener(compiles.request)
 
 
 def test_speculative_requests_compile_nothing_after_ready():
@@ -116,10 +119,7 @@ def test_speculative_requests_compile_nothing_after_ready():
     app = create_app(models, warm_up=True)
     with serve_in_thread(app) as url:
         wait_ready(url)
-        compiles = Compiles()
-        jax.monitoring.register_event_duration_secs_listener(compiles)
-        jax.monitoring.register_event_listener(compiles.request)
-        try:
+        with Compiles() as compiles:
             prompt = [1, *range(400, 420)]
             one = completion(url, prompt=prompt, n_predict=10)
             assert one["timings"]["draft_n"] > 0  # drafted and verified
@@ -133,6 +133,3 @@ def test_speculative_requests_compile_nothing_after_ready():
             constrained = completion(url, prompt="Code:", n_predict=6, grammar="root ::= [a-z]+")
             assert constrained["content"].isalpha()
             assert (compiles.n, compiles.cache_requests) == (0, 0)
-        finally:
-            jax.monitoring.unregister_event_duration_listener(compiles)
-            jax.monitoring.unregister_event_listener(compiles.request)
