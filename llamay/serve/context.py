@@ -193,12 +193,29 @@ def _tokens_of(lm: Loaded, c: Content, first: bool) -> list[int]:
             raise ApiError(400, f"token id {bad[0]} is outside the vocabulary")
         return list(c.tokens)
     if c.messages is not None:
+        _no_images(c.messages)
         text = lm.model.tokenizer.apply_chat_template(
             c.messages, add_generation_prompt=c.add_generation_prompt
         )
     else:
         text = c.text or ""
     return lm.model.tokenize(text, add_special=first, parse_special=True)
+
+
+def _no_images(messages: list[dict[str, Any]]) -> None:
+    """Refuse image parts: a context is token ids (images' placeholder ids and embeddings
+    are not kept with it, so its K/V could not be recomputed, restored or forked
+    faithfully); a template would render the part as text."""
+    for i, m in enumerate(messages):
+        parts = m.get("content") if isinstance(m, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            if isinstance(part, dict) and part.get("type") not in ("text", None):
+                raise ApiError(
+                    400,
+                    f"messages.{i}.content: contexts take text only, not {part.get('type')!r} "
+                    "parts; send images to /v1/chat/completions, /completion or /api/chat",
+                    param=f"messages.{i}.content",
+                )
 
 
 def _view(lm_or_none, ctx: Ctx) -> dict[str, Any]:

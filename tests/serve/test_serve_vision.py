@@ -287,6 +287,32 @@ def test_slot_save_and_restore_keep_an_images_kv(vision_server, png, tmp_path):
         np.testing.assert_allclose(a["logprob"], b["logprob"], atol=1e-5)
 
 
+def test_contexts_refuse_images_clearly(vision_server, png):
+    """The context API keeps token ids only: a message with an image part is refused with
+    a 400 that says so (a template would render the part as text, without the image)."""
+    httpx = oracle("httpx")
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    parts = [{"type": "text", "text": "What is "}, {"type": "image_url", "image_url": {"url": url}}]
+    r = httpx.post(
+        vision_server.url + "/v1/contexts",
+        json={"model": "tiny", "messages": [{"role": "user", "content": parts}]},
+        timeout=60,
+    )
+    assert r.status_code == 400 and "contexts take text only" in r.text, r.text
+    r = httpx.post(
+        vision_server.url + "/v1/contexts", json={"model": "tiny", "text": "Hi"}, timeout=300
+    )
+    assert r.status_code == 200, r.text
+    cid = r.json()["id"]
+    r = httpx.post(
+        f"{vision_server.url}/v1/contexts/{cid}/append",
+        json={"messages": [{"role": "user", "content": parts}]},
+        timeout=60,
+    )
+    assert r.status_code == 400 and "'image_url' parts" in r.text, r.text
+    assert httpx.get(f"{vision_server.url}/v1/contexts/{cid}").json()["n_tokens"] > 0
+
+
 def test_serve_cli_mmproj_flag(monkeypatch, tmp_path):
     """`llamay serve -m MODEL --mmproj FILE` gives the model its projector; without a model
     the flag is an error that says why."""
