@@ -172,9 +172,11 @@ def _encode_ggml(cfg: VisionConfig, w: dict, x: jax.Array, B: int, g: int) -> ja
     if cfg.has_pre_ln:
         x = gf.opaque(ggml_ops.layer_norm(x, w["pre_ln_w"], w["pre_ln_b"], cfg.eps))
     layers = {k[4:]: v for k, v in w.items() if k.startswith("blk.")}
-    # unrolled, not under lax.scan: in a scan of two or more layers XLA CPU computed the
-    # tinyBLAS emulation of p·v differently (0.4 off in the second layer; one layer, or
-    # the layers unrolled, agree with llama.cpp to the bit for the LLaVA tower)
+    # unrolled, not under lax.scan: in a scan of two or more layers XLA CPU gives other
+    # bits where p·v takes the tinyBLAS emulation (N % 16 == 0). Measured on the LLaVA
+    # tower's weights, x [1, N, 32], 2 layers: N = 16 1.27 off, N = 17 (vec_dot) equal;
+    # dot_f32_sgemm alone in a 2-step scan is equal, so the cause is not isolated yet.
+    # Unrolled, the 16-row gemma3 tower holds llama.cpp's goldens (tests/vision).
     for i in range(cfg.n_layer):
         x = _ggml_block(cfg, x, {k: v[i] for k, v in layers.items()})
     if cfg.has_post_ln:
