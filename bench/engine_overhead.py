@@ -3,12 +3,14 @@ the forward and sampling programs, reading the token back, committing it) agains
 bare forward program (`paged_step`) looped at the same rows and context.
 
     .venv/bin/python bench/engine_overhead.py [--model smollm2:135m] [--rows 1] [--tokens 64]
-        [--context 256] [--reps 3]
+        [--context 256] [--reps 3] [--decode-steps 4]
 
 Prints per-token CPU seconds of this process (user + system, every thread: on a shared
 CPU, wall time measures the neighbours) and wall milliseconds, for both, and the share of
 the engine's time that is not the forward pass: the most that several tokens per
-dispatch (multi-step decode) could take off. Note `uptime` beside them.
+dispatch (multi-step decode) could take off. With `--decode-steps K` the engine runs a
+third time with K decode steps per dispatch (`BatchEngine(decode_steps=K)`), taking turns
+with the other two: what multi-step decode does take off. Note `uptime` beside them.
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ def cpu() -> float:
     return t.user + t.system
 
 
-def engine_tokens(m, rows: int, context: int, tokens: int) -> tuple[float, float]:
+def engine_tokens(
+    m, rows: int, context: int, tokens: int, decode_steps: int = 1
+) -> tuple[float, float]:
     """(CPU s, wall s) per decode token of `rows` streams decoding from `context` on."""
-    e = BatchEngine(m, slots=rows, page_size=16, n_pages=rows * ((context + tokens) // 16 + 2) + 1)
+    n_pages = rows * ((context + tokens) // 16 + 2) + 1
+    e = BatchEngine(m, slots=rows, page_size=16, n_pages=n_pages, decode_steps=decode_steps)
     try:
 
         def run(offset: int, n: int):
@@ -75,12 +80,17 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--decode-steps", type=int, default=1, help="also K steps per dispatch")
     args = ap.parse_args()
     m = llamay.load(args.model, progress=False)
-    runs = {"engine": [], "bare": []}
-    for _ in range(args.reps):  # alternated: both see the same neighbours
+    k = args.decode_steps
+    runs = {"engine": [], "bare": []} | ({f"engine_k{k}": []} if k > 1 else {})
+    for _ in range(args.reps):  # alternated: all see the same neighbours
         runs["engine"].append(engine_tokens(m, args.rows, args.context, args.tokens))
         runs["bare"].append(bare_tokens(m, args.rows, args.context, args.tokens))
+        if k > 1:
+            got = engine_tokens(m, args.rows, args.context, args.tokens, k)
+            runs[f"engine_k{k}"].append(got)
     med = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
     out = {
         "model": args.model,

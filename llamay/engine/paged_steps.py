@@ -104,3 +104,26 @@ def set_rows(params: SamplingParams | object, rows, new):
 @persistent_jit  # one program (per row count), not a dozen eager scatters at a request's start
 def _set_rows(params, idx, new):
     return jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b, mode="drop"), params, new)
+
+
+@persistent_jit(static_argnames=("cfg", "steps"), donate_argnames=("kv",))
+def paged_decode(
+    cfg, steps, weights, kv, tokens, positions, page_table, sampling, slots, params, state
+):
+    """`steps` decode steps in one program (multi-step decode, `StepWorker._step`): each
+    feeds every row the token the last one sampled (the first: `tokens` [R, 1]) at the
+    next position (the first: `positions` [R, 1]) and samples, as `paged_step` then
+    `paged_sample` would, `steps` times. The page tables must already hold every
+    position the steps write. Returns (tokens [steps, R], the last of them [R, 1] to
+    feed the next dispatch, kv, sampler state)."""
+    last = jnp.zeros(tokens.shape[0], jnp.int32)
+
+    def one(carry, _):
+        kv, tok, pos, st = carry
+        logits, kv = paged_step.__wrapped__(cfg, weights, kv, tok, pos, page_table, last)
+        nxt, st = paged_sample.__wrapped__(logits, sampling, slots, params, st)
+        # padding rows stay past every table (PAD_POSITION + i is still out of range)
+        return (kv, nxt[:, None], pos + 1, st), nxt
+
+    (kv, tok, _, state), out = jax.lax.scan(one, (kv, tokens, positions, state), None, length=steps)
+    return out, tok, kv, state

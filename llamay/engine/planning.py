@@ -101,6 +101,8 @@ class Plan:
     # image embeddings fed in place of tokens: (values [R, T, E], mask [R, T]) or None
     embeds: tuple[np.ndarray, np.ndarray] | None = None
     causal: bool = True  # False: a step over bidirectional images' positions (`_in_image`)
+    steps: int = 1  # decode steps in one dispatch (`paged_decode`): each row feeds 1 per step
+    carry: Any = None  # with steps > 1: its last sampled tokens [R, 1] on device
 
 
 class RequestFailed(Exception):
@@ -115,14 +117,14 @@ class RequestFailed(Exception):
 class Planner:
     """`BatchEngine`'s planning methods (a mixin over its slots, pools and lock)."""
 
-    def _plan(self, idx: list[int], after: Plan | None = None) -> Plan:
+    def _plan(self, idx: list[int], after: Plan | None = None, steps: int = 1) -> Plan:
         """Inputs of a step over slots `idx`. With `after` (a step over the same slots
         in flight, whose sampled tokens feed this one on device): one token per slot,
-        past what `after` fed."""
+        past what `after` fed, in each of `steps` decode steps (pages for all of them)."""
         ps = self.page_size
         rows = [self.slots[i] for i in idx]
         R = bucket(len(rows), 1)
-        done = [0] * len(rows) if after is None else after.feed
+        done = [0] * len(rows) if after is None else [f * after.steps for f in after.feed]
         if after is not None:
             feed = [1] * len(rows)
         else:
@@ -130,10 +132,10 @@ class Planner:
         T = 1 if max(feed) <= 1 else bucket(max(feed), 16)
         with self._lock:
             for j, a in enumerate(rows):
-                self.mgr.ensure(a.seq, a.seq.n_cached + done[j] + feed[j])
+                self.mgr.ensure(a.seq, a.seq.n_cached + done[j] + feed[j] * steps)
         M = self._table_width(T, max(len(a.seq.pages) for a in rows))
         p = self._blank_plan(R, T, M)
-        p.idx, p.rows, p.feed = list(idx), rows, feed
+        p.idx, p.rows, p.feed, p.steps = list(idx), rows, feed, steps
         p.slots[: len(idx)] = idx
         for j, a in enumerate(rows):
             s, n, start = a.seq, feed[j], a.seq.n_cached + done[j]

@@ -75,6 +75,7 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         local_pages: int | None = None,
         gather_s: float = 0.0,
         speculative: Speculation | None = None,
+        decode_steps: int = 1,
     ):
         """`n_pages` pages in the pool (default: `slots` sequences of up to 1024
         tokens); with `max_pages` above it the pool grows on demand up to that, so a
@@ -87,7 +88,9 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         clients) starts as one batch: one prefill step and one row count, not a step
         per straggler, each a program of its own to compile (5-7 s each on a CPU).
         `speculative`: draft and verify several tokens per decode step
-        (`llamay.engine.speculative`)."""
+        (`llamay.engine.speculative`). `decode_steps` > 1: while every slot decodes and
+        nothing arrives, that many decode steps per dispatch (`paged_decode`;
+        `StepWorker._decode_steps` says when)."""
         self.model = model
         cfg = model.config
         self.cfg, self.weights = cfg, model.weights
@@ -100,6 +103,7 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         self.n_ctx = model.n_ctx
         self.n_slots, self.page_size, self.chunk = slots, page_size, chunk
         self.gather_s = gather_s
+        self.decode_steps = max(1, int(decode_steps))
         if n_pages is None:
             n_pages = slots * -(-min(self.n_ctx, 1024) // page_size) + 1
         self.kv_dtype = model.runtime.kv_dtype

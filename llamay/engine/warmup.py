@@ -29,7 +29,9 @@ program (`llamay.engine.programs`: a second process reads them back without trac
 lowering or compiling) from the inputs' shapes on a thread pool, without running them,
 then runs on the engine's own worker the sampling program for each row count with and
 without token masks and at each log-probability width, so a request's first step
-neither compiles nor traces. With the program cache off it runs every step program once
+neither compiles nor traces; an engine taking several decode steps per dispatch
+(`BatchEngine.decode_steps`) gets its `paged_decode` program per decode shape too.
+With the program cache off it runs every step program once
 over padding rows (which write nothing) instead, for jit's in-memory caches.
 """
 
@@ -46,7 +48,13 @@ import jax
 import numpy as np
 
 from llamay.engine.drafts import _greedy
-from llamay.engine.paged_steps import PAD_POSITION, paged_sample, paged_step, set_rows
+from llamay.engine.paged_steps import (
+    PAD_POSITION,
+    paged_decode,
+    paged_sample,
+    paged_step,
+    set_rows,
+)
 from llamay.engine.planning import table_widths
 from llamay.engine.programs import Program, abstract
 from llamay.engine.programs import enabled as programs_enabled
@@ -234,6 +242,8 @@ def warmup(
                     logits = lowered.out_info[0]
                     pool.submit(_timed, paged_sample.lower(logits, *sampling))
                 futures.append((shape, time.perf_counter() - start, pool.submit(_timed, lowered)))
+                if _decode_jobs(engine, [shape]):  # multi-step decode (`decode_steps`)
+                    pool.submit(_timed, paged_decode.lower(*_decode_args(engine, shape)))
             for shape, lowering, fut in futures:
                 seconds = lowering + fut.result()
                 done.append((shape, seconds))
@@ -264,6 +274,7 @@ def _warmup_programs(engine, shapes, workers, progress, t0: float) -> WarmupRepo
     for shape, seconds, _ in results:
         if progress is not None:
             progress(shape, seconds)
+    _prepare(engine.on_worker(lambda e: _decode_jobs(e, shapes)), None, workers)
     _prime_samplers(engine, shapes)
     cached = sum(got in ("disk", "memory") for *_, got in results)
     done = [(shape, seconds) for shape, seconds, _ in results]
@@ -308,7 +319,7 @@ def prime(
     if isinstance(paged_step, Program) and programs_enabled():
         first = first_shapes(shapes)
         if part != "rest":
-            jobs = engine.on_worker(lambda e: _step_jobs(e, first))
+            jobs = engine.on_worker(lambda e: _step_jobs(e, first) + _decode_jobs(e, first))
             _prepare(jobs, progress, workers)
             _prime_samplers(engine, first)
         if part != "first":
@@ -316,7 +327,7 @@ def prime(
                 (s for s in shapes if s not in set(first)),
                 key=lambda s: (s.pages, s.rows, s.tokens),
             )
-            jobs = engine.on_worker(lambda e: _step_jobs(e, rest))
+            jobs = engine.on_worker(lambda e: _step_jobs(e, rest) + _decode_jobs(e, rest))
             jobs += _speculative_jobs(engine, rows, length)
             _prepare(jobs, progress, workers)
             _prime_samplers(engine, [s for s in rest if s.rows != 1])
@@ -325,6 +336,7 @@ def prime(
         return 0.0
     for i, shape in enumerate(shapes):
         logits[shape.rows] = engine.on_worker(lambda e, shape=shape: _prime_step(e, shape))
+        engine.on_worker(lambda e, shape=shape: _prime_decode(e, shape))
         if progress is not None:
             progress(i + 1, len(shapes))
     for R, out in logits.items():
@@ -373,6 +385,31 @@ def _step_jobs(engine: BatchEngine, shapes: list[StepShape]) -> list[tuple[Progr
     """The step programs of `shapes`, their inputs read on the worker (which owns the
     pool) as shapes only."""
     return [(paged_step, abstract(_step_args(engine, s))) for s in shapes]
+
+
+def _decode_jobs(engine: BatchEngine, shapes: list[StepShape]) -> list[tuple[Program, tuple]]:
+    """The multi-step decode programs (`paged_decode`) of `shapes`' decode steps, when
+    the engine takes several per dispatch (`BatchEngine.decode_steps`, no sliding-window
+    pool: `StepWorker._decode_steps`), over the default sampler's parameters."""
+    if engine.decode_steps <= 1 or engine.mgr.local is not None:
+        return []
+    return [(paged_decode, abstract(_decode_args(engine, s))) for s in shapes if s.tokens == 1]
+
+
+def _decode_args(engine: BatchEngine, shape: StepShape) -> tuple:
+    samplers = [dataclasses.replace(Sampler(), n_probs=0)] * engine.n_slots
+    params = SamplingParams.stack(samplers, engine._vocab)
+    state = SamplerState.init(samplers, history=engine.n_ctx)
+    plan = engine._blank_plan(shape.rows, 1, shape.pages)
+    plan.steps = engine.decode_steps
+    step, sampling = engine._step_inputs(plan, None, params, state)
+    return engine._decode_inputs(plan, step, sampling)
+
+
+def _prime_decode(engine: BatchEngine, shape: StepShape) -> None:
+    """Run a decode shape's `paged_decode` once over padding rows (the pool is unchanged)."""
+    if _decode_jobs(engine, [shape]):
+        *_, engine.kv, _ = paged_decode(*_decode_args(engine, shape))
 
 
 def _speculative_jobs(engine: BatchEngine, rows, length: int) -> list[tuple[Program, tuple]]:

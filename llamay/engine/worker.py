@@ -2,7 +2,9 @@
 iteration takes the commands that arrived (submits, cancels, fork/snapshot/restore
 calls), admits waiting requests, and runs one step: a decode step for the slots
 decoding and a prefill step for those with a prompt chunk to feed. While every slot
-decodes and nothing waits, the next step is dispatched before this one is read back.
+decodes and nothing waits, the next step is dispatched before this one is read back;
+with `decode_steps` > 1 that dispatch runs several decode steps in one program
+(`paged_decode`) when every row can take them (`StepWorker._decode_steps`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import jax
 import numpy as np
 
 from llamay.engine.adapters import row_weights
-from llamay.engine.paged_steps import paged_sample, paged_step
+from llamay.engine.paged_steps import paged_decode, paged_sample, paged_step
 from llamay.engine.planning import Active, Plan, RequestFailed
 from llamay.kv.pages import grow_paged_kv
 from llamay.sample import read_logprobs
@@ -109,8 +111,10 @@ class StepWorker:
         while True:
             ahead = None
             if self._steady(plan):
-                nxt_plan = self._plan(plan.idx, after=plan)
-                ahead = (nxt_plan, self._dispatch(nxt_plan, nxt[:, None]))
+                k = self._decode_steps(plan)
+                nxt_plan = self._plan(plan.idx, after=plan, steps=k)
+                fed = nxt[:, None] if plan.steps == 1 else plan.carry
+                ahead = (nxt_plan, self._dispatch(nxt_plan, fed))
             self._complete(plan, np.asarray(nxt))
             if ahead is None:
                 return
@@ -128,11 +132,24 @@ class StepWorker:
             and all(
                 self.slots[i] is a
                 and a.handle.request.constraint is None
-                and a.budget >= 2
+                and a.budget > plan.steps  # a token left after the one(s) in flight
                 and not a.handle.cancelled
                 for i, a in zip(plan.idx, plan.rows, strict=False)
             )
         )
+
+    def _decode_steps(self, plan: Plan) -> int:
+        """Decode steps the next dispatch after steady `plan` may take at once
+        (`decode_steps`, else 1): every row has that many tokens of budget left after
+        those in flight and asks no log-probabilities (read per step off the sampler
+        state), and no sliding-window pool (its tables move with the positions). A
+        request arriving meanwhile waits for those steps; tokens past a row's end (a
+        stop token) are dropped, as are a cancelled row's."""
+        k = self.decode_steps
+        if k <= 1 or self.mgr.local is not None:
+            return 1
+        ok = all(a.budget >= plan.steps + k and a.logprobs is None for a in plan.rows)
+        return k if ok else 1
 
     def _sync_pool(self) -> None:
         """Pad the device pools to the allocators' sizes after an allocator grew."""
@@ -143,8 +160,12 @@ class StepWorker:
     def _dispatch(self, plan: Plan, tokens: jax.Array | None = None) -> jax.Array:
         self._sync_pool()
         step, sampling = self._step_inputs(plan, tokens, self._params, self._state)
-        logits, self.kv = paged_step(*step)
-        nxt, self._state = paged_sample(logits, *sampling)
+        if plan.steps > 1:  # [steps, R] tokens (`_decode_steps`)
+            got = paged_decode(*self._decode_inputs(plan, step, sampling))
+            nxt, plan.carry, self.kv, self._state = got
+        else:
+            logits, self.kv = paged_step(*step)
+            nxt, self._state = paged_sample(logits, *sampling)
         plan.state = self._state
         self.counters["steps"] += 1
         return nxt
@@ -180,6 +201,13 @@ class StepWorker:
         )
         return step, (sampling, slots, params, state, plan.mask)
 
+    @staticmethod
+    def _decode_inputs(plan: Plan, step: tuple, sampling: tuple) -> tuple:
+        """`paged_decode`'s arguments from a decode plan's `_step_inputs`."""
+        cfg, weights, kv, fed, positions, table = step[:6]
+        rows, slots, params, state, _ = sampling
+        return cfg, plan.steps, weights, kv, fed, positions, table, rows, slots, params, state
+
     def _logprobs(self, plan: Plan) -> dict[int, tuple]:
         """{row: (logprob, [(id, logprob)...])} of the plan's sampling rows that asked for
         log-probabilities, read off the step's sampler state in one copy."""
@@ -196,7 +224,15 @@ class StepWorker:
         return dict(zip(want, got, strict=True))
 
     def _complete(self, plan: Plan, nxt: np.ndarray) -> None:
-        """Commit a finished step: positions fed, tokens sampled, requests ended."""
+        """Commit a finished step (each of a multi-step dispatch's in turn): positions
+        fed, tokens sampled, requests ended."""
+        if plan.steps > 1:
+            for row in nxt:
+                self._complete_one(plan, row)
+        else:
+            self._complete_one(plan, nxt)
+
+    def _complete_one(self, plan: Plan, nxt: np.ndarray) -> None:
         logprobs = self._logprobs(plan)
         for j, (i, a) in enumerate(zip(plan.idx, plan.rows, strict=True)):
             if self.slots[i] is not a:

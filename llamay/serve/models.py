@@ -47,7 +47,19 @@ def make_engine(model, parallel: int = 8, speculative=None):
         n_pages=n_pages,
         gather_s=0.025,
         speculative=speculative,
+        decode_steps=decode_steps(),
     )
+
+
+def decode_steps() -> int:
+    """Decode steps per dispatch while nothing arrives (`BatchEngine.decode_steps`):
+    `$LLAMAY_DECODE_STEPS`, default 1 (multi-step decode is off until it is measured to
+    win on a quiet machine: bench/engine_overhead.py --decode-steps)."""
+    text = os.environ.get("LLAMAY_DECODE_STEPS", "1")
+    try:
+        return max(1, int(text))
+    except ValueError:
+        raise ValueError(f"LLAMAY_DECODE_STEPS must be an integer, not {text!r}") from None
 
 
 @dataclass
