@@ -22,7 +22,7 @@ tile once per 64 rows. A MixedQTensor is resolved first (`on_layer`: one `lax.sw
 over its stacks), then its layer's matrix goes through this table. A `LoraMatrix`
 (`llamay.kernels.lora`) is its base through this table plus the adapters' low-rank delta.
 `matmuls(x, ws)`: several weights that read the same x (q, k, v; gate, up), each as
-`matmul`, or on CPU in exact numerics by one native call for all (`kernels_cpu.matmuls`).
+`matmul`, or on CPU by one native call for all (`kernels_cpu.matmuls`).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def matmul(x: jax.Array, w: Matrix) -> jax.Array:
 
 
 def matmuls(x: jax.Array, ws: tuple[Matrix, ...]) -> tuple[jax.Array, ...]:
-    """(x @ W.T for each W in `ws`): `matmul` of each, the same numbers; on CPU in exact
-    numerics one native call for all the Ws the kernels take (`kernels_cpu.matmuls`: the
+    """(x @ W.T for each W in `ws`): `matmul` of each, the same numbers; on CPU one
+    native call for all the Ws the kernels take (`kernels_cpu.matmuls`: the
     projections of a decode step that read the same x, run with one handoff to the
     threads instead of one per matrix; a LoRA-adapted one goes through `matmul`)."""
     ws, ys = tuple(ws), {}

@@ -8,7 +8,7 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
 - `matmul(x, w, numerics)`: x @ W.T for a GGUF-block `QTensor` W, or one layer of
   `MixedQTensor` stacks (read in place at its index).
 - `matmuls(x, ws, numerics)`: x @ W.T for several weights reading the same x in one
-  call (exact numerics), or None (then `matmul` each).
+  call (both numerics), or None (then `matmul` each).
 - `paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw)`: exact
   attention through page tables read in place (`attention.py`), the arguments of
   `llamay.kernels.paged_reference`.

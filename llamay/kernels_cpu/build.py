@@ -42,6 +42,7 @@ SRC = Path(__file__).parent / "src"
 SOURCES = {
     "qmatmul_ggml.cc": ("-ffp-contract=off",),
     "qmatmul_ggml_iq.cc": ("-ffp-contract=off",),
+    "qmatmul_ggml_float.cc": ("-ffp-contract=off",),
     "qmatmul_exact.cc": ("-ffp-contract=fast",),
     "paged_attention.cc": ("-ffp-contract=fast",),
     "ggml_attention.cc": ("-ffp-contract=off",),
@@ -55,6 +56,8 @@ HANDLERS = (
     "LlamayQmmExactMulti",
     "LlamayQmmQ8",
     "LlamayQmmQ8K",
+    "LlamayQmmGgmlMulti",
+    "LlamayQmmGgmlFloat",
     "LlamayQmmIQ",
     "LlamayPagedAttention",
     "LlamayGgmlAttention",

@@ -14,7 +14,7 @@ from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.ggml_attention import ggml_attention_native
 from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, rope_native, swiglu_native
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
-from llamay.kernels_cpu.qmatmuls import qmatmuls_native
+from llamay.kernels_cpu.qmatmuls import qmatmuls_native, takes
 from llamay.quant import MixedQTensor, QTensor
 
 #: Exact-numerics prefill of these types (x rows from this many on) stays with XLA's
@@ -83,8 +83,9 @@ def matmuls(x: jax.Array, ws, numerics: str) -> tuple[jax.Array | None, ...] | N
     taken. Taken: exact numerics, on CPU, a GGUF-block `QTensor` [rows, cols] or one
     layer of a one-stack `MixedQTensor` (read in place), not prefill that `matmul` leaves
     to XLA; a MixedQTensor's layer (its types differ per layer) takes every stack into the
-    call, the one holding the layer reading it. llamacpp numerics stay one call per matrix."""
-    if numerics != "exact" or jax.default_backend() != "cpu" or targets() is None:
+    call, the one holding the layer reading it (exact numerics). In llamacpp numerics x is
+    quantised once per activation type, for the weights `qmatmuls.takes`."""
+    if jax.default_backend() != "cpu" or targets() is None:
         return None
     taken = []  # (position, matrix, layer)
     for i, w in enumerate(ws):
@@ -94,15 +95,17 @@ def matmuls(x: jax.Array, ws, numerics: str) -> tuple[jax.Array | None, ...] | N
                 continue
             if len(w.stacks) == 1:
                 w, layer = w.stacks[0], w.index
-            elif not all(applies(x, s, numerics, w.index) for s in w.stacks):
+            elif numerics != "exact" or not all(applies(x, s, numerics, w.index) for s in w.stacks):
                 continue
         if _xla_prefill(x, w, numerics):
             continue
-        if isinstance(w, MixedQTensor) or applies(x, w, numerics, layer):
+        if isinstance(w, MixedQTensor) or takes(x, w, numerics, layer):
             taken.append((i, w, layer))
     if len(taken) < 2:
         return None
-    ys = qmatmuls_native(x, tuple(w for _, w, _ in taken), tuple(i for _, _, i in taken))
+    ys = qmatmuls_native(
+        x, tuple(w for _, w, _ in taken), tuple(i for _, _, i in taken), numerics=numerics
+    )
     if ys is None:
         return None
     out: list[jax.Array | None] = [None] * len(ws)

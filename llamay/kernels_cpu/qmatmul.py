@@ -10,8 +10,10 @@ bit for bit). The kernels (`src/qmatmul_exact.cc`, `src/qmatmul_ggml.cc`):
   and quantises them to Q8_0 / Q8_1 / Q8_K once per call as `llamay.quant.act_quant` does
   (ggml's x86 quantize_row_*, bit for bit), then ggml's integer dots (VNNI where the CPU
   has it) and f32 accumulation order. The kernel is chosen from the weight type and x's
-  row count as `qtensor._ggml_kernel` chooses it. Float weights (F32/F16/BF16) in
-  llamacpp numerics keep the reference (tinyBLAS' orders are not reproduced here).
+  row count as `qtensor._ggml_kernel` chooses it.
+- llamacpp, F16/BF16 (`src/qmatmul_ggml_float.cc`): x rounded to f16/bf16, then
+  tinyBLAS' (2+ rows) or ggml_vec_dot_f16/bf16's (one row) lanes and sums in their order,
+  as `ggml_float` emulates them. F32 weights in llamacpp numerics keep the reference.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ EXACT_TYPES = frozenset(
 )
 Q8_TYPES = frozenset((_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
 K_TYPES = frozenset((_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+FLOAT_TYPES = frozenset((_T.F16, _T.BF16))  # llamacpp numerics (F32: the reference)
 K_VEC, K_TILED, K_REPACK = 0, 1, 2  # src/qmatmul_ggml.cc's KKernel
 
 
@@ -49,7 +52,8 @@ def applies(x: jax.Array, w, numerics: str, layer: jax.Array | None = None) -> b
         return False
     if x.shape[-1] != w.cols:
         return False
-    types = EXACT_TYPES if numerics == "exact" else Q8_TYPES | K_TYPES | frozenset(IQ_DOT_TYPES)
+    types = EXACT_TYPES if numerics == "exact" else Q8_TYPES | K_TYPES | FLOAT_TYPES
+    types = types if numerics == "exact" else types | frozenset(IQ_DOT_TYPES)
     return w.ggml_type in types and math.prod(x.shape[:-1]) > 0
 
 
@@ -86,15 +90,27 @@ def qmatmul_native(
     if t in IQ_DOT_TYPES:  # `qmatmul_iq`: src/qmatmul_ggml_iq.cc
         return qmatmul_iq_native(x, w, prefix, layer, batched)
     x2 = x.astype(jnp.float32).reshape(-1, k)  # quantised in the kernel, as act_quant does
+    if t in FLOAT_TYPES:  # tinyBLAS from 2 real rows (as qtensor._ggml_kernel), else vec_dot
+        step = 32 if t == _T.BF16 else 16
+
+        def float_call(sgemm: bool):
+            return lambda x2, *data: _call(prefix, "LlamayQmmGgmlFloat", x2.shape[:1], n_rows,
+                                           x2, *data, ggml_type=t, batched=sgemm)  # fmt: skip
+
+        def sgemm_at(n: int) -> bool:
+            return n >= 2 and n_rows % 4 == 0 and k % step == 0
+
+        if batched is not None:
+            y = float_call(sgemm_at(8 if batched else 1))(x2, *data)
+        else:
+            y = ggml_rows.choose(x, sgemm_at, float_call)(x2, *data)
+        return y.reshape(*lead, n_rows)
     if t in Q8_TYPES:
-        whole = t == _T.Q4_0 and n_rows % 8 == 0  # the Q4_0x8 repack GEMV/GEMM
-        return _call(prefix, "LlamayQmmQ8", lead, n_rows, x2, *data, ggml_type=t,
-                     whole_block=whole)  # fmt: skip
+        name, attr, kernel = ggml_static_kernel(x, t, n_rows)
+        return _call(prefix, name, lead, n_rows, x2, *data, ggml_type=t, **{attr: kernel})
 
     def kernel_at(n: int) -> int:
-        if t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0:
-            return K_REPACK
-        return K_TILED if n >= 8 else K_VEC
+        return _k_kernel(t, n_rows, n)
 
     def call(kernel: int):
         return lambda x2, *data: _call(prefix, "LlamayQmmQ8K", x2.shape[:1], n_rows, x2, *data,
@@ -108,3 +124,26 @@ def qmatmul_native(
     else:
         y = ggml_rows.choose(x, kernel_at, call)(x2, *data)  # the real row count's kernel
     return y.reshape(*lead, n_rows)
+
+
+def _k_kernel(t, n_rows: int, n: int) -> int:
+    if t in (_T.Q2_K, _T.Q4_K) and n_rows % 8 == 0:
+        return K_REPACK
+    return K_TILED if n >= 8 else K_VEC
+
+
+def ggml_static_kernel(x: jax.Array, t, n_rows: int) -> tuple[str, str, int] | None:
+    """The llamacpp-numerics handler, kernel attribute and kernel for a Q8_TYPES / K_TYPES
+    weight of `n_rows` rows over x, where one kernel serves all of x's rows whatever the
+    step's real row count (`ggml_rows`); None where it depends on that count (the
+    K-quants' vec_dot or tiled GEMM under a count, the Q4_K/Q2_K repack's GEMV tail)."""
+    if t in Q8_TYPES:  # whole_block: the Q4_0x8 repack GEMV/GEMM
+        return "LlamayQmmQ8", "whole_block", int(t == _T.Q4_0 and n_rows % 8 == 0)
+    n = math.prod(x.shape[:-1])
+    kernel = _k_kernel(t, n_rows, n)
+    counted = not isinstance(ggml_rows.real_count(x), int)
+    if kernel == K_REPACK:  # the GEMV alone below 4 rows; no tail for all n real, n % 4 == 0
+        return ("LlamayQmmQ8K", "kernel", K_REPACK) if n < 4 or not (counted or n % 4) else None
+    if counted and kernel != _k_kernel(t, n_rows, 1):
+        return None
+    return "LlamayQmmQ8K", "kernel", kernel

@@ -16,7 +16,14 @@ import pytest
 from kernel_cases import acts, assert_close_sums, exact_reference
 
 from llamay.gguf.constants import GGMLType
-from llamay.kernels_cpu.qmatmul import EXACT_TYPES, IQ_TYPES, K_TYPES, Q8_TYPES, qmatmul_native
+from llamay.kernels_cpu.qmatmul import (
+    EXACT_TYPES,
+    FLOAT_TYPES,
+    IQ_TYPES,
+    K_TYPES,
+    Q8_TYPES,
+    qmatmul_native,
+)
 from llamay.quant import QTensor, qtensor
 from llamay.quant.quantize import random_blocks
 
@@ -43,9 +50,14 @@ def shapes(t: GGMLType) -> list[tuple[int, int]]:
 
 def weight(t: GGMLType, n: int, k: int, numerics: str, seed: int = 0) -> QTensor:
     raw = random_blocks(t, n, k, seed, scales=(0.001, 0.01))
-    if t == T.BF16:
+    if t in (T.F16, T.BF16):  # finite values (random bytes would hold NaNs)
         values = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.02
-        raw = (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, -1)
+        bits = (
+            values.astype(np.float16).view(np.uint16)
+            if t == T.F16
+            else values.view(np.uint32) >> 16
+        )
+        raw = bits.astype(np.uint16).view(np.uint8).reshape(n, -1)
     return QTensor.from_raw(raw, t, numerics)
 
 
@@ -69,7 +81,32 @@ def test_llamacpp_is_bit_identical_to_the_ggml_emulation(t, m):
         np.testing.assert_array_equal(got, want, err_msg=f"{t.name} N={n} K={k}")
 
 
-@pytest.mark.parametrize("t", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+# (N, K) of float weights: tinyBLAS needs N % 4 == 0 and K % 16 (BF16: 32) == 0, else
+# vec_dot (ggml_vec_dot_*: 64-wide steps, the rest in double); K = 96: 64 + one more chunk
+FLOAT_SHAPES = [(37, 37), (40, 300), (40, 96), (44, 576), (37, 160), (8, 32)]
+
+
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("t", sorted(FLOAT_TYPES), ids=lambda t: t.name)
+def test_llamacpp_float_weights_are_bit_identical_to_the_ggml_emulation(t, m):
+    for n, k in FLOAT_SHAPES:
+        w, x = weight(t, n, k, "llamacpp", seed=n), acts(m, k, m + 100)
+        got = np.asarray(jax.jit(lambda x, w: qmatmul_native(x, w, "llamacpp"))(x, w))
+        want = np.asarray(jax.jit(qtensor.ggml_matmul)(x, w))
+        np.testing.assert_array_equal(got, want, err_msg=f"{t.name} N={n} K={k}")
+
+
+@pytest.mark.parametrize("t", sorted(FLOAT_TYPES), ids=lambda t: t.name)
+def test_llamacpp_float_weights_scalar_build_equals_the_emulation(t):
+    for n, k in FLOAT_SHAPES:
+        for m in (1, 3):
+            w, x = weight(t, n, k, "llamacpp", seed=n), acts(m, k, m)
+            want = np.asarray(jax.jit(qtensor.ggml_matmul)(x, w))
+            scalar = qmatmul_native(x, w, "llamacpp", variant="scalar")
+            np.testing.assert_array_equal(np.asarray(scalar), want, err_msg=f"N={n} K={k} M={m}")
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q6_K, T.F16, T.BF16], ids=lambda t: t.name)
 def test_batched_flag_picks_the_one_row_or_batch_kernel_as_the_emulation(t):
     n, k = 37, 512
     w, x = weight(t, n, k, "llamacpp"), acts(3, k, 7)
@@ -105,7 +142,7 @@ def test_scalar_build_equals_the_simd_build(t, numerics):
 
 
 def test_what_is_not_handled_returns_none():
-    w = weight(T.F16, 8, 64, "llamacpp")  # float weights in llamacpp numerics: tinyBLAS orders
+    w = weight(T.F32, 8, 64, "llamacpp")  # F32 weights in llamacpp numerics: the reference
     assert qmatmul_native(acts(1, 64, 0), w, "llamacpp") is None
     stacked = QTensor(jnp.zeros((2, 8, 36), jnp.uint8), T.Q8_0, 64)
     assert qmatmul_native(acts(1, 64, 0), stacked, "exact") is None

@@ -26,12 +26,18 @@ PAD = 16
 # tinyBLAS from 2 (IQ4_NL with rows % 8 != 0, F16), the Q4_K/Q2_K repack (its GEMV for
 # the last count % 4 rows), and Q8_0: one kernel for every count.
 CASES = [(T.IQ4_XS, 40), (T.IQ3_S, 40), (T.Q6_K, 40), (T.Q3_K, 40), (T.IQ4_NL, 36)]
-CASES += [(T.F16, 40), (T.Q4_K, 40), (T.Q2_K, 40), (T.Q8_0, 40)]
+CASES += [(T.F16, 40), (T.BF16, 40), (T.Q4_K, 40), (T.Q2_K, 40), (T.Q8_0, 40)]
 
 
 def weight(t: GGMLType, n: int, k: int) -> QTensor:
-    if t == T.F16:
-        raw = np.random.default_rng(n).normal(0, 0.05, (n, k)).astype(np.float16).view(np.uint8)
+    if t in (T.F16, T.BF16):
+        values = np.random.default_rng(n).normal(0, 0.05, (n, k)).astype(np.float32)
+        bits = (
+            values.astype(np.float16).view(np.uint16)
+            if t == T.F16
+            else values.view(np.uint32) >> 16
+        )
+        raw = bits.astype(np.uint16).view(np.uint8).reshape(n, -1)
         return QTensor.from_raw(raw, t, "llamacpp")
     return QTensor.from_raw(random_blocks(t, n, k, n + k, scales=(-0.01, 0.01)), t, "llamacpp")
 
@@ -47,9 +53,7 @@ def padded(fn):
     return run
 
 
-# the native kernels take every type here but F16 (llamacpp numerics: the emulation)
 IMPLS = [(impl, t, n) for impl in ("xla", "native") for t, n in CASES]
-IMPLS = [c for c in IMPLS if c[:2] != ("native", T.F16)]
 
 
 @pytest.mark.parametrize("impl,t,n", IMPLS, ids=lambda c: getattr(c, "name", str(c)))

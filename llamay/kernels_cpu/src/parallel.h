@@ -51,4 +51,17 @@ void parallel_for(xla::ffi::ThreadPool& pool, int64_t n, F&& f) {
   }
 }
 
+// f(part, task) for every row task of several weights' parts (each with `tasks`), in
+// one split over the pool: one handoff to the threads for a whole group of matmuls.
+template <class P, class F>
+void parallel_parts(xla::ffi::ThreadPool& pool, const P* parts, int64_t count, F&& f) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += parts[i].tasks;
+  parallel_for(pool, total, [&](int64_t task) {
+    const P* part = parts;
+    while (task >= part->tasks) task -= (part++)->tasks;
+    f(*part, task);
+  });
+}
+
 }  // namespace llamay

@@ -16,6 +16,10 @@
 // output; outputs are computed in register tiles of R weight rows x MT activation rows
 // (each weight block decoded once per tile, the activation block once per tile row).
 //
+// LlamayQmmGgmlMulti: several of those weights that read the same x (q, k, v; gate, up)
+// in one call: x quantised once per activation type, all their rows in one split over
+// the threads (one handoff instead of one per matrix).
+//
 // LLAMAY_SCALAR (a test build) leaves out every intrinsic: the same code over GCC
 // vector types with scalar lane loops for the integer dots.
 
@@ -477,39 +481,66 @@ void q8_range(const Q8Job& j, int64_t n0, int64_t n1) {
   }
 }
 
-ffi::Error QmmQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                 ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t type,
-                 int32_t whole_block) {
-  Weight wt;
-  if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
-  const Dims d = dims_of(x, wt);
+// The activations of one call for a weight type's dot (Q8_0 with Q4_0's / Q5_0's bias
+// sums or none, Q8_1, Q8_K), quantised over the pool.
+enum ActKind : int { A_Q8_0 = 0, A_Q8_0_B8, A_Q8_0_B16, A_Q8_1, A_Q8_K, A_KINDS };
+inline int act_kind(int32_t type) {
+  switch (type) {
+    case Q4_0: return A_Q8_0_B8;
+    case Q5_0: return A_Q8_0_B16;
+    case Q4_1:
+    case Q5_1: return A_Q8_1;
+    case Q8_0: return A_Q8_0;
+    default: return A_Q8_K;
+  }
+}
+void quantize_acts(ffi::ThreadPool& pool, const float* xp, int64_t m, int64_t k, int kind, Acts& a) {
+  a.qs.resize(m * k);
+  if (kind == A_Q8_K) {
+    const int64_t nsb = k / 256;
+    a.d.resize(m * nsb);
+    a.bsums.resize(m * nsb * 16);
+    a.bs32.resize(m * nsb * 16);
+    each_row(pool, m, k, [&](int64_t r) { quantize_q8k(xp, r, k, a); });
+    return;
+  }
+  const int64_t nb = k / 32;
+  const bool q8_1 = kind == A_Q8_1;
+  const int bias = kind == A_Q8_0_B8 ? 8 : kind == A_Q8_0_B16 ? 16 : 0;
+  a.d.resize(m * nb);
+  a.mp = (m + 7) / 8 * 8;
+  if (q8_1) a.s.resize(m * nb), a.st.assign(nb * a.mp, 0.0f);
+  if (bias) a.corr.resize(m * nb * 8);
+  each_row(pool, m, k, [&](int64_t r) { quantize_q8(xp, r, k, q8_1, bias, a); });
+}
+
+// One weight's share of a call (LlamayQmmQ8/Q8K: the only one; LlamayQmmGgmlMulti: one
+// of several): its job over activations quantised for its type, and its row tasks.
+struct KJob;  // the K-quants' job (below)
+struct GPart {
+  Q8Job q8{};
+  void (*q8_rows)(const Q8Job&, int64_t, int64_t) = nullptr;
+  const KJob* kq = nullptr;
+  void (*k_rows)(const KJob&, int64_t, int64_t) = nullptr;
+  int64_t n = 0, per = 0, tasks = 0;
+};
+
+ffi::Error q8_part(Acts* a, const Weight& wt, const Dims& d, float* y, int32_t type, int32_t whole_block,
+                   int64_t threads, GPart* p) {
   if (auto err = check(type, d); err.failure()) return err;
   if (block_elems(type) != 32) return ffi::Error::InvalidArgument("LlamayQmmQ8: needs a 32-element block type");
   if (whole_block && type != Q4_0) return ffi::Error::InvalidArgument("LlamayQmmQ8: the repack kernel is Q4_0 only");
-  const int64_t nb = d.k / 32;
-  const bool q8_1 = type == Q4_1 || type == Q5_1;
-  const int bias = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
-  Acts a;
-  a.qs.resize(d.m * d.k);
-  a.d.resize(d.m * nb);
-  a.mp = (d.m + 7) / 8 * 8;
-  if (q8_1) a.s.resize(d.m * nb), a.st.assign(nb * a.mp, 0.0f);
-  if (bias) a.corr.resize(d.m * nb * 8);
-  const float* xp = x.typed_data();
-  each_row(pool, d.m, d.k, [&](int64_t r) { quantize_q8(xp, r, d.k, q8_1, bias, a); });
-  const Q8Job job{&a, wt.data, y->typed_data(), d, nb};
-  void (*rows)(const Q8Job&, int64_t, int64_t) = nullptr;
+  p->q8 = Q8Job{a, wt.data, y, d, d.k / 32};
   switch (type) {
-    case Q4_0: rows = whole_block ? &q8_range<Q4_0, true> : &q8_range<Q4_0, false>; break;
-    case Q4_1: rows = &q8_range<Q4_1, false>; break;
-    case Q5_0: rows = &q8_range<Q5_0, false>; break;
-    case Q5_1: rows = &q8_range<Q5_1, false>; break;
-    default: rows = &q8_range<Q8_0, false>; break;
+    case Q4_0: p->q8_rows = whole_block ? &q8_range<Q4_0, true> : &q8_range<Q4_0, false>; break;
+    case Q4_1: p->q8_rows = &q8_range<Q4_1, false>; break;
+    case Q5_0: p->q8_rows = &q8_range<Q5_0, false>; break;
+    case Q5_1: p->q8_rows = &q8_range<Q5_1, false>; break;
+    default: p->q8_rows = &q8_range<Q8_0, false>; break;
   }
-  const int64_t per = rows_per_task(d.n, pool.num_threads(), 8, d.n * d.k * d.m);
-  parallel_for(pool, (d.n + per - 1) / per, [&](int64_t task) {
-    rows(job, task * per, std::min(d.n, (task + 1) * per));
-  });
+  p->n = d.n;
+  p->per = rows_per_task(d.n, threads, 8, d.n * d.k * d.m);
+  p->tasks = (d.n + p->per - 1) / p->per;
   return ffi::Error::Success();
 }
 
@@ -846,38 +877,104 @@ void (*k_kernel(int32_t kernel))(const KJob&, int64_t, int64_t) {
   return &k_range<T, K_VEC>;
 }
 
+ffi::Error k_part(Acts* a, const Weight& wt, const Dims& d, float* y, int32_t type, int32_t kernel,
+                  int64_t threads, KJob* job, GPart* p) {
+  if (auto err = check(type, d); err.failure()) return err;
+  if (block_elems(type) != 256 || is_iq(type)) return ffi::Error::InvalidArgument("LlamayQmmQ8K: needs a K-quant weight");
+  if (kernel == K_REPACK && type != Q4_K && type != Q2_K)
+    return ffi::Error::InvalidArgument("LlamayQmmQ8K: the repack kernel is Q4_K/Q2_K only");
+  const int parts = kernel == K_REPACK && d.m >= 4 ? (type == Q4_K ? 4 : 2) : 1;
+  *job = KJob{a, wt.data, y, d, d.k / 256, parts};
+  p->kq = job;
+  switch (type) {
+    case Q2_K: p->k_rows = k_kernel<Q2_K>(kernel); break;
+    case Q3_K: p->k_rows = k_kernel<Q3_K>(kernel); break;
+    case Q4_K: p->k_rows = k_kernel<Q4_K>(kernel); break;
+    case Q5_K: p->k_rows = k_kernel<Q5_K>(kernel); break;
+    default: p->k_rows = k_kernel<Q6_K>(kernel); break;
+  }
+  p->n = d.n;
+  p->per = rows_per_task(d.n, threads, 2, d.n * d.k * d.m);
+  p->tasks = (d.n + p->per - 1) / p->per;
+  return ffi::Error::Success();
+}
+
+// Every part's row tasks in one split over the pool (one handoff to the threads).
+void run_parts(ffi::ThreadPool& pool, const GPart* parts, int64_t count) {
+  parallel_parts(pool, parts, count, [](const GPart& p, int64_t task) {
+    const int64_t n0 = task * p.per, n1 = std::min(p.n, n0 + p.per);
+    if (p.q8_rows) p.q8_rows(p.q8, n0, n1);
+    else p.k_rows(*p.kq, n0, n1);
+  });
+}
+
+ffi::Error QmmQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                 ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t type,
+                 int32_t whole_block) {
+  Weight wt;
+  if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
+  const Dims d = dims_of(x, wt);
+  Acts a;
+  GPart p;
+  if (auto err = q8_part(&a, wt, d, y->typed_data(), type, whole_block, pool.num_threads(), &p); err.failure())
+    return err;
+  quantize_acts(pool, x.typed_data(), d.m, d.k, act_kind(type), a);
+  run_parts(pool, &p, 1);
+  return ffi::Error::Success();
+}
+
 ffi::Error QmmQ8K(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                   ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t type,
                   int32_t kernel) {
   Weight wt;
   if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
   const Dims d = dims_of(x, wt);
-  if (auto err = check(type, d); err.failure()) return err;
-  if (block_elems(type) != 256 || is_iq(type)) return ffi::Error::InvalidArgument("LlamayQmmQ8K: needs a K-quant weight");
-  if (kernel == K_REPACK && type != Q4_K && type != Q2_K)
-    return ffi::Error::InvalidArgument("LlamayQmmQ8K: the repack kernel is Q4_K/Q2_K only");
-  const int64_t nsb = d.k / 256;
-  const int parts = kernel == K_REPACK && d.m >= 4 ? (type == Q4_K ? 4 : 2) : 1;
   Acts a;
-  a.qs.resize(d.m * d.k);
-  a.d.resize(d.m * nsb);
-  a.bsums.resize(d.m * nsb * 16);
-  a.bs32.resize(d.m * nsb * 16);
-  const float* xp = x.typed_data();
-  each_row(pool, d.m, d.k, [&](int64_t r) { quantize_q8k(xp, r, d.k, a); });
-  const KJob job{&a, wt.data, y->typed_data(), d, nsb, parts};
-  void (*rows)(const KJob&, int64_t, int64_t) = nullptr;
-  switch (type) {
-    case Q2_K: rows = k_kernel<Q2_K>(kernel); break;
-    case Q3_K: rows = k_kernel<Q3_K>(kernel); break;
-    case Q4_K: rows = k_kernel<Q4_K>(kernel); break;
-    case Q5_K: rows = k_kernel<Q5_K>(kernel); break;
-    default: rows = k_kernel<Q6_K>(kernel); break;
+  KJob job;
+  GPart p;
+  if (auto err = k_part(&a, wt, d, y->typed_data(), type, kernel, pool.num_threads(), &job, &p); err.failure())
+    return err;
+  quantize_acts(pool, x.typed_data(), d.m, d.k, A_Q8_K, a);
+  run_parts(pool, &p, 1);
+  return ffi::Error::Success();
+}
+
+// Several weights that read the same x (q, k, v; gate, up): x quantised once per kind of
+// activation the weights' dots read, all the weights' row tasks in one split. kernels[i]
+// is LlamayQmmQ8's whole_block or LlamayQmmQ8K's kernel for weight i.
+ffi::Error QmmGgmlMulti(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, ffi::Span<const int32_t> types,
+                        ffi::Span<const int32_t> kernels) {
+  const int64_t count = (int64_t)types.size();
+  if ((int64_t)args.size() != 2 * count || (int64_t)rets.size() != count || (int64_t)kernels.size() != count)
+    return ffi::Error::InvalidArgument("LlamayQmmGgmlMulti: one (weight, layer), result and kernel per type");
+  Acts acts[A_KINDS];
+  bool used[A_KINDS] = {};
+  std::vector<GPart> parts(count);
+  std::vector<KJob> kjobs(count);
+  int64_t m = 0, k = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    auto w = args.get<ffi::Buffer<ffi::U8>>(2 * i);
+    auto layer = args.get<ffi::BufferR0<ffi::S32>>(2 * i + 1);
+    auto y = rets.get<ffi::Buffer<ffi::F32>>(i);
+    if (w.has_error()) return w.error();
+    if (layer.has_error()) return layer.error();
+    if (y.has_error()) return y.error();
+    Weight wt;
+    if (auto err = weight_of(*w, *layer, &wt); err.failure()) return err;
+    const Dims d = dims_of(x, wt);
+    m = d.m, k = d.k;
+    const int kind = act_kind(types[i]);
+    used[kind] = true;
+    float* out = (*y)->typed_data();
+    auto err = block_elems(types[i]) == 32
+                   ? q8_part(&acts[kind], wt, d, out, types[i], kernels[i], pool.num_threads(), &parts[i])
+                   : k_part(&acts[kind], wt, d, out, types[i], kernels[i], pool.num_threads(), &kjobs[i], &parts[i]);
+    if (err.failure()) return err;
   }
-  const int64_t per = rows_per_task(d.n, pool.num_threads(), 2, d.n * d.k * d.m);
-  parallel_for(pool, (d.n + per - 1) / per, [&](int64_t task) {
-    rows(job, task * per, std::min(d.n, (task + 1) * per));
-  });
+  for (int kind = 0; kind < A_KINDS; ++kind)
+    if (used[kind]) quantize_acts(pool, x.typed_data(), m, k, kind, acts[kind]);
+  run_parts(pool, parts.data(), count);
   return ffi::Error::Success();
 }
 
@@ -903,3 +1000,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmQ8K, llamay::QmmQ8K,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("ggml_type")
                                   .Attr<int32_t>("kernel"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LlamayQmmGgmlMulti, llamay::QmmGgmlMulti,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const int32_t>>("ggml_types")
+                                  .Attr<ffi::Span<const int32_t>>("kernels"));
