@@ -720,7 +720,7 @@ inline void load_kblock(const uint8_t* b, KBlock& k) {
 // (K_VEC), the tiled GEMM (K_TILED) or the Q4_K/Q2_K repack GEMV/GEMM (K_REPACK) as
 // qtensor.kquant_dot_q8k emulates them.
 template <int32_t T, int KERN, int R, int MT, int PARTS>
-void k_tile(const KJob& j, int64_t r0, int64_t m0) {
+void k_tile(const KJob& j, int64_t r0, int64_t m0, const KBlock* pre) {
   constexpr int bb = T == Q2_K ? 84 : T == Q3_K ? 110 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
   constexpr bool has_mins = T == Q2_K || T == Q4_K || T == Q5_K;
   const int64_t nsb = j.nsb, k = j.d.k;
@@ -728,9 +728,14 @@ void k_tile(const KJob& j, int64_t r0, int64_t m0) {
   constexpr int parts = KERN == K_REPACK ? PARTS : 1;
   v8f acc[R][MT] = {}, acc_m[R][MT] = {};  // K_VEC's lanes (and Q4_K's min lanes)
   float sacc[R][MT] = {}, sacc2[R][MT] = {};  // scalar accumulators
-  KBlock blk[R];
+  KBlock own[R];
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    for (int r = 0; r < R; ++r) load_kblock<T>(j.w + (r0 + r) * j.d.row_bytes + sb * bb, blk[r]);
+    const KBlock* blk = own;
+    if (pre) {  // R = 1: the row decoded once for all activation rows (`k_range`)
+      blk = pre + sb;
+    } else {
+      for (int r = 0; r < R; ++r) load_kblock<T>(j.w + (r0 + r) * j.d.row_bytes + sb * bb, own[r]);
+    }
     for (int m = 0; m < MT; ++m) {
       const int64_t i = (m0 + m) * nsb + sb;
       const int8_t* qa = &a.qs[i * 256];
@@ -805,14 +810,15 @@ void k_tile(const KJob& j, int64_t r0, int64_t m0) {
 // K_REPACK for 8 activation rows at once, one per f32 lane (the scalar chains of
 // k_tile<.., K_REPACK, ..> per output, in the same order: parts, then super-blocks).
 template <int32_t T, int PARTS>
-void k_repack8(const KJob& j, int64_t r, int64_t m0) {
+void k_repack8(const KJob& j, int64_t r, int64_t m0, const KBlock* pre) {
   constexpr int bb = T == Q2_K ? 84 : 144;
   const int64_t nsb = j.nsb;
   const Acts& a = *j.a;
   v8f acc = {}, acc_min = {};
-  KBlock w;
+  KBlock own;
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    load_kblock<T>(j.w + r * j.d.row_bytes + sb * bb, w);
+    if (!pre) load_kblock<T>(j.w + r * j.d.row_bytes + sb * bb, own);
+    const KBlock& w = pre ? pre[sb] : own;
     v8f da;
     v8i mm[8];
     for (int m = 0; m < 8; ++m) {
@@ -845,28 +851,38 @@ void k_repack8(const KJob& j, int64_t r, int64_t m0) {
   for (int m = 0; m < 8; ++m) j.y[(m0 + m) * j.d.n + r] = y[m];
 }
 
+// Weight rows [n0, n1) x activation rows [m0, m0 + MT), each row's super-blocks `pre`
+// decoded (rows n0.. in order) or, null, decoded here.
 template <int32_t T, int KERN, int MT>
-void k_range_mt(const KJob& j, int64_t n0, int64_t n1, int64_t m0) {
+void k_range_mt(const KJob& j, int64_t n0, int64_t n1, int64_t m0, const KBlock* pre) {
   if (KERN == K_REPACK && MT == 8 && (T == Q4_K || T == Q2_K)) {
     auto rep = j.parts == 1 ? &k_repack8<T, 1> : j.parts == 2 ? &k_repack8<T, 2> : &k_repack8<T, 4>;
-    for (int64_t r = n0; r < n1; ++r) rep(j, r, m0);
+    for (int64_t r = n0; r < n1; ++r) rep(j, r, m0, pre ? pre + (r - n0) * j.nsb : nullptr);
     return;
   }
   // one weight row at a time (more measured slower); the repack's parts: 1, 2 (Q2_K), 4 (Q4_K)
   auto tile = j.parts == 1 ? &k_tile<T, KERN, 1, MT, 1>
               : j.parts == 2 ? &k_tile<T, KERN, 1, MT, 2> : &k_tile<T, KERN, 1, MT, 4>;
-  for (int64_t r = n0; r < n1; ++r) tile(j, r, m0);
+  for (int64_t r = n0; r < n1; ++r) tile(j, r, m0, pre ? pre + (r - n0) * j.nsb : nullptr);
 }
 
+// Blocks of 8 weight rows against all activation rows in tiles of 8; past one tile of
+// activation rows, the block's super-blocks decoded once (a few KB a row: L1/L2) for all.
 template <int32_t T, int KERN>
 void k_range(const KJob& j, int64_t n0, int64_t n1) {
-  static constexpr void (*by_mt[8])(const KJob&, int64_t, int64_t, int64_t) = {
+  static constexpr void (*by_mt[8])(const KJob&, int64_t, int64_t, int64_t, const KBlock*) = {
       &k_range_mt<T, KERN, 1>, &k_range_mt<T, KERN, 2>, &k_range_mt<T, KERN, 3>,
       &k_range_mt<T, KERN, 4>, &k_range_mt<T, KERN, 5>, &k_range_mt<T, KERN, 6>,
       &k_range_mt<T, KERN, 7>, &k_range_mt<T, KERN, 8>};
+  std::vector<KBlock> pre(j.d.m > 8 ? 8 * j.nsb : 0);
   for (int64_t s = n0; s < n1; s += 8) {
     const int64_t e = std::min(n1, s + 8);
-    for (int64_t m0 = 0; m0 < j.d.m; m0 += 8) by_mt[std::min<int64_t>(8, j.d.m - m0) - 1](j, s, e, m0);
+    constexpr int bb = T == Q2_K ? 84 : T == Q3_K ? 110 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
+    for (int64_t r = s; r < e && !pre.empty(); ++r)
+      for (int64_t sb = 0; sb < j.nsb; ++sb)
+        load_kblock<T>(j.w + r * j.d.row_bytes + sb * bb, pre[(r - s) * j.nsb + sb]);
+    for (int64_t m0 = 0; m0 < j.d.m; m0 += 8)
+      by_mt[std::min<int64_t>(8, j.d.m - m0) - 1](j, s, e, m0, pre.empty() ? nullptr : pre.data());
   }
 }
 
