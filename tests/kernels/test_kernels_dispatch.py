@@ -182,18 +182,50 @@ def test_native_cpu_kernels_are_asked_first_on_cpu_only(platform, monkeypatch):
     np.testing.assert_allclose(kernels.attention(q, pages, pages, pos, **kw), 1.0, rtol=1e-6)
 
 
+STACK_TYPES = (T.Q4_0, T.Q8_0, T.Q4_1)  # three: a 3-way switch, unlike any 2-way cond
+
+
+def _layer_switches(w) -> tuple[int, int, int]:
+    """(3-way switches at the top, 3-way switches nested in any branch, ffi calls at the
+    top) of `kernels.matmul(x, w)`'s jaxpr."""
+
+    def switch3(e) -> bool:
+        return e.primitive.name == "cond" and len(e.params["branches"]) == 3
+
+    def switches(eqns) -> int:  # at any depth
+        return sum(
+            switch3(e) + sum(switches(b.jaxpr.eqns) for b in e.params.get("branches", ()))
+            for e in eqns
+        )
+
+    # a fresh function per trace: jax caches a function's jaxpr, and the backend chosen
+    # from the environment is not part of that cache's key
+    eqns = jax.make_jaxpr(lambda x, w: kernels.matmul(x, w))(x_rows(1), w).jaxpr.eqns
+    top = sum(map(switch3, eqns))
+    return top, switches(eqns) - top, [e.primitive.name for e in eqns].count("ffi_call")
+
+
 def test_mixed_weights_switch_once(platform):
-    """A MixedQTensor's layer is resolved by one `lax.switch` (a single cond in the jaxpr),
-    whatever backend the matmul then takes."""
-    a, b = _stacked(blocks(T.Q4_0)), _stacked(blocks(T.Q8_0))
-    w = MixedQTensor((a, b), jnp.int32(1), jnp.int32(0))
+    """A MixedQTensor's layer (types differing per layer) is resolved by one `lax.switch`
+    (no second one nested in its branches) on every path but the native exact one, where
+    one native call reads every stack in place and no switch is left; all give the
+    reference's numbers."""
+    w = MixedQTensor(tuple(_stacked(blocks(t)) for t in STACK_TYPES), jnp.int32(1), jnp.int32(0))
+    platform("cpu", env="reference")
+    want = np.asarray(kernels.matmul(x_rows(1), w))
     for env in ("auto", "pallas-interpret"):
         platform("cpu", env=env)
-        jaxpr = jax.make_jaxpr(kernels.matmul)(x_rows(1), w)
-        conds = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "cond"]
-        assert len(conds) == 1, env
-        inner = str(conds[0])
-        assert inner.count("cond[") == 1  # itself: no second switch inside its branches
+        top, nested, ffi_calls = _layer_switches(w)
+        if env == "auto" and kernels_cpu.available():
+            assert (top, nested, ffi_calls) == (0, 0, 1), env
+        else:
+            assert (top, nested) == (1, 0), env
+        np.testing.assert_allclose(kernels.matmul(x_rows(1), w), want, rtol=1e-5, atol=1e-5)
+    if kernels_cpu.available():  # llamacpp numerics still switch (no multi-stack ggml call)
+        stacks = tuple(_stacked(blocks(t, numerics="llamacpp")) for t in STACK_TYPES)
+        platform("cpu")
+        top, nested, ffi_calls = _layer_switches(MixedQTensor(stacks, jnp.int32(1), jnp.int32(0)))
+        assert (top, nested, ffi_calls) == (1, 0, 0)  # the native calls are in its branches
 
 
 # -- no weight-form type checks outside the dispatcher ----------------------------------------
