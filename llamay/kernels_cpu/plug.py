@@ -63,7 +63,7 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
             return None
         if len(w.stacks) == 1:
             return qmatmul_native(x, w.stacks[0], numerics, layer=w.index, batched=batched)
-        if numerics == "exact" and not _xla_prefill(x, w, numerics):
+        if numerics == "exact":
             # every stack into one call, the one holding this layer reads it (no switch)
             ys = qmatmuls_native(x, (w,))
             if ys is not None:
