@@ -174,7 +174,7 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
     if (!std::isfinite(mx)) mx = 0.0f;
     float* e = sc.e.data() + g * nc * L16;
     float* ev = e + (j0 - c0 * L16);
-    for (int64_t r = 0; r < n; ++r) ev[r] = v_expf(wp[r] - mx);
+    v_expf_n(wp, mx, ev, n);
     std::fill(sc.sums.begin(), sc.sums.end(), 0.0f);
     for (int64_t c = c0; c <= c1; ++c) sc.sums[c] = reduce16(e + (c - c0) * L16);
     float hi, lo;

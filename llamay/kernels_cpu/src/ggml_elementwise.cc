@@ -34,8 +34,18 @@ ffi::Error Swiglu(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi
   constexpr int64_t CHUNK = 4096;
   parallel_for(pool, (n + CHUNK - 1) / CHUNK, [&](int64_t c) {
     ScopedFtz ftz;
-    const int64_t i1 = std::min(n, (c + 1) * CHUNK);
-    for (int64_t i = c * CHUNK; i < i1; ++i) {
+    const int64_t i0 = c * CHUNK, i1 = std::min(n, (c + 1) * CHUNK);
+    int64_t i = i0;
+#ifdef LLAMAY_GF_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= i1; i += 8) {
+      const __m256 x = _mm256_loadu_ps(gp + i);
+      const __m256 e = v_expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+      _mm256_storeu_ps(
+          op + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < i1; ++i) {
       const float x = gp[i];
       op[i] = x / (1.0f + v_expf(0.0f - x)) * up[i];
     }

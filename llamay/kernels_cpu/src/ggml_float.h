@@ -60,6 +60,13 @@ inline void round_f16_scaled(float* x, int64_t n, float scale) {
     _mm512_storeu_ps(x + i, _mm512_cvtph_ps(_mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT)));
   }
 #endif
+#if defined(__F16C__) && defined(__AVX__) && !defined(LLAMAY_SCALAR)
+  const __m256 vs8 = _mm256_set1_ps(scale);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs8);
+    _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT)));
+  }
+#endif
   for (; i < n; ++i) x[i] = round_f16(x[i] * scale);
 }
 
@@ -70,6 +77,11 @@ inline void load_row(const uint16_t* p, int64_t D, bool bf16, float* out) {
   if (!bf16)
     for (; d + 16 <= D; d += 16)
       _mm512_storeu_ps(out + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + d))));
+#endif
+#if defined(__F16C__) && defined(__AVX__) && !defined(LLAMAY_SCALAR)
+  if (!bf16)
+    for (; d + 8 <= D; d += 8)
+      _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + d))));
 #endif
   if (bf16)
     for (; d < D; ++d) out[d] = bf16_to_f32(p[d]);
@@ -106,8 +118,14 @@ inline float round_to_odd_add(float a, float b) {
   return float_of(e != 0.0f && (u & 1u) == 0 ? moved : u);
 }
 
-// ggml_float.fma (not narrow): RN(a * b + c) from error-free sums and round-to-odd.
+// ggml_float.fma (not narrow): RN(a * b + c). XLA has no fused multiply-add to ask for, so
+// the emulation builds it from error-free sums and round-to-odd; natively it is the FMA
+// instruction ggml's own code uses (the same rounding, one instruction instead of ~30, so
+// that loops of it vectorise), the error-free form only where the target has no FMA.
 inline float efma(float a, float b, float c) {
+#if defined(__FMA__) && !defined(LLAMAY_SCALAR)
+  return __builtin_fmaf(a, b, c);
+#endif
   float x, r, uh, ul, th, tl;
   exact_product(a, b, x, r);
   two_sum(x, r, uh, ul);
@@ -140,6 +158,53 @@ inline float v_expf(float x) {
   const float big = n <= 0.0f ? 0.0f : std::numeric_limits<float>::infinity();
   const float res = ldexp_ftz(j, (int32_t)nc);
   return std::fabs(n) > 192.0f ? big : res;
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(LLAMAY_SCALAR)
+#define LLAMAY_GF_AVX2 1
+// v_expf on 8 lanes: the same operations as the scalar form above, lane by lane.
+inline __m256 v_expf8(__m256 x) {
+  const __m256 R = _mm256_set1_ps(EXP_R);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), R);
+  const __m256 n = _mm256_sub_ps(z, R);
+  const __m256 b = _mm256_fnmadd_ps(
+      n, _mm256_set1_ps(LN2_LO), _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))));
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 hi = _mm256_fmadd_ps(_mm256_set1_ps(P5), b, _mm256_set1_ps(P3));
+  const __m256 mid = _mm256_fmadd_ps(_mm256_set1_ps(P2), b, _mm256_set1_ps(P1));
+  const __m256 lo = _mm256_fmadd_ps(_mm256_set1_ps(P0), b, _mm256_set1_ps(1.0f));
+  const __m256 j = _mm256_fmadd_ps(_mm256_fmadd_ps(hi, u, mid), u, lo);
+  // ldexp_ftz(j, clamp(n, ±192))
+  const __m256i ni = _mm256_cvttps_epi32(
+      _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0f)), _mm256_set1_ps(192.0f)));
+  const __m256i ju = _mm256_castps_si256(j);
+  const __m256i sign = _mm256_and_si256(ju, _mm256_set1_epi32((int)0x80000000u));
+  const __m256i ne = _mm256_add_epi32(
+      _mm256_and_si256(_mm256_srli_epi32(ju, 23), _mm256_set1_epi32(0xFF)), ni);
+  const __m256i normal = _mm256_or_si256(
+      _mm256_or_si256(sign, _mm256_slli_epi32(ne, 23)),
+      _mm256_and_si256(ju, _mm256_set1_epi32(0x7FFFFF)));
+  const __m256i inf = _mm256_or_si256(sign, _mm256_set1_epi32(0x7F800000));
+  __m256i r = _mm256_blendv_epi8(sign, normal, _mm256_cmpgt_epi32(ne, _mm256_setzero_si256()));
+  r = _mm256_blendv_epi8(inf, r, _mm256_cmpgt_epi32(_mm256_set1_epi32(0xFF), ne));
+  // |n| > 192: 0 below, inf above
+  const __m256 big = _mm256_and_ps(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_GT_OQ),
+                                   _mm256_set1_ps(std::numeric_limits<float>::infinity()));
+  const __m256 far = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), n),
+                                   _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), big, far);
+}
+#endif
+
+// y[i] = v_expf(x[i] - sub) for i < n.
+inline void v_expf_n(const float* x, float sub, float* y, int64_t n) {
+  int64_t i = 0;
+#ifdef LLAMAY_GF_AVX2
+  const __m256 vs = _mm256_set1_ps(sub);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, v_expf8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs)));
+#endif
+  for (; i < n; ++i) y[i] = v_expf(x[i] - sub);
 }
 
 inline float reduce16(const float* v) {
