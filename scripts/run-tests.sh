@@ -30,8 +30,10 @@ run_targets() {
   while IFS= read -r target; do
     echo "== $target"
     read -r -a targets <<<"$target" # a TEST_LIST line may name several node ids of one file
+    start=$SECONDS
     "$PY" -m pytest -q "${pytest_args[@]}" "${targets[@]}" </dev/null
     rc=$?
+    echo "$((SECONDS - start)) $target" >>"$work/times"
     # 5: nothing collected (e.g. a -k filter matched nothing here)
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
       echo "$target (exit $rc)" >>"$2"
@@ -41,6 +43,7 @@ run_targets() {
 
 pytest_args=("$@")
 : >"$work/failed"
+: >"$work/times"
 if [ "$JOBS" -le 1 ]; then
   run_targets "$work/targets" "$work/failed"
 else # every JOBS-th file to each job, so the slow directories spread over the jobs
@@ -51,6 +54,8 @@ else # every JOBS-th file to each job, so the slow directories spread over the j
   wait
 fi
 "$PY" tests/skip_counts.py "$LLAMAY_SKIP_LOG"
+echo "slowest test files (s):" # where CI's minutes go
+sort -rn "$work/times" | head -12 | sed 's/^/  /'
 if [ -s "$work/failed" ]; then
   sed 's/^/FAILED: /' "$work/failed"
   exit 1

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from llamay.runtime import cache_root
+
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 # Hooks JAX's cache events, then runs the CLI (argv: "cli", args...) or serves one greedy
@@ -48,6 +50,12 @@ finally:
 
 
 def _run(cache, *args) -> tuple[str, dict]:
+    # the native kernels this session built, shared: else each fresh cache compiles them
+    # again (minutes a process) and they are not what this test is about
+    kernels = cache_root() / "kernels_cpu"
+    if kernels.is_dir() and not (cache / "kernels_cpu").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / "kernels_cpu").symlink_to(kernels, target_is_directory=True)
     env = {**os.environ, "LLAMAY_CACHE": str(cache)}
     env.pop("LLAMAY_NO_COMPILE_CACHE", None)
     p = subprocess.run(
