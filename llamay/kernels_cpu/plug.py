@@ -63,11 +63,10 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
             return None
         if len(w.stacks) == 1:
             return qmatmul_native(x, w.stacks[0], numerics, layer=w.index, batched=batched)
-        if numerics == "exact":
-            # every stack into one call, the one holding this layer reads it (no switch)
-            ys = qmatmuls_native(x, (w,))
-            if ys is not None:
-                return ys[0]
+        # every stack into one call, the one holding this layer reads it (no switch)
+        ys = qmatmuls_native(x, (w,), numerics=numerics)
+        if ys is not None:
+            return ys[0]
         branches = [
             lambda x, s=s: qmatmul_native(x, s, numerics, layer=w.index, batched=batched)
             for s in w.stacks
@@ -80,11 +79,11 @@ def matmuls(x: jax.Array, ws, numerics: str) -> tuple[jax.Array | None, ...] | N
     """x @ W.T for the weights in `ws` that the kernels take, by one native call
     (`qmatmuls`: the rows of all split over the threads at once), None in the place of
     each other one (the caller runs `matmul` on those); None when fewer than two are
-    taken. Taken: exact numerics, on CPU, a GGUF-block `QTensor` [rows, cols] or one
+    taken. Taken (`qmatmuls.takes`), on CPU: a GGUF-block `QTensor` [rows, cols] or one
     layer of a one-stack `MixedQTensor` (read in place), not prefill that `matmul` leaves
     to XLA; a MixedQTensor's layer (its types differ per layer) takes every stack into the
-    call, the one holding the layer reading it (exact numerics). In llamacpp numerics x is
-    quantised once per activation type, for the weights `qmatmuls.takes`."""
+    call, the one holding the layer reading it. In llamacpp numerics x is quantised once
+    per activation type, for the weights `qmatmuls.takes`."""
     if jax.default_backend() != "cpu" or targets() is None:
         return None
     taken = []  # (position, matrix, layer)
@@ -95,7 +94,7 @@ def matmuls(x: jax.Array, ws, numerics: str) -> tuple[jax.Array | None, ...] | N
                 continue
             if len(w.stacks) == 1:
                 w, layer = w.stacks[0], w.index
-            elif numerics != "exact" or not all(applies(x, s, numerics, w.index) for s in w.stacks):
+            elif not all(takes(x, s, numerics, w.index) for s in w.stacks):
                 continue
         if _xla_prefill(x, w, numerics):
             continue

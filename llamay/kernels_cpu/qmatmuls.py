@@ -1,11 +1,12 @@
-"""Several exact-numerics matmuls that read the same x in one native call (q, k, v; gate,
+"""Several matmuls that read the same x in one native call (q, k, v; gate,
 up): y_i = x @ W_i.T, all the weights' rows split over the threads together, so a decode
 step hands work to the threads once per group instead of once per matrix (the small
 projections of a decode step cost more in handoff than in reading their weight). In
 llamacpp numerics x is also quantised once per activation type the weights' dots read
 (Q8_0, Q8_1, Q8_K) instead of once per matrix (plain weights there). A role
 whose type differs per layer (a `MixedQTensor`: Gemma's Q4_K_M files) goes in as all its
-stacks, each told its entry for this layer or -1 (held by another stack): no `lax.switch`.
+stacks, each told its entry for this layer or -1 (held by another stack): no `lax.switch`,
+in either numerics.
 
 Reference: each product alone (`qmatmul.qmatmul_native`, whose reference is the f32 dot
 over `dequantize_jnp`): the same kernels per row, so the outputs are the same numbers.
@@ -45,16 +46,14 @@ def qmatmuls_native(
     x: jax.Array, ws: tuple, layers: tuple | None = None, variant: str = "native",
     numerics: str = "exact",
 ) -> tuple[jax.Array, ...] | None:  # fmt: skip
-    """(x @ W_i.T for each W_i) by one exact-numerics native call, or None when a kernel
-    does not take every weight (`qmatmul.applies`) or the kernels are not built. Each W_i
-    is a QTensor [rows_i, cols], or with layers[i] (an int32 scalar) a stack [L, rows_i,
-    cols] read in place at that layer, or one layer of a `MixedQTensor` (scalar `which`/
-    `index`: each of its stacks goes in, the one holding the layer reads it, the others
-    are skipped; no `lax.switch`; exact numerics only). In llamacpp numerics
-    `LlamayQmmGgmlMulti` (`takes` each weight)."""
+    """(x @ W_i.T for each W_i) by one native call, or None when a kernel does not take
+    every weight (exact: `qmatmul.applies`; llamacpp: `takes`) or the kernels are not
+    built. Each W_i is a QTensor [rows_i, cols], or with layers[i] (an int32 scalar) a
+    stack [L, rows_i, cols] read in place at that layer, or one layer of a `MixedQTensor`
+    (scalar `which`/`index`: each of its stacks goes in, the one holding the layer reads
+    it, the others are skipped; no `lax.switch`). Exact numerics: `LlamayQmmExactMulti`;
+    llamacpp: `LlamayQmmGgmlMulti`."""
     layers = (None,) * len(ws) if layers is None else tuple(layers)
-    if numerics != "exact":
-        return _ggml_multi(x, ws, layers, variant)
     stacks = []  # (QTensor, layer or None, result index)
     for r, (w, i) in enumerate(zip(ws, layers, strict=True)):
         if isinstance(w, MixedQTensor):
@@ -62,9 +61,14 @@ def qmatmuls_native(
                 return None
             for s, st in enumerate(w.stacks):
                 stacks.append((st, jnp.where(w.which == s, w.index, -1).astype(jnp.int32), r))
-        else:
+        elif isinstance(w, QTensor):
             stacks.append((w, i, r))
-    if not ws or not all(applies(x, w, "exact", i) for w, i, _ in stacks):
+        else:
+            return None
+    accepts = (lambda w, i: applies(x, w, "exact", i)) if numerics == "exact" else (
+        lambda w, i: takes(x, w, "llamacpp", i)
+    )  # fmt: skip
+    if not ws or not all(accepts(w, i) for w, i, _ in stacks):
         return None
     prefix = targets(variant)
     if prefix is None:
@@ -75,35 +79,19 @@ def qmatmuls_native(
     operands = []
     for w, i, _ in stacks:
         operands += [w.data, jnp.zeros((), jnp.int32) if i is None else jnp.asarray(i, jnp.int32)]
+    attrs = dict(
+        ggml_types=np.asarray([int(w.ggml_type) for w, _, _ in stacks], np.int32),
+        results=np.asarray([r for _, _, r in stacks], np.int32),
+    )
+    if numerics == "exact":
+        target = "LlamayQmmExactMulti"
+    else:
+        target = "LlamayQmmGgmlMulti"
+        attrs["kernels"] = np.asarray(
+            [ggml_static_kernel(x, w.ggml_type, w.data.shape[-2])[2] for w, _, _ in stacks],
+            np.int32,
+        )
     out = tuple(jax.ShapeDtypeStruct((m, n), jnp.float32) for n in rows)
-    call = jax.ffi.ffi_call(prefix + "LlamayQmmExactMulti", out, vmap_method="sequential")
-    types = np.asarray([int(w.ggml_type) for w, _, _ in stacks], np.int32)
-    results = np.asarray([r for _, _, r in stacks], np.int32)
-    ys = call(x.astype(jnp.float32).reshape(m, k), *operands, ggml_types=types, results=results)
-    return tuple(y.reshape(*lead, n) for y, n in zip(ys, rows, strict=True))
-
-
-def _ggml_multi(x: jax.Array, ws: tuple, layers: tuple, variant: str):
-    if not ws or not all(
-        isinstance(w, QTensor) and takes(x, w, "llamacpp", i)
-        for w, i in zip(ws, layers, strict=True)
-    ):
-        return None
-    prefix = targets(variant)
-    if prefix is None:
-        return None
-    lead, k = x.shape[:-1], x.shape[-1]
-    m = math.prod(lead)
-    rows = [w.data.shape[-2] for w in ws]
-    operands = []
-    for w, i in zip(ws, layers, strict=True):
-        operands += [w.data, jnp.zeros((), jnp.int32) if i is None else jnp.asarray(i, jnp.int32)]
-    out = tuple(jax.ShapeDtypeStruct((m, n), jnp.float32) for n in rows)
-    kernels = [ggml_static_kernel(x, w.ggml_type, n)[2] for w, n in zip(ws, rows, strict=True)]
-    call = jax.ffi.ffi_call(prefix + "LlamayQmmGgmlMulti", out, vmap_method="sequential")
-    ys = call(
-        x.astype(jnp.float32).reshape(m, k), *operands,
-        ggml_types=np.asarray([int(w.ggml_type) for w in ws], np.int32),
-        kernels=np.asarray(kernels, np.int32),
-    )  # fmt: skip
+    call = jax.ffi.ffi_call(prefix + target, out, vmap_method="sequential")
+    ys = call(x.astype(jnp.float32).reshape(m, k), *operands, **attrs)
     return tuple(y.reshape(*lead, n) for y, n in zip(ys, rows, strict=True))

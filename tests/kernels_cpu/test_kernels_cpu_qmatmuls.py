@@ -186,39 +186,43 @@ def test_dispatcher_falls_back_to_each_matmul():
         np.testing.assert_array_equal(np.asarray(g), np.asarray(qmatmul_native(x, w, "exact")))
 
 
-def test_mixed_type_stacks_go_in_the_call_at_their_layer():
+@pytest.mark.parametrize("numerics", ["exact", "llamacpp"])
+def test_mixed_type_stacks_go_in_the_call_at_their_layer(numerics):
     """Gemma's Q4_K_M files mix types across layers in some roles (a two-stack
     MixedQTensor): every stack goes into the one call, the one holding the layer reads
-    it, in a layer scan too; each result equals `qmatmul_native` of that layer alone."""
+    it, in a layer scan too; each result equals `qmatmul_native` of that layer alone (in
+    llamacpp numerics bit for bit: the same ggml kernel per row)."""
     import llamay.kernels_cpu as kcpu
 
     k, layers = 256, 4
     which = jnp.asarray([1, 0, 0, 1], jnp.int32)
     index = jnp.asarray([0, 0, 1, 1], jnp.int32)
     stacks = tuple(
-        QTensor.from_raw(np.stack([random_blocks(t, 24, k, 5 * s + t) for s in range(2)]), t)
+        QTensor.from_raw(
+            np.stack([random_blocks(t, 24, k, 5 * s + t) for s in range(2)]), t, numerics
+        )
         for t in (T.Q4_K, T.Q6_K)
     )
-    a = weight(T.Q5_0, 16, k, 1)
+    a = weight(T.Q5_0, 16, k, 1, numerics)
     for m in (1, 3, 8):
         x = acts(m, k, m)
 
         def scanned(x):
             def body(_, part):
                 mixed = MixedQTensor(stacks, *part)
-                return None, (kcpu.matmuls(x, (a, mixed), "exact"), kcpu.matmul(x, mixed, "exact"))
+                return None, (kcpu.matmuls(x, (a, mixed), numerics), kcpu.matmul(x, mixed, numerics))
 
             return jax.lax.scan(body, None, (which, index))[1]
 
         (ys_a, ys_mixed), ys_alone = jax.jit(scanned)(x)
         for i in range(layers):
             s = stacks[int(which[i])]
-            one = QTensor.from_raw(np.asarray(s.data[int(index[i])]), s.ggml_type)
-            want = np.asarray(qmatmul_native(x, one, "exact"))
+            one = QTensor.from_raw(np.asarray(s.data[int(index[i])]), s.ggml_type, numerics)
+            want = np.asarray(qmatmul_native(x, one, numerics))
             np.testing.assert_array_equal(np.asarray(ys_mixed[i]), want)
             np.testing.assert_array_equal(np.asarray(ys_alone[i]), want)
             np.testing.assert_array_equal(
-                np.asarray(ys_a[i]), np.asarray(qmatmul_native(x, a, "exact"))
+                np.asarray(ys_a[i]), np.asarray(qmatmul_native(x, a, numerics))
             )
 
 
