@@ -210,7 +210,8 @@ def test_mixed_type_stacks_go_in_the_call_at_their_layer(numerics):
         def scanned(x):
             def body(_, part):
                 mixed = MixedQTensor(stacks, *part)
-                return None, (kcpu.matmuls(x, (a, mixed), numerics), kcpu.matmul(x, mixed, numerics))
+                both = kcpu.matmuls(x, (a, mixed), numerics)
+                return None, (both, kcpu.matmul(x, mixed, numerics))
 
             return jax.lax.scan(body, None, (which, index))[1]
 
