@@ -4,26 +4,15 @@
 
 from __future__ import annotations
 
-import math
-
 import jax
 
-from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.attention import paged_attention_native
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.ggml_attention import ggml_attention_native
 from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, rope_native, swiglu_native
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
 from llamay.kernels_cpu.qmatmuls import qmatmuls_native, takes
-from llamay.quant import MixedQTensor, QTensor
-
-#: Exact-numerics prefill of these types (x rows from this many on) stays with XLA's
-#: chunked dequantise-and-dot: a nibble unpacks cheaply there, and XLA's f32 GEMM beats
-#: our tiles (SmolLM2 Q4_1 pp128 471 -> 595 tok/s; Gemma 3's K-quants and Q5_0 are
-#: faster natively: 508 native vs 374 through XLA; load 1-2, `llamay bench -p 128`).
-XLA_PREFILL_TYPES = frozenset((GGMLType.Q4_0, GGMLType.Q4_1))
-XLA_PREFILL_ROWS = 64
-
+from llamay.quant import MixedQTensor
 
 #: Query tokens per row up to which paged attention is native (decode steps, speculative
 #: verify chunks); longer prefill chunks keep the reference, whose batched dots XLA runs
@@ -31,13 +20,6 @@ XLA_PREFILL_ROWS = 64
 #: positions, CPU ms: T=1 native 3.5 vs reference 13.9; T=16 44 vs 29 (without the pool
 #: copy the reference costs in the engine); T=64 440 vs 64, before the vector exp; load 11-15).
 NATIVE_MAX_QUERY_TOKENS = 16
-
-
-def _xla_prefill(x: jax.Array, w, numerics: str) -> bool:
-    if numerics != "exact" or math.prod(x.shape[:-1]) < XLA_PREFILL_ROWS:
-        return False
-    stacks = w.stacks if isinstance(w, MixedQTensor) else (w,)
-    return all(isinstance(s, QTensor) and s.ggml_type in XLA_PREFILL_TYPES for s in stacks)
 
 
 def available() -> bool:
@@ -53,8 +35,6 @@ def matmul(x: jax.Array, w, numerics: str, batched: bool | None = None) -> jax.A
     if jax.default_backend() != "cpu":
         return None
     if targets() is None:  # not built: the XLA path (logged once)
-        return None
-    if _xla_prefill(x, w, numerics):
         return None
     if isinstance(w, MixedQTensor) and w.index.ndim == 0:
         # One layer of stacks closed over by the layer scan: each stack is read in place
@@ -80,10 +60,9 @@ def matmuls(x: jax.Array, ws, numerics: str) -> tuple[jax.Array | None, ...] | N
     (`qmatmuls`: the rows of all split over the threads at once), None in the place of
     each other one (the caller runs `matmul` on those); None when fewer than two are
     taken. Taken (`qmatmuls.takes`), on CPU: a GGUF-block `QTensor` [rows, cols] or one
-    layer of a one-stack `MixedQTensor` (read in place), not prefill that `matmul` leaves
-    to XLA; a MixedQTensor's layer (its types differ per layer) takes every stack into the
-    call, the one holding the layer reading it. In llamacpp numerics x is quantised once
-    per activation type, for the weights `qmatmuls.takes`."""
+    layer of a one-stack `MixedQTensor` (read in place); a MixedQTensor's layer (its types
+    differ per layer) takes every stack into the call, the one holding the layer reading
+    it. In llamacpp numerics x is quantised once per activation type."""
     if jax.default_backend() != "cpu" or targets() is None:
         return None
     taken = []  # (position, matrix, layer)
@@ -96,8 +75,6 @@ def matmuls(x: jax.Array, ws, numerics: str) -> tuple[jax.Array | None, ...] | N
                 w, layer = w.stacks[0], w.index
             elif not all(takes(x, s, numerics, w.index) for s in w.stacks):
                 continue
-        if _xla_prefill(x, w, numerics):
-            continue
         if isinstance(w, MixedQTensor) or takes(x, w, numerics, layer):
             taken.append((i, w, layer))
     if len(taken) < 2:
