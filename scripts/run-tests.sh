@@ -55,7 +55,8 @@ else # every JOBS-th file to each job, so the slow directories spread over the j
 fi
 "$PY" tests/skip_counts.py "$LLAMAY_SKIP_LOG"
 echo "slowest test files (s):" # where CI's minutes go
-sort -rn "$work/times" | head -12 | sed 's/^/  /'
+sort -rn "$work/times" | head -12 |
+  awk '{ f = $2; sub(/::.*/, "", f); print "  " $1 " " f (NF > 2 ? " (" NF - 1 " targets)" : "") }'
 if [ -s "$work/failed" ]; then
   sed 's/^/FAILED: /' "$work/failed"
   exit 1
