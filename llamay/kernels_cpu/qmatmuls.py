@@ -47,7 +47,7 @@ def qmatmuls_native(
     numerics: str = "exact",
 ) -> tuple[jax.Array, ...] | None:  # fmt: skip
     """(x @ W_i.T for each W_i) by one native call, or None when a kernel does not take
-    every weight (exact: `qmatmul.applies`; llamacpp: `takes`) or the kernels are not
+    every weight (`takes`) or the kernels are not
     built. Each W_i is a QTensor [rows_i, cols], or with layers[i] (an int32 scalar) a
     stack [L, rows_i, cols] read in place at that layer, or one layer of a `MixedQTensor`
     (scalar `which`/`index`: each of its stacks goes in, the one holding the layer reads
@@ -65,10 +65,7 @@ def qmatmuls_native(
             stacks.append((w, i, r))
         else:
             return None
-    accepts = (lambda w, i: applies(x, w, "exact", i)) if numerics == "exact" else (
-        lambda w, i: takes(x, w, "llamacpp", i)
-    )  # fmt: skip
-    if not ws or not all(accepts(w, i) for w, i, _ in stacks):
+    if not ws or not all(takes(x, w, numerics, i) for w, i, _ in stacks):
         return None
     prefix = targets(variant)
     if prefix is None:

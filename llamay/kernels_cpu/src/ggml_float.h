@@ -125,12 +125,13 @@ inline float round_to_odd_add(float a, float b) {
 inline float efma(float a, float b, float c) {
 #if defined(__FMA__) && !defined(LLAMAY_SCALAR)
   return __builtin_fmaf(a, b, c);
-#endif
+#else
   float x, r, uh, ul, th, tl;
   exact_product(a, b, x, r);
   two_sum(x, r, uh, ul);
   two_sum(c, uh, th, tl);
   return th + round_to_odd_add(tl, ul);
+#endif
 }
 
 // jnp.ldexp(j, n) for a finite normal j (all v_expf makes): the exponent moved, flushed to
