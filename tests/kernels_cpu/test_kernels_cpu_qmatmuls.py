@@ -225,6 +225,10 @@ def test_mixed_type_stacks_go_in_the_call_at_their_layer(numerics):
             np.testing.assert_array_equal(
                 np.asarray(ys_a[i]), np.asarray(qmatmul_native(x, a, numerics))
             )
+    # a layer no stack holds is an error, not another layer's (or no) product
+    nowhere = MixedQTensor(stacks, jnp.int32(len(stacks)), jnp.int32(0))
+    with pytest.raises(Exception, match="exactly one stack"):
+        np.asarray(kcpu.matmuls(acts(1, k, 1), (a, nowhere), numerics)[1])
 
 
 def test_the_weights_taken_go_in_one_call_the_others_alone():

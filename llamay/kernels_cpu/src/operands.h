@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -29,6 +31,36 @@ inline xla::ffi::Error weight_of(const xla::ffi::Buffer<xla::ffi::DataType::U8>&
   }
   *out = Weight{w.typed_data() + index * n * rb, n, rb};
   return xla::ffi::Error::Success();
+}
+
+// The stacks of a grouped call (LlamayQmmExactMulti, LlamayQmmGgmlMulti): operands
+// (w, layer) per stack, results[i] the result stack i computes. A weight whose type
+// differs per layer (Gemma's Q4_K/Q6_K roles) is several stacks with one result, each
+// stack's layer its entry for this layer or -1 where another stack holds it. Calls
+// take(i, w, layer, y) for each stack taking part; exactly one stack of each result must.
+template <typename Take>
+xla::ffi::Error for_each_stack(const char* name, xla::ffi::RemainingArgs args, xla::ffi::RemainingRets rets,
+                               xla::ffi::Span<const int32_t> results, Take take) {
+  using xla::ffi::Error;
+  const int64_t count = (int64_t)results.size(), nres = (int64_t)rets.size();
+  const auto fail = [name](const char* what) { return Error::InvalidArgument(std::string(name) + ": " + what); };
+  if ((int64_t)args.size() != 2 * count) return fail("one (weight, layer) and one result index per stack");
+  std::vector<int> taken(nres, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    if (results[i] < 0 || results[i] >= nres) return fail("result index out of range");
+    auto w = args.get<xla::ffi::Buffer<xla::ffi::DataType::U8>>(2 * i);
+    auto layer = args.get<xla::ffi::BufferR0<xla::ffi::DataType::S32>>(2 * i + 1);
+    auto y = rets.get<xla::ffi::Buffer<xla::ffi::DataType::F32>>(results[i]);
+    if (w.has_error()) return w.error();
+    if (layer.has_error()) return layer.error();
+    if (y.has_error()) return y.error();
+    if (w->dimensions().size() == 3 && *layer->typed_data() < 0) continue;  // another stack's layer
+    ++taken[results[i]];
+    if (auto err = take(i, *w, *layer, (*y)->typed_data()); err.failure()) return err;
+  }
+  for (int t : taken)
+    if (t != 1) return fail("each result needs exactly one stack at this layer");
+  return Error::Success();
 }
 
 }  // namespace llamay

@@ -670,38 +670,22 @@ ffi::Error QmmExact(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
   return ffi::Error::Success();
 }
 
-// Several weights that read the same x (q, k, v; gate, up): operands (w, layer) per
-// stack, `ggml_types` theirs, `results` the result each stack computes; all rows in one
-// split over the threads. A weight whose type differs per layer (Gemma's Q4_K/Q6_K
-// roles) is several stacks with one result: each stack's layer is its entry for this
-// layer, or -1 where another stack holds it (exactly one stack of a result takes part).
+// Several weights that read the same x (q, k, v; gate, up), all their rows in one split
+// over the threads; `ggml_types[i]` is stack i's type, `results` as for_each_stack.
 ffi::Error QmmExactMulti(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::RemainingArgs args,
                          ffi::RemainingRets rets, ffi::Span<const int32_t> types,
                          ffi::Span<const int32_t> results) {
-  const int64_t count = (int64_t)types.size(), nres = (int64_t)rets.size();
-  if ((int64_t)args.size() != 2 * count || (int64_t)results.size() != count)
-    return ffi::Error::InvalidArgument("LlamayQmmExactMulti: one (weight, layer) and one result index per type");
+  if (types.size() != results.size())
+    return ffi::Error::InvalidArgument("LlamayQmmExactMulti: one type per stack");
   std::vector<Part> parts;
-  parts.reserve(count);
-  std::vector<int> taken(nres, 0);
-  for (int64_t i = 0; i < count; ++i) {
-    auto w = args.get<ffi::Buffer<ffi::U8>>(2 * i);
-    auto layer = args.get<ffi::BufferR0<ffi::S32>>(2 * i + 1);
-    if (results[i] < 0 || results[i] >= nres)
-      return ffi::Error::InvalidArgument("LlamayQmmExactMulti: result index out of range");
-    auto y = rets.get<ffi::Buffer<ffi::F32>>(results[i]);
-    if (w.has_error()) return w.error();
-    if (layer.has_error()) return layer.error();
-    if (y.has_error()) return y.error();
-    if (w->dimensions().size() == 3 && *layer->typed_data() < 0) continue;  // another stack's layer
-    ++taken[results[i]];
-    parts.emplace_back();
-    if (auto err = part_of(x, *w, *layer, (*y)->typed_data(), types[i], pool.num_threads(), &parts.back());
-        err.failure())
-      return err;
-  }
-  for (int t : taken)
-    if (t != 1) return ffi::Error::InvalidArgument("LlamayQmmExactMulti: each result needs exactly one stack at this layer");
+  parts.reserve(types.size());
+  auto err = for_each_stack("LlamayQmmExactMulti", args, rets, results,
+                            [&](int64_t i, const ffi::Buffer<ffi::U8>& w, const ffi::BufferR0<ffi::S32>& layer,
+                                float* y) {
+                              parts.emplace_back();
+                              return part_of(x, w, layer, y, types[i], pool.num_threads(), &parts.back());
+                            });
+  if (err.failure()) return err;
   run_parts(pool, parts.data(), (int64_t)parts.size());
   return ffi::Error::Success();
 }

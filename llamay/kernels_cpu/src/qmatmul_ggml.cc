@@ -958,50 +958,36 @@ ffi::Error QmmQ8K(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
 
 // Several weights that read the same x (q, k, v; gate, up): x quantised once per kind of
 // activation the weights' dots read, all the weights' row tasks in one split. kernels[i]
-// is LlamayQmmQ8's whole_block or LlamayQmmQ8K's kernel for stack i, results[i] the result
-// it computes. A weight whose type differs per layer is several stacks with one result,
-// each stack's layer its entry for this layer or -1 where another stack holds it (as
-// LlamayQmmExactMulti: exactly one stack of a result takes part).
+// is LlamayQmmQ8's whole_block or LlamayQmmQ8K's kernel for stack i; `results` as
+// for_each_stack.
 ffi::Error QmmGgmlMulti(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::RemainingArgs args,
                         ffi::RemainingRets rets, ffi::Span<const int32_t> types,
                         ffi::Span<const int32_t> kernels, ffi::Span<const int32_t> results) {
-  const int64_t count = (int64_t)types.size(), nres = (int64_t)rets.size();
-  if ((int64_t)args.size() != 2 * count || (int64_t)kernels.size() != count ||
-      (int64_t)results.size() != count)
-    return ffi::Error::InvalidArgument("LlamayQmmGgmlMulti: one (weight, layer), kernel and result index per type");
+  const int64_t count = (int64_t)types.size();
+  if ((int64_t)kernels.size() != count || (int64_t)results.size() != count)
+    return ffi::Error::InvalidArgument("LlamayQmmGgmlMulti: one type, kernel and result index per stack");
   Acts acts[A_KINDS];
   bool used[A_KINDS] = {};
   std::vector<GPart> parts;
   std::vector<KJob> kjobs(count);
   parts.reserve(count);
-  std::vector<int> taken(nres, 0);
   int64_t m = 0, k = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    auto w = args.get<ffi::Buffer<ffi::U8>>(2 * i);
-    auto layer = args.get<ffi::BufferR0<ffi::S32>>(2 * i + 1);
-    if (results[i] < 0 || results[i] >= nres)
-      return ffi::Error::InvalidArgument("LlamayQmmGgmlMulti: result index out of range");
-    auto y = rets.get<ffi::Buffer<ffi::F32>>(results[i]);
-    if (w.has_error()) return w.error();
-    if (layer.has_error()) return layer.error();
-    if (y.has_error()) return y.error();
-    if (w->dimensions().size() == 3 && *layer->typed_data() < 0) continue;  // another stack's layer
-    ++taken[results[i]];
-    parts.emplace_back();
-    Weight wt;
-    if (auto err = weight_of(*w, *layer, &wt); err.failure()) return err;
-    const Dims d = dims_of(x, wt);
-    m = d.m, k = d.k;
-    const int kind = act_kind(types[i]);
-    used[kind] = true;
-    float* out = (*y)->typed_data();
-    auto err = block_elems(types[i]) == 32
+  auto err = for_each_stack(
+      "LlamayQmmGgmlMulti", args, rets, results,
+      [&](int64_t i, const ffi::Buffer<ffi::U8>& w, const ffi::BufferR0<ffi::S32>& layer, float* out) {
+        parts.emplace_back();
+        Weight wt;
+        if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
+        const Dims d = dims_of(x, wt);
+        m = d.m, k = d.k;
+        const int kind = act_kind(types[i]);
+        used[kind] = true;
+        return block_elems(types[i]) == 32
                    ? q8_part(&acts[kind], wt, d, out, types[i], kernels[i], pool.num_threads(), &parts.back())
-                   : k_part(&acts[kind], wt, d, out, types[i], kernels[i], pool.num_threads(), &kjobs[i], &parts.back());
-    if (err.failure()) return err;
-  }
-  for (int t : taken)
-    if (t != 1) return ffi::Error::InvalidArgument("LlamayQmmGgmlMulti: each result needs exactly one stack at this layer");
+                   : k_part(&acts[kind], wt, d, out, types[i], kernels[i], pool.num_threads(), &kjobs[i],
+                            &parts.back());
+      });
+  if (err.failure()) return err;
   for (int kind = 0; kind < A_KINDS; ++kind)
     if (used[kind]) quantize_acts(pool, x.typed_data(), m, k, kind, acts[kind]);
   run_parts(pool, parts.data(), (int64_t)parts.size());
