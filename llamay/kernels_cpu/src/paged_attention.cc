@@ -165,6 +165,55 @@ inline float exp_shifted(const float* x, float mx, float* out, int64_t n) {
   return sum;
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(LLAMAY_SCALAR)
+#define LLAMAY_PA_DECODE8 1
+// Decoding (a few query heads per kv head): the scores of one query against 8 keys at a
+// time, and the weighted sum of value rows with the output in registers -- rather than
+// one horizontal sum per (query, key) and an accumulator in memory per (query, key).
+// AVX2 (on AVX-512 hosts too); d a multiple of 8.
+
+// (a · rows[c] for c < 8), a and each row d floats
+inline __m256 dot8(const float* a, const float* const* rows, int64_t d) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+  for (int64_t i = 0; i < d; i += 8) {
+    const __m256 x = _mm256_loadu_ps(a + i);
+    s0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[0] + i), s0);
+    s1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[1] + i), s1);
+    s2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[2] + i), s2);
+    s3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[3] + i), s3);
+    s4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[4] + i), s4);
+    s5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[5] + i), s5);
+    s6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[6] + i), s6);
+    s7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[7] + i), s7);
+  }
+  // pairwise: u0 = (lanes 0-3 of s0..s3 | lanes 4-7 of s0..s3), u1 the same of s4..s7
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s4, s5), _mm256_hadd_ps(s6, s7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// out[off .. off + 8R) += sum over j < n of w[j] * rows[j][off ..], skipping w[j] == 0
+template <int R>
+inline void weighted_rows_r(const float* w, const float* const* rows, int64_t n, int64_t off, float* out) {
+  __m256 a[R];
+  for (int i = 0; i < R; ++i) a[i] = _mm256_loadu_ps(out + off + 8 * i);
+  for (int64_t j = 0; j < n; ++j) {
+    if (w[j] == 0.0f) continue;
+    const __m256 wj = _mm256_set1_ps(w[j]);
+    const float* v = rows[j] + off;
+    for (int i = 0; i < R; ++i) a[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 8 * i), a[i]);
+  }
+  for (int i = 0; i < R; ++i) _mm256_storeu_ps(out + off + 8 * i, a[i]);
+}
+
+inline void weighted_rows(const float* w, const float* const* rows, int64_t n, int64_t d, float* out) {
+  int64_t off = 0;
+  for (; off + 64 <= d; off += 64) weighted_rows_r<8>(w, rows, n, off, out);
+  for (; off + 32 <= d; off += 32) weighted_rows_r<4>(w, rows, n, off, out);
+  for (; off < d; off += 8) weighted_rows_r<1>(w, rows, n, off, out);
+}
+#endif
+
 // One key or value row of a pool as f32. A pool is f32 (the row itself), f16 or bf16
 // (converted into `buf`), or rows of GGUF blocks of a 32-element type (Q8_0, Q5_1, Q5_0,
 // Q4_1, Q4_0: llamay.kv.types), each block decoded in registers (its quants widened to
@@ -323,7 +372,42 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
     sc *= p.scale;
     return p.softcap != 0.0f ? p.softcap * std::tanh(sc / p.softcap) : sc;
   };
-  if (nt * G < GEMM_QUERIES) {  // decoding: one dot per visible (query, key)
+  const bool decode = nt * G < GEMM_QUERIES;
+#if defined(LLAMAY_PA_DECODE8)
+  const bool decode8 = decode && D % 8 == 0;
+  // decode8: per kv head, the chunk's rows of a pool (in place for f32, else decoded
+  // into conv), 8 pointers of padding past the end (their dots are computed, unused)
+  std::vector<const float*> rows(decode8 ? n + 8 : 0);
+  std::vector<float> conv;
+  auto rows_of = [&](const Pool& pool, int64_t kh) {
+    if (pool.type != F32) conv.resize(n * D);
+    walk([&](int64_t j, int64_t row) { 
+      rows[j - k0] = row_f32(pool, row + kh, D, pool.type == F32 ? nullptr : conv.data() + (j - k0) * D);
+    });
+    std::fill(rows.begin() + n, rows.end(), rows[0]);
+  };
+#else
+  constexpr bool decode8 = false;
+#endif
+  if (decode8) {
+#if defined(LLAMAY_PA_DECODE8)
+    for (int64_t kh = 0; kh < p.K; ++kh) {
+      rows_of(p.k, kh);
+      for (int64_t c0 = 0; c0 < n; c0 += 8)
+        for (int64_t t = 0; t < nt; ++t) {
+          const int64_t i = pos[t];  // it sees keys max(i - w + 1, 0)..i (valid i)
+          if (i < 0 || i >= S || i < k0 + c0 || (p.window > 0 && i - p.window + 1 > k0 + c0 + 7)) continue;
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = t * H + kh * G + g;
+            alignas(32) float s8[8];
+            _mm256_store_ps(s8, dot8(q + r * D, rows.data() + c0, D));
+            for (int64_t c = c0; c < std::min(n, c0 + 8); ++c)
+              if (sees(t, k0 + c)) scores[r * n + c] = score(s8[c - c0]);
+          }
+        }
+    }
+#endif
+  } else if (decode) {  // one dot per visible (query, key)
     walk([&](int64_t j, int64_t row) {
       for (int64_t kh = 0; kh < p.K; ++kh) {
         const float* kr = nullptr;
@@ -386,6 +470,19 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
     if (mx == NEG) continue;
     l[r] = exp_shifted(sr, mx, sr, n);
   }
+#if defined(LLAMAY_PA_DECODE8)
+  if (decode8) {
+    for (int64_t kh = 0; kh < p.K; ++kh) {
+      rows_of(p.v, kh);
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = t * H + kh * G + g;
+          if (m[r] != NEG) weighted_rows(scores.data() + r * n, rows.data(), n, D, acc + r * D);
+        }
+    }
+    return;
+  }
+#endif
   walk([&](int64_t j, int64_t row) {
     for (int64_t kh = 0; kh < p.K; ++kh) {
       const float* vr = nullptr;
