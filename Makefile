@@ -19,7 +19,7 @@ test: install
 
 # the quick suites on jax 0.11.2, the oldest supported, in .venv-jax011 (CI runs both)
 test-jax011:
-	scripts/test-jax011.sh --require-fixtures $(PYTEST_ARGS)
+	TEST_JOBS=$(TEST_JOBS) scripts/test-jax011.sh --require-fixtures $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff format --check .
