@@ -13,7 +13,10 @@
 # tests/fixture_data.py). Each file's skips are logged (tests/conftest.py) and added up in
 # one line at the end. TEST_LIST=FILE runs only the targets FILE lists, one process a line
 # (a test file, or node ids separated by spaces; `#` comments), e.g. the quick suites
-# (scripts/test-jax011.sh). TEST_JOBS=N runs N files at once (make test: 2).
+# (scripts/test-jax011.sh). TEST_JOBS=N runs N files at once (make test: 2): each job
+# takes the next target from one queue, slowest first by the times of the last run (kept
+# in $LLAMAY_CACHE/test-times, default ~/.cache/llamay; targets never timed go first), so
+# that no job is left running a long file after the others are done.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PY=${PY:-.venv/bin/python}
@@ -24,10 +27,31 @@ work=$(mktemp -d)
 trap 'rm -rf "$LLAMAY_SKIP_LOG" "$work"' EXIT
 if [ -n "${TEST_LIST:-}" ]; then grep -v -e '^#' -e '^$' "$TEST_LIST"; else
   find tests -name 'test_*.py' | LC_ALL=C sort; fi >"$work/targets"
+TIMES=${LLAMAY_CACHE:-$HOME/.cache/llamay}/test-times # "seconds target" a line
+mkdir -p "$(dirname "$TIMES")" 2>/dev/null
+if ! cp "$TIMES" "$work/times.last" 2>/dev/null; then : >"$work/times.last"; fi
+# the queue: each target with its last time (none: first), longest first; stable sort
+awk 'FILENAME == ARGV[1] { t = $1; sub(/^[^ ]+ /, ""); last[$0] = t; next }
+     { print ($0 in last ? last[$0] : 1e9) "\t" $0 }' "$work/times.last" "$work/targets" |
+  sort -t $'\t' -k1,1gr -s | cut -f2- >"$work/queue"
+if [ "$(wc -l <"$work/queue")" -ne "$(wc -l <"$work/targets")" ]; then
+  echo "run-tests.sh: the queue lost targets" >&2
+  exit 1
+fi
 
-# run_targets LIST FAILED: each line of LIST in its own pytest process; failures to FAILED
+# next_target: the queue's first line, removed from it (the jobs share the queue: a
+# mkdir lock, which every platform has, unlike flock on macOS)
+next_target() {
+  until mkdir "$work/queue.lock" 2>/dev/null; do sleep 0.05; done
+  head -n 1 "$work/queue"
+  tail -n +2 "$work/queue" >"$work/queue.rest" && mv "$work/queue.rest" "$work/queue"
+  rmdir "$work/queue.lock"
+}
+
+# run_targets FAILED: targets off the queue, each in its own pytest process, until it is
+# empty; failures to FAILED
 run_targets() {
-  while IFS= read -r target; do
+  while target=$(next_target) && [ -n "$target" ]; do
     echo "== $target"
     read -r -a targets <<<"$target" # a TEST_LIST line may name several node ids of one file
     start=$SECONDS
@@ -36,23 +60,27 @@ run_targets() {
     echo "$((SECONDS - start)) $target" >>"$work/times"
     # 5: nothing collected (e.g. a -k filter matched nothing here)
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
-      echo "$target (exit $rc)" >>"$2"
+      echo "$target (exit $rc)" >>"$1"
     fi
-  done <"$1"
+  done
 }
 
 pytest_args=("$@")
 : >"$work/failed"
 : >"$work/times"
 if [ "$JOBS" -le 1 ]; then
-  run_targets "$work/targets" "$work/failed"
-else # every JOBS-th file to each job, so the slow directories spread over the jobs
+  run_targets "$work/failed"
+else
   for ((j = 0; j < JOBS; j++)); do
-    awk -v n="$JOBS" -v j="$j" 'NR % n == j' "$work/targets" >"$work/targets.$j"
-    run_targets "$work/targets.$j" "$work/failed" 2>&1 | sed -u "s/^/[$j] /" &
+    run_targets "$work/failed" 2>&1 | sed -u "s/^/[$j] /" &
   done
   wait
 fi
+# this run's times replace the recorded ones of the same targets (kept for the next run)
+awk 'FILENAME == ARGV[1] { k = $0; sub(/^[^ ]+ /, "", k); now[k] = 1; next }
+     { k = $0; sub(/^[^ ]+ /, "", k); if (!(k in now)) print }' "$work/times" "$work/times.last" \
+  >"$work/times.all" && cat "$work/times" >>"$work/times.all" &&
+  cp "$work/times.all" "$TIMES" 2>/dev/null
 "$PY" tests/skip_counts.py "$LLAMAY_SKIP_LOG"
 echo "slowest test files (s):" # where CI's minutes go
 sort -rn "$work/times" | head -12 |
