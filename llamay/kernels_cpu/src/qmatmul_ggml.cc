@@ -925,35 +925,36 @@ void run_parts(ffi::ThreadPool& pool, const GPart* parts, int64_t count) {
   });
 }
 
-ffi::Error QmmQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                 ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t type,
-                 int32_t whole_block) {
-  Weight wt;
-  if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
-  const Dims d = dims_of(x, wt);
-  Acts a;
-  GPart p;
-  if (auto err = q8_part(&a, wt, d, y->typed_data(), type, whole_block, pool.num_threads(), &p); err.failure())
-    return err;
-  quantize_acts(pool, x.typed_data(), d.m, d.k, act_kind(type), a);
-  run_parts(pool, &p, 1);
-  return ffi::Error::Success();
-}
-
-ffi::Error QmmQ8K(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                  ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t type,
-                  int32_t kernel) {
+// One weight: x quantised as its type's dot reads it, then its row tasks. `kernel` is
+// LlamayQmmQ8's whole_block (32-element types) or LlamayQmmQ8K's kernel.
+ffi::Error qmm_one(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::U8>& w,
+                   const ffi::BufferR0<ffi::S32>& layer, float* y, int32_t type, int32_t kernel) {
   Weight wt;
   if (auto err = weight_of(w, layer, &wt); err.failure()) return err;
   const Dims d = dims_of(x, wt);
   Acts a;
   KJob job;
   GPart p;
-  if (auto err = k_part(&a, wt, d, y->typed_data(), type, kernel, pool.num_threads(), &job, &p); err.failure())
-    return err;
-  quantize_acts(pool, x.typed_data(), d.m, d.k, A_Q8_K, a);
+  auto err = block_elems(type) == 32 ? q8_part(&a, wt, d, y, type, kernel, pool.num_threads(), &p)
+                                     : k_part(&a, wt, d, y, type, kernel, pool.num_threads(), &job, &p);
+  if (err.failure()) return err;
+  quantize_acts(pool, x.typed_data(), d.m, d.k, act_kind(type), a);
   run_parts(pool, &p, 1);
   return ffi::Error::Success();
+}
+
+ffi::Error QmmQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                 ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t type,
+                 int32_t whole_block) {
+  if (block_elems(type) != 32) return ffi::Error::InvalidArgument("LlamayQmmQ8: a 32-element block type");
+  return qmm_one(pool, x, w, layer, y->typed_data(), type, whole_block);
+}
+
+ffi::Error QmmQ8K(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                  ffi::BufferR0<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t type,
+                  int32_t kernel) {
+  if (block_elems(type) != 256) return ffi::Error::InvalidArgument("LlamayQmmQ8K: a 256-element block type");
+  return qmm_one(pool, x, w, layer, y->typed_data(), type, kernel);
 }
 
 // Several weights that read the same x (q, k, v; gate, up): x quantised once per kind of
