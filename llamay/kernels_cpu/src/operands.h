@@ -12,6 +12,13 @@
 
 namespace llamay {
 
+// Software prefetch of weight bytes ahead of their use. Tiles of several rows read them
+// interleaved, which the hardware prefetchers follow poorly (measured: the loads of each
+// block's scale stall); PREFETCH_AHEAD bytes ahead in a row stream (a Sapphire Rapids
+// host: SmolLM2 llamacpp decode 155 -> 174 tok/s with the two-run GEMV prefetching).
+constexpr int64_t PREFETCH_AHEAD = 1024;
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
 struct Weight {
   const uint8_t* data;
   int64_t n, row_bytes;

@@ -280,6 +280,7 @@ void scale_after_rows(const float* x, const float* sx, int64_t k, const uint8_t*
     for (int64_t b = 0; b < nb; ++b) {
       f16v q[D::VECS];
       float sc[D::SUBS], of[D::SUBS];
+      prefetch(row + b * bb + PREFETCH_AHEAD);
       D::decode(row + b * bb, q, sc, of);
       LLAMAY_UNROLL
       for (int s = 0; s < D::SUBS; ++s)
@@ -325,7 +326,10 @@ inline void dequant_tile(const float* x, int64_t k, const uint8_t* row, int64_t 
     f16v q[R][D::VECS];
     float sc[R][D::SUBS], of[R][D::SUBS];
     LLAMAY_UNROLL
-    for (int j = 0; j < R; ++j) D::decode(row + j * rb + b * D::BYTES, q[j], sc[j], of[j]);
+    for (int j = 0; j < R; ++j) {
+      prefetch(row + j * rb + b * D::BYTES + PREFETCH_AHEAD);
+      D::decode(row + j * rb + b * D::BYTES, q[j], sc[j], of[j]);
+    }
     const float* xb = x + b * BE;
     LLAMAY_UNROLL
     for (int v = 0; v < D::VECS; ++v) {

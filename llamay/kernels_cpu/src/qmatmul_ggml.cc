@@ -66,15 +66,6 @@ template <class V>
 inline void st(void* p, V v) {
   std::memcpy(p, &v, sizeof v);
 }
-// The weight rows of the next tile, ahead of their use: tiles of several rows read them
-// interleaved, which the hardware prefetchers follow poorly (measured: the loads stall).
-inline void prefetch(const void* p) {
-#if defined(LLAMAY_AVX2)
-  _mm_prefetch((const char*)p, _MM_HINT_T0);
-#else
-  __builtin_prefetch(p);
-#endif
-}
 inline v8f splat(float f) { return (v8f){f, f, f, f, f, f, f, f}; }  // (not 0 + f: -0)
 inline v8f cvt(v8i v) { return __builtin_convertvector(v, v8f); }
 inline v8f fma8(v8f a, v8f b, v8f c) {
@@ -375,6 +366,7 @@ void q8_tile(const Q8Job& j, int64_t r0, int64_t m0, int64_t rs = 1) {
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = rows[r] + b * bb;
       if (R > 1 && rs == 1) prefetch(blk + R * j.d.row_bytes);
+      if (rs > 1) prefetch(blk + PREFETCH_AHEAD);  // two runs of rows at once
       q[r] = quants32<T>(blk);
       dw[r] = rdf16(blk);
       mw[r] = has_m ? rdf16(blk + 2) : 0.0f;
@@ -735,7 +727,11 @@ void k_tile(const KJob& j, int64_t r0, int64_t m0, const KBlock* pre) {
     if (pre) {  // R = 1: the row decoded once for all activation rows (`k_range`)
       blk = pre + sb;
     } else {
-      for (int r = 0; r < R; ++r) load_kblock<T>(j.w + (r0 + r) * j.d.row_bytes + sb * bb, own[r]);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b = j.w + (r0 + r) * j.d.row_bytes + sb * bb;
+        prefetch(b + PREFETCH_AHEAD);
+        load_kblock<T>(b, own[r]);
+      }
     }
     for (int m = 0; m < MT; ++m) {
       const int64_t i = (m0 + m) * nsb + sb;
@@ -818,7 +814,11 @@ void k_repack8(const KJob& j, int64_t r, int64_t m0, const KBlock* pre) {
   v8f acc = {}, acc_min = {};
   KBlock own;
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    if (!pre) load_kblock<T>(j.w + r * j.d.row_bytes + sb * bb, own);
+    if (!pre) {
+      const uint8_t* b = j.w + r * j.d.row_bytes + sb * bb;
+      prefetch(b + PREFETCH_AHEAD);
+      load_kblock<T>(b, own);
+    }
     const KBlock& w = pre ? pre[sb] : own;
     v8f da;
     v8i mm[8];
