@@ -35,6 +35,17 @@ core to others; the sdist is llama-cpp-python's source release):
     CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=1 nice -n 10 \\
         ~/.cache/llamay/llamacpp-venv/bin/pip install --no-deps llama_cpp_python-0.3.36.tar.gz
 
+On a CPU with AMX (Sapphire Rapids and later), GGML_NATIVE=ON also builds ggml's AMX
+matmul, which crashed (SIGSEGV in ggml_backend_amx_mul_mat at the first prefill) in the
+2-core VM of 2026-12-03: there, build without it, `-DGGML_NATIVE=OFF -DGGML_AVX=ON
+-DGGML_AVX2=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON` (the
+host's ISA, AMX off). One build serves both benches: build llama-server as
+bench/llamaserver_compare.py says with `-DBUILD_SHARED_LIBS=ON` and the targets `llama
+llama-server`, then copy the sdist's `llama_cpp/` package into the venv's site-packages
+and build/bin/*.so into its `llama_cpp/lib/` (the venv needs numpy, typing_extensions,
+diskcache and jinja2).
+
 Thread count: `--threads` (default: the cores) for llama.cpp's decode and batch; XLA's
 CPU client and the native kernels use one thread per core, so run on a machine (or under
 `taskset`) with that many cores. Run it on a quiet machine: with the default wait
