@@ -12,11 +12,14 @@
 
 namespace llamay {
 
-// Software prefetch of weight bytes ahead of their use. Tiles of several rows read them
-// interleaved, which the hardware prefetchers follow poorly (measured: the loads of each
-// block's scale stall); PREFETCH_AHEAD bytes ahead in a row stream (a Sapphire Rapids
-// host: SmolLM2 llamacpp decode 155 -> 174 tok/s with the two-run GEMV prefetching).
-constexpr int64_t PREFETCH_AHEAD = 1024;
+// Software prefetch of weight bytes ahead of their use. The decode GEMVs stream each
+// weight once, from L3 or memory, and the loads of each block's scale stalled there
+// (perf, a Sapphire Rapids host; the hardware prefetchers follow interleaved rows
+// poorly). PREFETCH_AHEAD bytes ahead in each row stream, tg128 batch 1 there, none ->
+// 1 KiB -> 2 -> 4 -> 8: SmolLM2 exact 117 -> 145 -> 155 -> 156 -> 156 tok/s, Gemma 3
+// exact 38 -> 57 -> 65 -> 69 -> 69 (llamacpp numerics alike). An AMD Zen 3 host showed no
+// change from prefetching (session 8).
+constexpr int64_t PREFETCH_AHEAD = 4096;
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
 struct Weight {
