@@ -192,6 +192,11 @@ inline __m256 dot8(const float* a, const float* const* rows, int64_t d) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// Every cache line of a row of d floats, ahead of its use (the pools stream from memory)
+inline void prefetch_row(const float* row, int64_t d) {
+  for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(row + i, 0, 3);
+}
+
 // out[off .. off + 8R) += sum over j < n of w[j] * rows[j][off ..], skipping w[j] == 0
 template <int R>
 inline void weighted_rows_r(const float* w, const float* const* rows, int64_t n, int64_t off, float* out) {
@@ -199,6 +204,7 @@ inline void weighted_rows_r(const float* w, const float* const* rows, int64_t n,
   for (int i = 0; i < R; ++i) a[i] = _mm256_loadu_ps(out + off + 8 * i);
   for (int64_t j = 0; j < n; ++j) {
     if (w[j] == 0.0f) continue;
+    if (off == 0 && j + 8 < n) prefetch_row(rows[j + 8], 8 * R);
     const __m256 wj = _mm256_set1_ps(w[j]);
     const float* v = rows[j] + off;
     for (int i = 0; i < R; ++i) a[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 8 * i), a[i]);
@@ -393,7 +399,8 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
 #if defined(LLAMAY_PA_DECODE8)
     for (int64_t kh = 0; kh < p.K; ++kh) {
       rows_of(p.k, kh);
-      for (int64_t c0 = 0; c0 < n; c0 += 8)
+      for (int64_t c0 = 0; c0 < n; c0 += 8) {
+        for (int64_t c = c0 + 8; c < std::min(n, c0 + 16); ++c) prefetch_row(rows[c], D);
         for (int64_t t = 0; t < nt; ++t) {
           const int64_t i = pos[t];  // it sees keys max(i - w + 1, 0)..i (valid i)
           if (i < 0 || i >= S || i < k0 + c0 || (p.window > 0 && i - p.window + 1 > k0 + c0 + 7)) continue;
@@ -405,6 +412,7 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
               if (sees(t, k0 + c)) scores[r * n + c] = score(s8[c - c0]);
           }
         }
+      }
     }
 #endif
   } else if (decode) {  // one dot per visible (query, key)
