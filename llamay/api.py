@@ -159,7 +159,7 @@ class Model:
         """The model's `BatchEngine` (made on first use; `close()` stops it)."""
         with self._engine_lock:
             if self._engine is None:
-                from llamay.engine.scheduler import BatchEngine
+                from llamay.engine.scheduler import BatchEngine, default_decode_steps
 
                 def pages(n_tokens: int) -> int:
                     return -(-n_tokens // ENGINE_PAGE) + 1  # + the null page
@@ -173,6 +173,7 @@ class Model:
                     n_pages=pages(min(whole, ENGINE_START_TOKENS)),
                     max_pages=pages(whole),
                     speculative=getattr(self, "speculative", None),
+                    decode_steps=default_decode_steps(),
                 )
             return self._engine
 

@@ -31,7 +31,7 @@ def make_engine(model, parallel: int = 8, speculative=None):
     continuous batching (`BatchEngine`, `parallel` slots) for every request, constrained
     ones included (their token masks ride in the batch); `speculative`: its
     `llamay.engine.speculative.Speculation` (--model-draft), or None."""
-    from llamay.engine.scheduler import BatchEngine
+    from llamay.engine.scheduler import BatchEngine, default_decode_steps
 
     slots, page = max(1, parallel), 16
     # the scheduler's default pool, but never too small for one full context (the
@@ -47,21 +47,8 @@ def make_engine(model, parallel: int = 8, speculative=None):
         n_pages=n_pages,
         gather_s=0.025,
         speculative=speculative,
-        decode_steps=decode_steps(),
+        decode_steps=default_decode_steps(),
     )
-
-
-def decode_steps() -> int:
-    """Decode steps per dispatch while nothing arrives (`BatchEngine.decode_steps`):
-    `$LLAMAY_DECODE_STEPS`, default 4. Measured through the server (bench/llamaserver_
-    compare.py, SmolLM2, 64 tokens a stream, a quiet Sapphire Rapids host), decode tok/s
-    at 1 / 8 streams for 1, 4, 8 steps: 140 / 424, 158 / 450, 166 / 454, TTFT unchanged;
-    4 keeps the wait of a request arriving mid-dispatch to about 4 steps (~25 ms here)."""
-    text = os.environ.get("LLAMAY_DECODE_STEPS", "4")
-    try:
-        return max(1, int(text))
-    except ValueError:
-        raise ValueError(f"LLAMAY_DECODE_STEPS must be an integer, not {text!r}") from None
 
 
 @dataclass
