@@ -16,7 +16,7 @@ from fixture_data import tiny_model_file
 import llamay
 from llamay.engine import programs
 from llamay.engine.api import Request
-from llamay.engine.paged_steps import _set_rows, paged_sample, paged_step
+from llamay.engine.paged_steps import _set_rows, paged_decode, paged_sample, paged_step
 from llamay.engine.warmup import _step_args, prime, step_shapes
 from llamay.sample import GREEDY
 from llamay.serve.models import make_engine
@@ -50,7 +50,7 @@ class Events:
 
 def forget() -> None:
     """What a new process would not have: the programs in memory."""
-    for p in (paged_step, paged_sample, _set_rows):
+    for p in (paged_step, paged_sample, paged_decode, _set_rows):
         p.clear_cache()
 
 
@@ -101,7 +101,7 @@ def test_second_start_loads_every_program_and_compiles_nothing(cache, tiny, monk
             prime(e, length=CTX)
         assert programs.STATS["disk"] - before["disk"] == built
         assert programs.STATS["compiled"] == before["compiled"]
-        ours = {"paged_step", "paged_sample", "_set_rows"}
+        ours = {"paged_step", "paged_sample", "paged_decode", "_set_rows"}
         assert not ours & set(ev.traced), ev.traced
         with Events() as ev:
             got = requests(e)
