@@ -5,7 +5,7 @@ set -u
 ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; }
 if command -v pyenv >/dev/null 2>&1; then
   root=$(pyenv root)
-  for v in $(ls "$root/versions" 2>/dev/null | grep -E '^3\.1[2-9]' | sort -V | sort -t. -k2,2n -s); do
+  for v in $(cd "$root/versions" 2>/dev/null && printf '%s\n' 3.1[2-9]* | sort -V | sort -t. -k2,2n -s); do
     p="$root/versions/$v/bin/python3"
     if [ -x "$p" ] && ok "$p"; then echo "$p"; exit 0; fi
   done
