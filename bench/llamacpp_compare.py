@@ -28,8 +28,9 @@ row): `bound tok/s` = bandwidth ÷ bytes per token, and each tg128 batch-1 rate 
 of it. `--skip-llamacpp` measures llamay alone (e.g. an older checkout, with PYTHONPATH
 pointing at it, for before/after numbers).
 
-Building llama.cpp once (about 30 min on 2 cores; CMAKE_BUILD_PARALLEL_LEVEL=1 leaves a
-core to others; the sdist is llama-cpp-python's source release):
+Building llama.cpp once: `bench/build_llamacpp.sh` (about 12 min on 2 cores) builds it for
+both benches as below. By hand (about 30 min on 2 cores; CMAKE_BUILD_PARALLEL_LEVEL=1 leaves
+a core to others; the sdist is llama-cpp-python's source release):
 
     python3.12 -m venv ~/.cache/llamay/llamacpp-venv
     CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=1 nice -n 10 \\

@@ -53,7 +53,8 @@ that file to skip what it already holds (same model, tokens, prefix). `--dry-run
 fake llama.cpp-style servers (`--fake-server`, fixed per-token sleeps) instead: the whole
 pipeline without either engine, for tests.
 
-Building llama-server once (never a llamay dependency; about 25 min on 2 cores). The sources
+Building llama-server once (never a llamay dependency): `bench/build_llamacpp.sh`, or by hand
+(about 25 min on 2 cores). The sources
 are llama.cpp as vendored in llama-cpp-python 0.3.36's source release (`pip download
 --no-deps --no-binary :all: llama-cpp-python==0.3.36`):
 
