@@ -336,10 +336,17 @@ class Model:
     # -- generation ---------------------------------------------------------------------
 
     def generation(
-        self, prompt_ids, max_tokens: int = 128, sampler: Sampler | None = None, constraint=None
+        self,
+        prompt_ids,
+        max_tokens: int = 128,
+        sampler: Sampler | None = None,
+        constraint=None,
+        decode_steps: int | None = None,
     ):
         """The token-level generator (an iterator of ids with a `finish_reason`);
-        `constraint` (see `constraint()`) masks every step."""
+        `constraint` (see `constraint()`) masks every step. `decode_steps`: tokens per
+        dispatch (None: `llamay.engine.generate.default_decode_steps()`); the tokens are
+        the same for any."""
         sampler = sampler or Sampler()
         return Generation(
             self.runtime,
@@ -350,6 +357,7 @@ class Model:
             constraint=constraint,
             pieces=self.token_pieces() if sampler.uses_dry else None,
             encode=self._encode_plain if sampler.uses_dry else None,
+            decode_steps=decode_steps,
         )
 
     def _encode_plain(self, text: str) -> list[int]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 import queue
 import threading
 from collections import deque
@@ -40,7 +39,7 @@ import numpy as np
 from llamay.arch.decoder import local_layers
 from llamay.engine import adapters, programs
 from llamay.engine.api import Handle, Request
-from llamay.engine.generate import check_prompt
+from llamay.engine.generate import check_prompt, default_decode_steps
 from llamay.engine.paged_steps import set_rows
 from llamay.engine.persist import Persistence, model_digest
 from llamay.engine.planning import MIN_VIEW, Active, Plan, Planner, RequestFailed
@@ -53,26 +52,19 @@ from llamay.kv.sequences import KVManager, SeqKV, local_bound
 from llamay.kv.snapshot import Snapshot
 from llamay.sample import Sampler, SamplerState, SamplingParams
 
-__all__ = ["GATHER_MAX_S", "MIN_VIEW", "BatchEngine", "Plan", "model_digest"]
+__all__ = [
+    "GATHER_MAX_S",
+    "MIN_VIEW",
+    "BatchEngine",
+    "Plan",
+    "default_decode_steps",
+    "model_digest",
+]
 
 # Top-N log-probabilities computed per step while any row asks for some: one fixed width
 # (OpenAI's top_logprobs maximum), so requests asking different N share a batch and its
 # compiled step; a request asking more than that widens the batch to the Sampler's limit.
 LOGPROB_WIDTH, LOGPROB_WIDTH_MAX = 20, 64
-
-
-def default_decode_steps() -> int:
-    """Decode steps per dispatch while nothing arrives, for the engines of `llamay serve`
-    and of `Model.generate` (`BatchEngine.decode_steps`): `$LLAMAY_DECODE_STEPS`, default
-    4. Measured through the server (bench/llamaserver_compare.py, SmolLM2, 64 tokens a
-    stream, a quiet Sapphire Rapids host), decode tok/s at 1 / 8 streams for 1, 4, 8 steps:
-    140 / 424, 158 / 450, 166 / 454, TTFT unchanged; 4 keeps the wait of a request arriving
-    mid-dispatch to about 4 steps (~25 ms there)."""
-    text = os.environ.get("LLAMAY_DECODE_STEPS", "4")
-    try:
-        return max(1, int(text))
-    except ValueError:
-        raise ValueError(f"LLAMAY_DECODE_STEPS must be an integer, not {text!r}") from None
 
 
 class BatchEngine(StepWorker, Planner, Persistence, Speculating):

@@ -38,6 +38,21 @@ def decode_step(cfg, weights, kv, tokens, positions, params: SamplingParams, key
     return next_tokens, keys, kv
 
 
+@partial(jax.jit, static_argnames=("cfg", "steps"), donate_argnames=("kv",))
+def decode_many(cfg, steps, weights, kv, tokens, positions, params: SamplingParams, keys):
+    """`steps` decode steps in one program, each fed the token the last one sampled (the
+    first: tokens [B] at positions [B]), as `decode_step` would be `steps` times, without a
+    dispatch and a host round trip per token. Returns (tokens [steps, B], keys, kv)."""
+
+    def one(carry, _):
+        kv, tok, pos, keys = carry
+        nxt, keys, kv = decode_step.__wrapped__(cfg, weights, kv, tok, pos, params, keys)
+        return (kv, nxt, pos + 1, keys), nxt
+
+    (kv, _, _, keys), out = jax.lax.scan(one, (kv, tokens, positions, keys), None, length=steps)
+    return out, keys, kv
+
+
 @partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
 def prefill_logits(cfg, weights, kv, tokens, positions, last):
     """Prefill without sampling (constrained generation samples after the host's mask):
