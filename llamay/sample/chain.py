@@ -211,55 +211,73 @@ def dry(x, p: SamplingParams, hist, count):
     return _when(on, lambda y: y - dry_penalty(p, hist, count), x)
 
 
-def top_n_sigma(x, p: SamplingParams):
+def top_n_sigma(x, p: SamplingParams, skip=None):
     """llama_sampler_top_n_sigma: keep logits >= max - n·σ (population σ of the finite logits)."""
+    skip = _no_skip(x) if skip is None else skip
+    return _when(jnp.any((p.top_n_sigma > 0) & ~skip), lambda y: _top_n_sigma(y, p, skip), x)
+
+
+def _top_n_sigma(x, p: SamplingParams, skip):
     fin = jnp.isfinite(x)
     nf = jnp.maximum(jnp.sum(fin, -1, keepdims=True), 1)
     mean = jnp.sum(jnp.where(fin, x, 0.0), -1, keepdims=True) / nf
     std = jnp.sqrt(jnp.sum(jnp.where(fin, (x - mean) ** 2, 0.0), -1, keepdims=True) / nf)
     mx = jnp.max(x, -1, keepdims=True)
     n = p.top_n_sigma[:, None]
-    on = (n > 0) & (nf > 1)
+    on = (n > 0) & (nf > 1) & ~skip[:, None]
     return jnp.where(~on | (x >= mx - n * std), x, NEG)
 
 
-def top_k(x, p: SamplingParams):
+def top_k(x, p: SamplingParams, skip=None):
     """llama_sampler_top_k: the k best (k <= 0 disables; min_keep does not apply)."""
     V = x.shape[-1]
-    on = p.top_k > 0
+    on = (p.top_k > 0) & ~(_no_skip(x) if skip is None else skip)
     k = jnp.where(on, jnp.minimum(p.top_k, V), 1)
-    thr = _cut(x, lambda vals: k)
-    return jnp.where(~on[:, None] | (x >= thr), x, NEG)
+
+    def stage(x):
+        thr = _cut(x, lambda vals: k)
+        return jnp.where(~on[:, None] | (x >= thr), x, NEG)
+
+    return _when(jnp.any(on), stage, x)
 
 
-def top_p(x, p: SamplingParams):
+def top_p(x, p: SamplingParams, skip=None):
     """llama_sampler_top_p: the shortest best-first prefix whose mass reaches p."""
-    on = p.top_p < 1.0
-    lse = jax.nn.logsumexp(x, axis=-1, keepdims=True)
+    on = (p.top_p < 1.0) & ~(_no_skip(x) if skip is None else skip)
     least = jnp.maximum(p.min_keep, 1)
 
-    def n_keep(vals):
-        pr = jnp.exp(vals - lse)
-        before = jnp.cumsum(pr, -1) - pr
-        keep = (before < p.top_p[:, None]) | (jnp.arange(vals.shape[-1])[None] < least[:, None])
-        return jnp.where(on, jnp.sum(keep, -1), 1)
+    def stage(x):
+        lse = jax.nn.logsumexp(x, axis=-1, keepdims=True)
 
-    thr = _cut(x, n_keep)
-    return jnp.where(~on[:, None] | (x >= thr), x, NEG)
+        def n_keep(vals):
+            pr = jnp.exp(vals - lse)
+            before = jnp.cumsum(pr, -1) - pr
+            keep = (before < p.top_p[:, None]) | (jnp.arange(vals.shape[-1])[None] < least[:, None])
+            return jnp.where(on, jnp.sum(keep, -1), 1)
+
+        thr = _cut(x, n_keep)
+        return jnp.where(~on[:, None] | (x >= thr), x, NEG)
+
+    return _when(jnp.any(on), stage, x)
 
 
-def min_p(x, p: SamplingParams):
+def min_p(x, p: SamplingParams, skip=None):
     """llama_sampler_min_p: keep logits >= max + log(min_p), at least min_keep."""
     mp = p.min_p[:, None]
-    floor = jnp.max(x, -1, keepdims=True) + jnp.log(jnp.maximum(mp, 1e-30))
-    keep_n = jnp.maximum(p.min_keep, 1)
-    floor = jax.lax.cond(
-        jnp.any(keep_n > 1),
-        lambda f: jnp.minimum(f, _cut(x, lambda vals: keep_n)),
-        lambda f: f,
-        floor,
-    )
-    return jnp.where((mp <= 0) | (x >= floor), x, NEG)
+    on = (mp > 0) & ~(_no_skip(x) if skip is None else skip)[:, None]
+
+    def stage(x):
+        floor = jnp.max(x, -1, keepdims=True) + jnp.log(jnp.maximum(mp, 1e-30))
+        keep_n = jnp.maximum(p.min_keep, 1)
+        floor = jax.lax.cond(
+            jnp.any(keep_n > 1),
+            lambda f: jnp.minimum(f, _cut(x, lambda vals: keep_n)),
+            lambda f: f,
+            floor,
+        )
+        return jnp.where(~on | (x >= floor), x, NEG)
+
+    return _when(jnp.any(on), stage, x)
 
 
 def typical(x, p: SamplingParams):
@@ -285,6 +303,11 @@ def typical(x, p: SamplingParams):
 def xtc(x, p: SamplingParams, key):
     """llama_sampler_xtc: with probability xtc_probability, drop every token whose
     probability is >= threshold except the least likely of them."""
+    enabled = (p.xtc_probability > 0) & (p.xtc_threshold <= 0.5)
+    return _when(jnp.any(enabled), lambda y: _xtc(y, p, key), x)
+
+
+def _xtc(x, p: SamplingParams, key):
     chance = jax.vmap(jax.random.uniform)(key)
     nf = _n_finite(x)
     on = (p.xtc_probability > 0) & (p.xtc_threshold <= 0.5) & (nf >= 2)
@@ -320,16 +343,34 @@ def temperature(x, p: SamplingParams, dynamic: bool = True):
     return _when(jnp.any(r > 0), dynatemp, y)
 
 
-def _draw(key, x):
+def _draw(key, x, greedy=None):
     """One draw per row from the candidates x [B, V]; when every row has a single
     candidate left (greedy: temperature <= 0 keeps only the best), its index, without
-    drawing V random numbers per row."""
-    single = jnp.all(_n_finite(x) <= 1)
-    return jax.lax.cond(
-        single,
-        lambda: argmax(x),
-        lambda: jax.vmap(jax.random.categorical)(key, x),
-    )
+    drawing V random numbers per row. `greedy` [B]: rows known to have one (`greedy_rows`),
+    so that every row greedy does not count the candidates either."""
+
+    def categorical():  # jax.random.categorical's Gumbel draw, through the fast argmax
+        noise = jax.vmap(lambda k: jax.random.gumbel(k, x.shape[-1:], x.dtype))(key)
+        return argmax(noise + x)
+
+    def draw():
+        single = jnp.all(_n_finite(x) <= 1)
+        return jax.lax.cond(single, lambda: argmax(x), categorical)
+
+    if greedy is None:
+        return draw()
+    return jax.lax.cond(jnp.all(greedy), lambda: argmax(x), draw)
+
+
+def greedy_rows(order: Sequence[str], p: SamplingParams) -> jax.Array:
+    """[B] bool: rows a greedy temperature stage of `order` leaves one candidate (no
+    stage adds candidates back)."""
+    g = jnp.zeros(p.temperature.shape, bool)
+    if "temperature" in order:
+        g |= (p.temperature <= 0) & (p.dynatemp_range <= 0)
+    if "temperature_plain" in order:
+        g |= p.temperature <= 0
+    return g
 
 
 def mirostat(x, p: SamplingParams, mu, key, version: int):
@@ -383,24 +424,60 @@ def _prepare(logits, p, mask):
     return x
 
 
+# Stages that never drop the best candidate (each keeps at least the maximum).
+MAX_KEEPING = ("top_n_sigma", "top_k", "top_p", "min_p")
+
+
+def _no_skip(x):
+    return jnp.zeros(x.shape[:1], bool)
+
+
+def greedy_after(order: Sequence[str], p: SamplingParams, B: int) -> list[jax.Array]:
+    """Per stage of `order`, [B] bool: True for the rows whose later stages are each
+    max-keeping or disabled for the row, up to a greedy temperature stage (t <= 0, no
+    dynatemp). A max-keeping stage there cannot change the token drawn (the greedy stage
+    keeps the best of what reaches it, which that stage keeps), so it is skipped for
+    those rows: a greedy row does not pay for top-k / top-p views of a 262k vocabulary."""
+    off = {
+        "penalties": (p.repeat_last_n == 0)
+        | ((p.repeat_penalty == 1.0) & (p.frequency_penalty == 0.0) & (p.presence_penalty == 0.0)),
+        "dry": p.dry_multiplier == 0,
+        "typ_p": p.typical_p >= 1.0,
+        "xtc": (p.xtc_probability <= 0) | (p.xtc_threshold > 0.5),
+    }
+    g, out = jnp.zeros((B,), bool), []
+    for stage in reversed(order):
+        out.append(g)
+        if stage == "temperature":
+            g = (p.temperature <= 0) & (p.dynatemp_range <= 0)
+        elif stage == "temperature_plain":
+            g = p.temperature <= 0
+        elif stage in off:
+            g = g & off[stage]
+        elif stage not in MAX_KEEPING:
+            g = jnp.zeros((B,), bool)
+    return out[::-1]
+
+
 def _chain(logits, p: SamplingParams, st: SamplerState, mask, xtc_key):
     x = _prepare(logits, p, mask)
     hist, count = ordered_history(st)
-    for stage in p.order:
+    skips = greedy_after(p.order, p, x.shape[0])
+    for stage, skip in zip(p.order, skips, strict=True):
         if stage == "penalties":
             x = penalties(x, p, hist, count)
         elif stage == "dry":
             x = dry(x, p, hist, count)
         elif stage == "top_n_sigma":
-            x = top_n_sigma(x, p)
+            x = top_n_sigma(x, p, skip)
         elif stage == "top_k":
-            x = top_k(x, p)
+            x = top_k(x, p, skip)
         elif stage == "typ_p":
             x = typical(x, p)
         elif stage == "top_p":
-            x = top_p(x, p)
+            x = top_p(x, p, skip)
         elif stage == "min_p":
-            x = min_p(x, p)
+            x = min_p(x, p, skip)
         elif stage == "xtc":
             x = xtc(x, p, xtc_key)
         elif stage == "temperature":
@@ -461,11 +538,19 @@ def sample(logits: jax.Array, p: SamplingParams, st: SamplerState, mask: jax.Arr
         tok, x, mu = mirostat(x, p, mu, draw_key, int(miro[0][-1]))
     else:
         x = _chain(logits, p, st, mask, xtc_key)
-        tok = _draw(draw_key, x)
+        tok = _draw(draw_key, x, greedy_rows(order, p))
     tok = tok.astype(jnp.int32)
-    logp = log_probs(logits)
+    # log_softmax's values at the tokens wanted, without the [B, V] array: one reduction
+    x = logits.astype(jnp.float32)
+    mx = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+    log_sum = jnp.log(jnp.sum(jnp.exp(x - mx), axis=-1, keepdims=True))
+
+    def logp_at(ids):
+        return (jnp.take_along_axis(x, ids, -1) - mx) - log_sum
+
     if p.n_probs:
-        top_ids, top_lp = top_logprobs(logp, p.n_probs)
+        top_ids = jax.lax.top_k(x, p.n_probs)[1].astype(jnp.int32)
+        top_lp = logp_at(top_ids)
     else:
         top_lp, top_ids = st.top_logprobs, st.top_ids
     R = st.history.shape[1]
@@ -478,6 +563,6 @@ def sample(logits: jax.Array, p: SamplingParams, st: SamplerState, mask: jax.Arr
         mu=mu,
         top_logprobs=top_lp,
         top_ids=top_ids,
-        token_logprob=jnp.take_along_axis(logp, tok[:, None], -1)[:, 0],
+        token_logprob=logp_at(tok[:, None])[:, 0],
     )
     return tok, new

@@ -274,6 +274,21 @@ def test_greedy_and_top_k_1_are_argmax():
         np.testing.assert_array_equal(np.asarray(toks), logits.argmax(1))
 
 
+def test_greedy_row_keeps_cuts_a_later_stage_could_overturn():
+    """A greedy row skips top-k only where no later stage can change the best candidate:
+    here the penalty after top-k = 1 pushes the best below the second, and top-k still
+    decides (llama.cpp's chain in this order draws token 0)."""
+    lg = np.array([3.0, 2.9, 0.0, -1.0], np.float32)
+    s = Sampler(temperature=0.0, top_k=1, repeat_penalty=2.0, samplers="top_k;penalties;temperature")
+    p = SamplingParams.stack([s], 4)
+    toks, _ = sample_jit(jnp.asarray(lg[None]), p, SamplerState.init([s], [[0]]))
+    assert int(toks[0]) == 0
+    swapped = Sampler(temperature=0.0, top_k=1, repeat_penalty=2.0, samplers="penalties;top_k;temperature")
+    p = SamplingParams.stack([swapped], 4)
+    toks, _ = sample_jit(jnp.asarray(lg[None]), p, SamplerState.init([swapped], [[0]]))
+    assert int(toks[0]) == 1  # penalised first: 3.0 / 2 = 1.5 < 2.9
+
+
 def test_argmax_is_numpys_first_maximum():
     """The sampler's argmax (two plain reductions, fast on XLA CPU) is numpy's: the first
     index of the maximum, ties and -inf rows included; a row of NaNs gives 0."""
@@ -375,12 +390,14 @@ ORDERS = [
     temp=st.sampled_from([0.0, 0.7, 1.3]),
     dyn=st.sampled_from([0.0, 0.5]),
     min_keep=st.integers(0, 3),
+    pen=st.booleans(),
 )
 def test_chain_matches_llamacpp_sorted_array_reference(
-    seed, order, top_k, top_p, min_p, typical_p, top_n_sigma, xtc, temp, dyn, min_keep
+    seed, order, top_k, top_p, min_p, typical_p, top_n_sigma, xtc, temp, dyn, min_keep, pen
 ):
     """The device chain (vocabulary order, thresholds) against a restatement of llama.cpp's
-    chain over a shrinking sorted candidate array, any order, any combination."""
+    chain over a shrinking sorted candidate array, any order, any combination (greedy
+    rows, temp 0, skip the cuts that cannot change their token: `greedy_after`)."""
     from llamacpp_reference import chain
 
     rng = np.random.default_rng(seed)
@@ -396,9 +413,9 @@ def test_chain_matches_llamacpp_sorted_array_reference(
         xtc_probability=xtc,
         xtc_threshold=0.1,
         dynatemp_range=dyn,
-        repeat_penalty=1.2,
-        frequency_penalty=0.1,
-        presence_penalty=0.2,
+        repeat_penalty=1.2 if pen else 1.0,
+        frequency_penalty=0.1 if pen else 0.0,
+        presence_penalty=0.2 if pen else 0.0,
         min_keep=min_keep,
         samplers=order,
     )
