@@ -30,10 +30,20 @@ NEG = -jnp.inf
 VIEW = 512  # sorted candidates kept in view before falling back to a full sort
 
 
-def _cut(x: jax.Array, n_keep_fn, decided_fn=None) -> jax.Array:
+def _cut(x: jax.Array, n_keep_fn, decided_fn=None, view=None) -> jax.Array:
     """Logit threshold [B, 1] of a best-first prefix cut: `n_keep_fn(sorted_vals)` says
     how many of the best candidates stay (>= 1). Reads the top-VIEW values; sorts the
-    whole row only if some row's cut is not decided inside the view."""
+    whole row only if some row's cut is not decided inside the view. With a `view`
+    (`top_k`'s) holding every row's candidates, its values sorted instead."""
+    if view is not None:
+        ids, ok = view
+
+        def from_view(_):
+            vals = -jnp.sort(-jnp.take_along_axis(x, ids, -1), axis=-1)
+            n = n_keep_fn(vals)
+            return jnp.take_along_axis(vals, jnp.clip(n, 1, ids.shape[-1])[:, None] - 1, -1)
+
+        return jax.lax.cond(jnp.all(ok), from_view, lambda _: _cut(x, n_keep_fn, decided_fn), None)
     V = x.shape[-1]
     K = min(V, VIEW)
     vals = jax.lax.top_k(x, K)[0]
@@ -230,18 +240,41 @@ def _top_n_sigma(x, p: SamplingParams, skip):
 
 def top_k(x, p: SamplingParams, skip=None):
     """llama_sampler_top_k: the k best (k <= 0 disables; min_keep does not apply)."""
+    return top_k_view(x, p, skip)[0]
+
+
+def top_k_view(x, p: SamplingParams, skip=None):
+    """`top_k`, and the view it read: (ids [B, VIEW'] of the best logits, ok [B]: the row's
+    candidates are all among them). Later stages only drop candidates or move logits, so
+    it stays a superset: the cuts and the draw after it read those VIEW' logits, not V."""
     V = x.shape[-1]
+    K = min(V, VIEW)
     on = (p.top_k > 0) & ~(_no_skip(x) if skip is None else skip)
     k = jnp.where(on, jnp.minimum(p.top_k, V), 1)
 
     def stage(x):
-        thr = _cut(x, lambda vals: k)
-        return jnp.where(~on[:, None] | (x >= thr), x, NEG)
+        vals, ids = jax.lax.top_k(x, K)
+        decided = (k < K) | (K == V)
 
-    return _when(jnp.any(on), stage, x)
+        def full(_):
+            sv = -jnp.sort(-x, axis=-1)
+            return jnp.take_along_axis(sv, jnp.clip(k, 1, V)[:, None] - 1, -1)
+
+        in_view = jnp.take_along_axis(vals, jnp.clip(k, 1, K)[:, None] - 1, -1)
+        thr = jax.lax.cond(jnp.all(decided), lambda _: in_view, full, None)
+        y = jnp.where(~on[:, None] | (x >= thr), x, NEG)
+        # ties at the threshold may keep more than the view holds
+        ok = on & decided & (_n_finite(y) <= K)
+        return y, ids.astype(jnp.int32), ok
+
+    def off(x):
+        return x, jnp.zeros((x.shape[0], K), jnp.int32), jnp.zeros(x.shape[:1], bool)
+
+    y, ids, ok = jax.lax.cond(jnp.any(on), stage, off, x)
+    return y, (ids, ok)
 
 
-def top_p(x, p: SamplingParams, skip=None):
+def top_p(x, p: SamplingParams, skip=None, view=None):
     """llama_sampler_top_p: the shortest best-first prefix whose mass reaches p."""
     on = (p.top_p < 1.0) & ~(_no_skip(x) if skip is None else skip)
     least = jnp.maximum(p.min_keep, 1)
@@ -255,13 +288,13 @@ def top_p(x, p: SamplingParams, skip=None):
             keep = (before < p.top_p[:, None]) | (jnp.arange(vals.shape[-1])[None] < least[:, None])
             return jnp.where(on, jnp.sum(keep, -1), 1)
 
-        thr = _cut(x, n_keep)
+        thr = _cut(x, n_keep, view=view)
         return jnp.where(~on[:, None] | (x >= thr), x, NEG)
 
     return _when(jnp.any(on), stage, x)
 
 
-def min_p(x, p: SamplingParams, skip=None):
+def min_p(x, p: SamplingParams, skip=None, view=None):
     """llama_sampler_min_p: keep logits >= max + log(min_p), at least min_keep."""
     mp = p.min_p[:, None]
     on = (mp > 0) & ~(_no_skip(x) if skip is None else skip)[:, None]
@@ -271,7 +304,7 @@ def min_p(x, p: SamplingParams, skip=None):
         keep_n = jnp.maximum(p.min_keep, 1)
         floor = jax.lax.cond(
             jnp.any(keep_n > 1),
-            lambda f: jnp.minimum(f, _cut(x, lambda vals: keep_n)),
+            lambda f: jnp.minimum(f, _cut(x, lambda vals: keep_n, view=view)),
             lambda f: f,
             floor,
         )
@@ -343,15 +376,27 @@ def temperature(x, p: SamplingParams, dynamic: bool = True):
     return _when(jnp.any(r > 0), dynatemp, y)
 
 
-def _draw(key, x, greedy=None):
+def _draw(key, x, greedy=None, view=None):
     """One draw per row from the candidates x [B, V]; when every row has a single
     candidate left (greedy: temperature <= 0 keeps only the best), its index, without
     drawing V random numbers per row. `greedy` [B]: rows known to have one (`greedy_rows`),
-    so that every row greedy does not count the candidates either."""
+    so that every row greedy does not count the candidates either. `view`: `top_k_view`'s,
+    where it holds every row's candidates the draw is over its logits only."""
 
-    def categorical():  # jax.random.categorical's Gumbel draw, through the fast argmax
+    def gumbel_max(key, x):  # jax.random.categorical's Gumbel draw, through the fast argmax
         noise = jax.vmap(lambda k: jax.random.gumbel(k, x.shape[-1:], x.dtype))(key)
         return argmax(noise + x)
+
+    def categorical():
+        if view is None:
+            return gumbel_max(key, x)
+        ids, ok = view
+
+        def in_view():
+            j = gumbel_max(key, jnp.take_along_axis(x, ids, -1))
+            return jnp.take_along_axis(ids, j[:, None], -1)[:, 0]
+
+        return jax.lax.cond(jnp.all(ok), in_view, lambda: gumbel_max(key, x))
 
     def draw():
         single = jnp.all(_n_finite(x) <= 1)
@@ -407,7 +452,7 @@ def mirostat(x, p: SamplingParams, mu, key, version: int):
 def final_logits(logits, p: SamplingParams, st: SamplerState, mask=None, keys=None):
     """The candidates the draw sees (vocabulary order, -inf = excluded), for the
     non-mirostat plans; exposed so tests can compare whole distributions."""
-    return _chain(logits, p, st, mask, keys if keys is not None else _keys(st)[1])
+    return _chain(logits, p, st, mask, keys if keys is not None else _keys(st)[1])[0]
 
 
 def _keys(st):
@@ -460,7 +505,9 @@ def greedy_after(order: Sequence[str], p: SamplingParams, B: int) -> list[jax.Ar
 
 
 def _chain(logits, p: SamplingParams, st: SamplerState, mask, xtc_key):
+    """(the candidates x [B, V], the view of the last top-k stage or None: `top_k_view`)."""
     x = _prepare(logits, p, mask)
+    view = None
     hist, count = ordered_history(st)
     skips = greedy_after(p.order, p, x.shape[0])
     for stage, skip in zip(p.order, skips, strict=True):
@@ -471,20 +518,20 @@ def _chain(logits, p: SamplingParams, st: SamplerState, mask, xtc_key):
         elif stage == "top_n_sigma":
             x = top_n_sigma(x, p, skip)
         elif stage == "top_k":
-            x = top_k(x, p, skip)
+            x, view = top_k_view(x, p, skip)
         elif stage == "typ_p":
             x = typical(x, p)
         elif stage == "top_p":
-            x = top_p(x, p, skip)
+            x = top_p(x, p, skip, view)
         elif stage == "min_p":
-            x = min_p(x, p, skip)
+            x = min_p(x, p, skip, view)
         elif stage == "xtc":
             x = xtc(x, p, xtc_key)
         elif stage == "temperature":
             x = temperature(x, p)
         elif stage == "temperature_plain":
             x = temperature(x, p, dynamic=False)
-    return x
+    return x, view
 
 
 # -- log-probabilities ----------------------------------------------------------------------
@@ -534,11 +581,11 @@ def sample(logits: jax.Array, p: SamplingParams, st: SamplerState, mask: jax.Arr
     miro = [s for s in order if s.startswith("mirostat")]
     if miro:
         p_chain = dataclasses.replace(p, order=tuple(o for o in order if o not in miro))
-        x = _chain(logits, p_chain, st, mask, xtc_key)
+        x = _chain(logits, p_chain, st, mask, xtc_key)[0]
         tok, x, mu = mirostat(x, p, mu, draw_key, int(miro[0][-1]))
     else:
-        x = _chain(logits, p, st, mask, xtc_key)
-        tok = _draw(draw_key, x, greedy_rows(order, p))
+        x, view = _chain(logits, p, st, mask, xtc_key)
+        tok = _draw(draw_key, x, greedy_rows(order, p), view)
     tok = tok.astype(jnp.int32)
     # log_softmax's values at the tokens wanted, without the [B, V] array: one reduction
     x = logits.astype(jnp.float32)

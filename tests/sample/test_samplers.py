@@ -266,6 +266,29 @@ def test_frequencies_follow_tempered_softmax():
     np.testing.assert_allclose(freq, expect, atol=0.03)
 
 
+def test_frequencies_after_top_k_follow_its_tempered_softmax():
+    """Past a top-k cut the draw reads top-k's view of the best logits only
+    (`top_k_view`): the frequencies are still the tempered softmax of the k kept, over a
+    vocabulary larger than the view."""
+    logits = np.random.default_rng(4).normal(-4.0, 0.5, size=2000).astype(np.float32)
+    best = np.array([1700, 3, 911, 1500])  # spread over the vocabulary, in no order
+    logits[best] = [2.0, 1.5, 1.0, 0.0]
+    s = Sampler(temperature=0.7, top_k=4, top_p=1.0, min_p=0.0)
+    toks = draw(logits, s, 4000)
+    assert set(toks.tolist()) <= set(best.tolist())
+    freq = np.array([np.mean(toks == b) for b in best])
+    expect = np.exp(logits[best] / 0.7) / np.exp(logits[best] / 0.7).sum()
+    np.testing.assert_allclose(freq, expect, atol=0.03)
+
+
+def test_ties_past_the_view_are_drawn_from_all_the_kept():
+    """top-k keeps every candidate tied at its cut; where they outnumber the view, the
+    draw is over the whole vocabulary (tokens past the view's 512 do come up)."""
+    logits = np.zeros(1500, np.float32)
+    toks = draw(logits, Sampler(temperature=1.0, top_k=1, top_p=1.0, min_p=0.0), 600)
+    assert toks.max() >= 512 and len(set(toks.tolist())) > 300
+
+
 def test_greedy_and_top_k_1_are_argmax():
     logits = np.random.default_rng(0).normal(size=(5, 100)).astype(np.float32)
     state = SamplerState.init([Sampler(seed=i) for i in range(5)])
