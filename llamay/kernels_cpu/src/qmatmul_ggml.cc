@@ -305,24 +305,15 @@ inline v32b quants32(const uint8_t* b) {
   if (T == Q8_0) return ld<v32b>(b + 2);
   constexpr int qs = T == Q4_0 ? 2 : T == Q4_1 ? 4 : T == Q5_0 ? 6 : 8;
 #if defined(LLAMAY_AVX2)
-  // the 16 bytes in both halves, the upper shifted right by 4 (a 64-bit shift: the bits
-  // it moves across bytes are masked off), low nibbles then high ones
-  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(b + qs)));
-  __m256i q = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
   if (T == Q5_0 || T == Q5_1) {
     uint32_t bits;
     std::memcpy(&bits, b + qs - 4, 4);
-#if defined(LLAMAY_AVX512BW)
-    q = _mm256_or_si256(q, _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(0x10)));
-#else
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)bits),
-        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-    const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);  // all bits but the one
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
-    q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-#endif
+    return (v32b)q5_quants32(b + qs, bits);
   }
+  // the 16 bytes in both halves, the upper shifted right by 4 (a 64-bit shift: the bits
+  // it moves across bytes are masked off), low nibbles then high ones
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(b + qs)));
+  const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
   return (v32b)q;
 #else
   v32b q;
