@@ -18,8 +18,8 @@ import numpy as np
 
 from llamay.engine.steps import (
     decode_logits,
-    decode_step,
     decode_many,
+    decode_step,
     prefill_logits,
     prefill_step,
     sample_masked,

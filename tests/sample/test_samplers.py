@@ -302,11 +302,12 @@ def test_greedy_row_keeps_cuts_a_later_stage_could_overturn():
     here the penalty after top-k = 1 pushes the best below the second, and top-k still
     decides (llama.cpp's chain in this order draws token 0)."""
     lg = np.array([3.0, 2.9, 0.0, -1.0], np.float32)
-    s = Sampler(temperature=0.0, top_k=1, repeat_penalty=2.0, samplers="top_k;penalties;temperature")
+    greedy = dict(temperature=0.0, top_k=1, repeat_penalty=2.0)
+    s = Sampler(**greedy, samplers="top_k;penalties;temperature")
     p = SamplingParams.stack([s], 4)
     toks, _ = sample_jit(jnp.asarray(lg[None]), p, SamplerState.init([s], [[0]]))
     assert int(toks[0]) == 0
-    swapped = Sampler(temperature=0.0, top_k=1, repeat_penalty=2.0, samplers="penalties;top_k;temperature")
+    swapped = Sampler(**greedy, samplers="penalties;top_k;temperature")
     p = SamplingParams.stack([swapped], 4)
     toks, _ = sample_jit(jnp.asarray(lg[None]), p, SamplerState.init([swapped], [[0]]))
     assert int(toks[0]) == 1  # penalised first: 3.0 / 2 = 1.5 < 2.9
