@@ -44,9 +44,12 @@ def _cut(x: jax.Array, n_keep_fn, decided_fn=None, view=None) -> jax.Array:
             return jnp.take_along_axis(vals, jnp.clip(n, 1, ids.shape[-1])[:, None] - 1, -1)
 
         return jax.lax.cond(jnp.all(ok), from_view, lambda _: _cut(x, n_keep_fn, decided_fn), None)
-    V = x.shape[-1]
-    K = min(V, VIEW)
-    vals = jax.lax.top_k(x, K)[0]
+    return _cut_in(x, jax.lax.top_k(x, min(x.shape[-1], VIEW))[0], n_keep_fn, decided_fn)
+
+
+def _cut_in(x, vals, n_keep_fn, decided_fn=None):
+    """`_cut` given the top values of x (`lax.top_k`'s, best first)."""
+    V, K = x.shape[-1], vals.shape[-1]
     n = n_keep_fn(vals)
     decided = (n < K) | (K == V) if decided_fn is None else decided_fn(vals, n)
 
@@ -223,7 +226,7 @@ def dry(x, p: SamplingParams, hist, count):
 
 def top_n_sigma(x, p: SamplingParams, skip=None):
     """llama_sampler_top_n_sigma: keep logits >= max - n·σ (population σ of the finite logits)."""
-    skip = _no_skip(x) if skip is None else skip
+    skip = _skipped(x, skip)
     return _when(jnp.any((p.top_n_sigma > 0) & ~skip), lambda y: _top_n_sigma(y, p, skip), x)
 
 
@@ -249,22 +252,15 @@ def top_k_view(x, p: SamplingParams, skip=None):
     it stays a superset: the cuts and the draw after it read those VIEW' logits, not V."""
     V = x.shape[-1]
     K = min(V, VIEW)
-    on = (p.top_k > 0) & ~(_no_skip(x) if skip is None else skip)
+    on = (p.top_k > 0) & ~_skipped(x, skip)
     k = jnp.where(on, jnp.minimum(p.top_k, V), 1)
 
     def stage(x):
         vals, ids = jax.lax.top_k(x, K)
-        decided = (k < K) | (K == V)
-
-        def full(_):
-            sv = -jnp.sort(-x, axis=-1)
-            return jnp.take_along_axis(sv, jnp.clip(k, 1, V)[:, None] - 1, -1)
-
-        in_view = jnp.take_along_axis(vals, jnp.clip(k, 1, K)[:, None] - 1, -1)
-        thr = jax.lax.cond(jnp.all(decided), lambda _: in_view, full, None)
+        thr = _cut_in(x, vals, lambda vals: k)
         y = jnp.where(~on[:, None] | (x >= thr), x, NEG)
-        # ties at the threshold may keep more than the view holds
-        ok = on & decided & (_n_finite(y) <= K)
+        # a cut past the view, or ties at the threshold, may keep more than the view holds
+        ok = on & ((k < K) | (K == V)) & (_n_finite(y) <= K)
         return y, ids.astype(jnp.int32), ok
 
     def off(x):
@@ -276,7 +272,7 @@ def top_k_view(x, p: SamplingParams, skip=None):
 
 def top_p(x, p: SamplingParams, skip=None, view=None):
     """llama_sampler_top_p: the shortest best-first prefix whose mass reaches p."""
-    on = (p.top_p < 1.0) & ~(_no_skip(x) if skip is None else skip)
+    on = (p.top_p < 1.0) & ~_skipped(x, skip)
     least = jnp.maximum(p.min_keep, 1)
 
     def stage(x):
@@ -297,7 +293,7 @@ def top_p(x, p: SamplingParams, skip=None, view=None):
 def min_p(x, p: SamplingParams, skip=None, view=None):
     """llama_sampler_min_p: keep logits >= max + log(min_p), at least min_keep."""
     mp = p.min_p[:, None]
-    on = (mp > 0) & ~(_no_skip(x) if skip is None else skip)[:, None]
+    on = (mp > 0) & ~_skipped(x, skip)[:, None]
 
     def stage(x):
         floor = jnp.max(x, -1, keepdims=True) + jnp.log(jnp.maximum(mp, 1e-30))
@@ -473,8 +469,9 @@ def _prepare(logits, p, mask):
 MAX_KEEPING = ("top_n_sigma", "top_k", "top_p", "min_p")
 
 
-def _no_skip(x):
-    return jnp.zeros(x.shape[:1], bool)
+def _skipped(x, skip):
+    """[B] bool: the rows a stage is skipped for (`greedy_after`; None: none)."""
+    return jnp.zeros(x.shape[:1], bool) if skip is None else skip
 
 
 def greedy_after(order: Sequence[str], p: SamplingParams, B: int) -> list[jax.Array]:
