@@ -71,7 +71,7 @@ def test_exact_matches_the_f32_dot_of_the_dequantised_weight(t, m):
         assert_close_sums(got, want, x, w, (t.name, n, k))
 
 
-@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("m", MS + PREFILL_MS)
 @pytest.mark.parametrize("t", sorted(Q8_TYPES | K_TYPES), ids=lambda t: t.name)
 def test_llamacpp_is_bit_identical_to_the_ggml_emulation(t, m):
     for n, k in shapes(t):
