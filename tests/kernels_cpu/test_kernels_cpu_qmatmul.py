@@ -32,6 +32,8 @@ MS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 64]
 #: Prefill rows past the exact kernel's tiles of x rows (16 on AVX2, 32 on AVX-512): a
 #: partial tile after several whole ones.
 PREFILL_MS = [37, 130]
+#: Rows short of a panel block, through the decode tiles in groups of x rows.
+GROUPED_MS = [16, 23]
 
 
 pytestmark = pytest.mark.usefixtures("native_kernels")  # conftest.py
@@ -61,7 +63,7 @@ def weight(t: GGMLType, n: int, k: int, numerics: str, seed: int = 0) -> QTensor
     return QTensor.from_raw(raw, t, numerics)
 
 
-@pytest.mark.parametrize("m", MS + PREFILL_MS)
+@pytest.mark.parametrize("m", MS + GROUPED_MS + PREFILL_MS)
 @pytest.mark.parametrize("t", sorted(EXACT_TYPES - set(IQ_TYPES)), ids=lambda t: t.name)
 def test_exact_matches_the_f32_dot_of_the_dequantised_weight(t, m):
     for n, k in shapes(t):
