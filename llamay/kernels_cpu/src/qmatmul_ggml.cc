@@ -475,6 +475,148 @@ void q8_tile_zmm(const Q8Job& j, int64_t r0, int64_t m0) {
 }
 #endif
 
+#if defined(LLAMAY_ZMM_TILE)
+// q8_tile (not WHOLE) transposed, for 2+ activation rows: 16 weight rows per register,
+// one register per lane l of the block (ggml's acc_l), so that a 512-bit vpdpbusd forms
+// lane l of 16 outputs from the weights' lane-l bytes and one broadcast dword of x, and
+// d = d_a·d_w is one multiply per 16 outputs and block, shared by the 8 lanes. Each
+// output's integer lane sums, products, FMAs and final hsum8 are q8_tile's, in its
+// order (the same bits); per lane and block 3 vector ops instead of q8_tile_zmm's 4,
+// and the weights are decoded once per call instead of once per 8 activation rows.
+//
+// A group of 16 weight rows is first decoded into TBlocks: per block, w[l] = dword l
+// (4 quants) of each of the 16 rows, unsigned as dot_u reads them (Q8_0: w + 128, its
+// bias taken off through the activations' lane sums, -128·Σa), and the rows' scales.
+struct alignas(64) TBlock {
+  __m512i w[8];
+  __m512 dw, mw;
+};
+
+// 16 rows of 8 dwords (q[n], lane l at dword l) -> out[l] = lane l of rows 0..15.
+inline void transpose16x8(const __m256i* q, __m512i* out) {
+  __m512i p[8];  // rows 2i (low half) and 2i + 1 (high half)
+  for (int i = 0; i < 8; ++i) p[i] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * i]), q[2 * i + 1], 1);
+  // vpermt2d indices (stage, which of two outputs): stage 1 takes rows 4g..4g+3 of two
+  // pairs to [lane][row] for lanes 0-3 / 4-7; stage 2 rows 8g..8g+7 of two stage-1
+  // results, their lanes (0,1) / (2,3); stage 3 rows 0..15, the first / second lane
+  static constexpr auto idx = [] {
+    struct { alignas(64) int32_t v[3][2][16]; } t{};
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < 16; ++r) {
+        t.v[0][h][r] = (r % 4 / 2) * 16 + (r % 2) * 8 + 4 * h + r / 4;
+        t.v[1][h][r] = (r % 8 / 4) * 16 + 4 * (2 * h + r / 8) + r % 4;
+        t.v[2][h][r] = (r / 8) * 16 + 8 * h + r % 8;
+      }
+    return t;
+  }();
+  const __m512i a1 = _mm512_load_si512(idx.v[0][0]), b1 = _mm512_load_si512(idx.v[0][1]);
+  const __m512i a2 = _mm512_load_si512(idx.v[1][0]), b2 = _mm512_load_si512(idx.v[1][1]);
+  const __m512i a3 = _mm512_load_si512(idx.v[2][0]), b3 = _mm512_load_si512(idx.v[2][1]);
+  __m512i s1[2][4];  // [lanes 0-3 / 4-7][row group g]
+  for (int g = 0; g < 4; ++g) {
+    s1[0][g] = _mm512_permutex2var_epi32(p[2 * g], a1, p[2 * g + 1]);
+    s1[1][g] = _mm512_permutex2var_epi32(p[2 * g], b1, p[2 * g + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {      // lanes 4h..4h+3
+    __m512i s2[2][2];                // [row half][lane pair]
+    for (int g = 0; g < 2; ++g) {
+      s2[g][0] = _mm512_permutex2var_epi32(s1[h][2 * g], a2, s1[h][2 * g + 1]);
+      s2[g][1] = _mm512_permutex2var_epi32(s1[h][2 * g], b2, s1[h][2 * g + 1]);
+    }
+    for (int pr = 0; pr < 2; ++pr) {  // lanes 4h + 2pr, 4h + 2pr + 1
+      out[4 * h + 2 * pr] = _mm512_permutex2var_epi32(s2[0][pr], a3, s2[1][pr]);
+      out[4 * h + 2 * pr + 1] = _mm512_permutex2var_epi32(s2[0][pr], b3, s2[1][pr]);
+    }
+  }
+}
+
+template <int32_t T>
+void t_decode(const Q8Job& j, int64_t r0, TBlock* tb) {
+  constexpr bool has_m = T == Q4_1 || T == Q5_1;
+  constexpr int bb = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
+  const uint8_t* row0 = j.w + r0 * j.d.row_bytes;
+  const int64_t rb = j.d.row_bytes, nb = j.nb;
+  const __m512i starts = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)rb));
+  // the rows in order first (a stream the hardware prefetchers follow; 16 rows a block
+  // apart are not one), each block's quants to q[b][r], the next group's row prefetched
+  // as it goes; then each block's 16 rows transposed
+  __m256i* q = (__m256i*)tb;  // TBlock's w[8] hold 16 rows of 32 bytes: decoded in place
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* row = row0 + r * rb;
+    for (int64_t b = 0; b < nb; ++b) {
+      if (r0 + 32 <= j.d.n) prefetch(row + 16 * rb + b * bb);
+      _mm256_store_si256(q + b * (sizeof(TBlock) / 32) + r, (__m256i)quants32<T>(row + b * bb));
+    }
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i rows[16];
+    for (int r = 0; r < 16; ++r) rows[r] = _mm256_load_si256(q + b * (sizeof(TBlock) / 32) + r);
+    transpose16x8(rows, tb[b].w);
+    if (T == Q8_0)
+      for (int l = 0; l < 8; ++l) tb[b].w[l] = _mm512_xor_si512(tb[b].w[l], _mm512_set1_epi8((char)0x80));
+    // the 16 rows' d (and m) in one gather: f16 d in the low half of each dword, m above
+    const __m512i dm = _mm512_i32gather_epi32(starts, row0 + b * bb, 1);
+    tb[b].dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    if (has_m) tb[b].mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+  }
+}
+
+// Outputs rows [r0, r0 + 16) x activation rows [m0, m0 + TT) over the decoded group.
+template <int32_t T, int TT>
+void t_tile(const Q8Job& j, const TBlock* tb, int64_t r0, int64_t m0) {
+  constexpr bool has_m = T == Q4_1 || T == Q5_1;
+  constexpr bool biased = T != Q4_1 && T != Q5_1;  // Q8_0 too (w + 128)
+  const int64_t nb = j.nb;
+  const Acts& a = *j.a;
+  __m512 acc[TT][8], msum[TT];
+  for (int t = 0; t < TT; ++t) {
+    msum[t] = _mm512_setzero_ps();
+    for (int l = 0; l < 8; ++l) acc[t][l] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i w[8];
+    for (int l = 0; l < 8; ++l) w[l] = _mm512_load_si512(&tb[b].w[l]);
+    const __m512 dw = tb[b].dw;
+    for (int t = 0; t < TT; ++t) {
+      const int64_t i = (m0 + t) * nb + b;
+      const int32_t* qa = (const int32_t*)&a.qs[i * 32];
+      const int32_t* corr = biased ? &a.corr[i * 8] : nullptr;
+      const __m512 d = _mm512_mul_ps(_mm512_set1_ps(a.d[i]), dw);
+      for (int l = 0; l < 8; ++l) {
+        const __m512i init = biased ? _mm512_set1_epi32(corr[l]) : _mm512_setzero_si512();
+        const __m512i s = _mm512_dpbusd_epi32(init, w[l], _mm512_set1_epi32(qa[l]));
+        acc[t][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[t][l]);
+      }
+      if (has_m) msum[t] = _mm512_add_ps(msum[t], _mm512_mul_ps(_mm512_set1_ps(a.s[i]), tb[b].mw));
+    }
+  }
+  for (int t = 0; t < TT; ++t) {  // hsum8's order, 16 outputs at once
+    const __m512 t0 = _mm512_add_ps(acc[t][4], acc[t][0]), t1 = _mm512_add_ps(acc[t][5], acc[t][1]);
+    const __m512 t2 = _mm512_add_ps(acc[t][6], acc[t][2]), t3 = _mm512_add_ps(acc[t][7], acc[t][3]);
+    __m512 y = _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
+    if (has_m) y = _mm512_add_ps(y, msum[t]);
+    _mm512_storeu_ps(j.y + (m0 + t) * j.d.n + r0, y);
+  }
+}
+
+// Whole groups of 16 weight rows in [n0, n1) against all activation rows; returns the
+// first row not done.
+template <int32_t T>
+int64_t t_range(const Q8Job& j, int64_t n0, int64_t n1) {
+  if (n1 - n0 < 16) return n0;
+  std::vector<TBlock> tb(j.nb);
+  int64_t r = n0;
+  for (; r + 16 <= n1; r += 16) {
+    t_decode<T>(j, r, tb.data());
+    int64_t m0 = 0;
+    for (; m0 + 2 <= j.d.m; m0 += 2) t_tile<T, 2>(j, tb.data(), r, m0);
+    if (m0 < j.d.m) t_tile<T, 1>(j, tb.data(), r, m0);
+  }
+  return r;
+}
+#endif
+
 // lane i = Σ of v[i]'s lanes (integers: any grouping).
 inline v8i hsum_each(const v8i* v) {
 #if defined(LLAMAY_AVX2)
@@ -550,6 +692,12 @@ void q8_range(const Q8Job& j, int64_t n0, int64_t n1) {
       &q8_range_mt<T, WHOLE, 1>, &q8_range_mt<T, WHOLE, 2>, &q8_range_mt<T, WHOLE, 3>,
       &q8_range_mt<T, WHOLE, 4>, &q8_range_mt<T, WHOLE, 5>, &q8_range_mt<T, WHOLE, 6>,
       &q8_range_mt<T, WHOLE, 7>, &q8_range_mt<T, WHOLE, 8>};
+#if defined(LLAMAY_ZMM_TILE) && !defined(LLAMAY_NO_T_TILE)
+  // 8+ rows (fewer: measured slower than q8_tile_zmm, the decoding not paid back), then
+  // the rows past its groups of 16
+  if (!WHOLE && j.d.m >= 8) n0 = t_range<T>(j, n0, n1);
+  if (n0 >= n1) return;
+#endif
   if (j.d.m <= 8) return by_mt[j.d.m - 1](j, n0, n1, 0);
   // Row blocks of 16 weight rows (a few KB: stay in L1) against all activation rows.
   for (int64_t s = n0; s < n1; s += 16) {
@@ -560,14 +708,19 @@ void q8_range(const Q8Job& j, int64_t n0, int64_t n1) {
 
 // The activations of one call for a weight type's dot (Q8_0 with Q4_0's / Q5_0's bias
 // sums or none, Q8_1, Q8_K), quantised over the pool.
-enum ActKind : int { A_Q8_0 = 0, A_Q8_0_B8, A_Q8_0_B16, A_Q8_1, A_Q8_K, A_KINDS };
+// (AVX-512 VNNI: Q8_0's transposed tile reads w + 128, so its activations carry -128·Σa)
+enum ActKind : int { A_Q8_0 = 0, A_Q8_0_B8, A_Q8_0_B16, A_Q8_0_B128, A_Q8_1, A_Q8_K, A_KINDS };
 inline int act_kind(int32_t type) {
   switch (type) {
     case Q4_0: return A_Q8_0_B8;
     case Q5_0: return A_Q8_0_B16;
     case Q4_1:
     case Q5_1: return A_Q8_1;
+#if defined(LLAMAY_ZMM_TILE)
+    case Q8_0: return A_Q8_0_B128;
+#else
     case Q8_0: return A_Q8_0;
+#endif
     default: return A_Q8_K;
   }
 }
@@ -583,7 +736,7 @@ void quantize_acts(ffi::ThreadPool& pool, const float* xp, int64_t m, int64_t k,
   }
   const int64_t nb = k / 32;
   const bool q8_1 = kind == A_Q8_1;
-  const int bias = kind == A_Q8_0_B8 ? 8 : kind == A_Q8_0_B16 ? 16 : 0;
+  const int bias = kind == A_Q8_0_B8 ? 8 : kind == A_Q8_0_B16 ? 16 : kind == A_Q8_0_B128 ? 128 : 0;
   a.d.resize(m * nb);
   a.mp = (m + 7) / 8 * 8;
   if (q8_1) a.s.resize(m * nb), a.st.assign(nb * a.mp, 0.0f);
@@ -616,7 +769,12 @@ ffi::Error q8_part(Acts* a, const Weight& wt, const Dims& d, float* y, int32_t t
     default: p->q8_rows = &q8_range<Q8_0, false>; break;
   }
   p->n = d.n;
-  p->per = rows_per_task(d.n, threads, 8, d.n * d.k * d.m);
+#if defined(LLAMAY_ZMM_TILE)
+  const int64_t multiple = 16;  // t_range's groups
+#else
+  const int64_t multiple = 8;
+#endif
+  p->per = rows_per_task(d.n, threads, multiple, d.n * d.k * d.m);
   p->tasks = (d.n + p->per - 1) / p->per;
   return ffi::Error::Success();
 }
