@@ -49,6 +49,12 @@
 #define LLAMAY_ZMM_TILE 1  // two activation rows per 512-bit register (q8_tile_zmm)
 #endif
 #endif
+// Row tasks are whole multiples of this (the transposed tiles' groups of 16 weight rows)
+#if defined(LLAMAY_ZMM_TILE)
+#define LLAMAY_ZMM_ROWS 16
+#else
+#define LLAMAY_ZMM_ROWS 2
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -769,12 +775,7 @@ ffi::Error q8_part(Acts* a, const Weight& wt, const Dims& d, float* y, int32_t t
     default: p->q8_rows = &q8_range<Q8_0, false>; break;
   }
   p->n = d.n;
-#if defined(LLAMAY_ZMM_TILE)
-  const int64_t multiple = 16;  // t_range's groups
-#else
-  const int64_t multiple = 8;
-#endif
-  p->per = rows_per_task(d.n, threads, multiple, d.n * d.k * d.m);
+  p->per = rows_per_task(d.n, threads, std::max(8, LLAMAY_ZMM_ROWS), d.n * d.k * d.m);
   p->tasks = (d.n + p->per - 1) / p->per;
   return ffi::Error::Success();
 }
@@ -1109,10 +1110,129 @@ void k_range_mt(const KJob& j, int64_t n0, int64_t n1, int64_t m0, const KBlock*
   for (int64_t r = n0; r < n1; ++r) tile(j, r, m0, pre ? pre + (r - n0) * j.nsb : nullptr);
 }
 
+#if defined(LLAMAY_ZMM_TILE)
+// The K-quants' transposed tile (as t_tile for the 32-element types), for the kernels
+// whose f32 operations come per super-block or part of one: Q4_K's repack GEMM (4 parts
+// of 2 sub-blocks: fma(Σ, d_a·d, acc), fma(Σ mins·bsums, d_a·dmin, acc_min)) and Q6_K's
+// tiled GEMM (fma(Σ·d, d_a, acc)). The integer sums are formed per sub-block over 16
+// rows at once (vpdpbusd, x's dword broadcast) and scaled: Q6_K in integers (vpmulld),
+// Q4_K in f32, where every product and sum is an integer below 2^24 (|Σ q·a| <= 32·15·127,
+// scales and mins < 64, two sub-blocks a part), so exact and equal to the int sum's
+// conversion. Q6_K's q - 32 comes in through the chain's start, -32·Σa of the sub-block.
+struct alignas(64) TKBlock {
+  __m512i w[64];   // dword e of the 16 rows' 256 quants (unsigned, as load_kblock)
+  __m512 f[16];    // Q4_K: scales 0-7 (f32), mins 8-15; Q6_K: scales as int32 (cast)
+  __m512 d, dmin;
+};
+
+template <int32_t T>
+void tk_decode(const KJob& j, int64_t r0, TKBlock* tb) {
+  constexpr int bb = T == Q4_K ? 144 : 210;
+  const int64_t nsb = j.nsb, rb = j.d.row_bytes;
+  alignas(64) float sc[16][16], d[16], dmin[16];  // [sub-block / min][row]
+  alignas(64) int32_t sci[16][16];
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    __m256i* q = (__m256i*)tb[sb].w;  // [chunk][row], 32 bytes each: transposed in place
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* b = j.w + (r0 + r) * rb + sb * bb;
+      if (r0 + 32 <= j.d.n) prefetch(b + 16 * rb), prefetch(b + 16 * rb + 64), prefetch(b + 16 * rb + 128);
+      KBlock k;
+      load_kblock<T>(b, k);
+      for (int c = 0; c < 8; ++c) _mm256_store_si256(q + 16 * c + r, _mm256_load_si256((const __m256i*)(k.q + 32 * c)));
+      for (int s = 0; s < 16; ++s) {
+        if (T == Q4_K) sc[s][r] = s < 8 ? (float)k.sc[s] : (float)k.mins[s - 8];
+        else sci[s][r] = k.sc[s];
+      }
+      d[r] = k.d, dmin[r] = k.dmin;
+    }
+    for (int c = 0; c < 8; ++c) {  // chunk c's 16 rows are where its lanes go, w[8c..8c+7]
+      __m256i rows[16];
+      for (int r = 0; r < 16; ++r) rows[r] = _mm256_load_si256(q + 16 * c + r);
+      transpose16x8(rows, tb[sb].w + 8 * c);
+    }
+    for (int s = 0; s < 16; ++s)
+      tb[sb].f[s] = T == Q4_K ? _mm512_load_ps(sc[s]) : _mm512_castsi512_ps(_mm512_load_si512(sci[s]));
+    tb[sb].d = _mm512_load_ps(d), tb[sb].dmin = _mm512_load_ps(dmin);
+  }
+}
+
+// x's lanes e0..e0+n-1 (dwords of 4 quants) of token i against the weights' same lanes,
+// from `init`: the sub-block's integer sums for 16 rows.
+template <int N>
+inline __m512i tk_dots(__m512i init, const __m512i* w, const int32_t* qa) {
+  __m512i s = init;
+  for (int l = 0; l < N; ++l) s = _mm512_dpbusd_epi32(s, w[l], _mm512_set1_epi32(qa[l]));
+  return s;
+}
+
+template <int32_t T, int TT>
+void tk_tile(const KJob& j, const TKBlock* tb, int64_t r0, int64_t m0) {
+  const int64_t nsb = j.nsb;
+  const Acts& a = *j.a;
+  __m512 acc[TT], acc_min[TT];
+  for (int t = 0; t < TT; ++t) acc[t] = acc_min[t] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const TKBlock& k = tb[sb];
+    for (int t = 0; t < TT; ++t) {
+      const int64_t i = (m0 + t) * nsb + sb;
+      const int32_t* qa = (const int32_t*)&a.qs[i * 256];
+      const __m512 da = _mm512_set1_ps(a.d[i]);
+      if (T == Q4_K) {
+        const __m512 d = _mm512_mul_ps(da, k.d), dmin = _mm512_mul_ps(da, k.dmin);
+        const int16_t* bs = &a.bs32[i * 16];
+        for (int p = 0; p < 4; ++p) {
+          const __m512 s0 = _mm512_cvtepi32_ps(tk_dots<8>(_mm512_setzero_si512(), k.w + 16 * p, qa + 16 * p));
+          const __m512 s1 = _mm512_cvtepi32_ps(tk_dots<8>(_mm512_setzero_si512(), k.w + 16 * p + 8, qa + 16 * p + 8));
+          const __m512 sum = _mm512_fmadd_ps(s1, k.f[2 * p + 1], _mm512_mul_ps(s0, k.f[2 * p]));
+          const __m512 mt = _mm512_fmadd_ps(k.f[9 + 2 * p], _mm512_set1_ps((float)bs[2 * p + 1]),
+                                            _mm512_mul_ps(k.f[8 + 2 * p], _mm512_set1_ps((float)bs[2 * p])));
+          acc[t] = _mm512_fmadd_ps(sum, d, acc[t]);
+          acc_min[t] = _mm512_fmadd_ps(mt, dmin, acc_min[t]);
+        }
+      } else {  // Q6_K: sub-blocks of 16 (4 lanes)
+        const int16_t* bs = &a.bsums[i * 16];
+        __m512i s1 = _mm512_setzero_si512();
+        for (int s = 0; s < 16; ++s) {
+          const __m512i sub = tk_dots<4>(_mm512_set1_epi32(-32 * bs[s]), k.w + 4 * s, qa + 4 * s);
+          s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(sub, _mm512_castps_si512(k.f[s])));
+        }
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s1), k.d), da, acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < TT; ++t) {
+    const __m512 y = T == Q4_K ? _mm512_sub_ps(acc[t], acc_min[t]) : acc[t];
+    _mm512_storeu_ps(j.y + (m0 + t) * j.d.n + r0, y);
+  }
+}
+
+// Whole groups of 16 weight rows in [n0, n1) against all activation rows; returns the
+// first row not done.
+template <int32_t T>
+int64_t tk_range(const KJob& j, int64_t n0, int64_t n1) {
+  if (n1 - n0 < 16) return n0;
+  std::vector<TKBlock> tb(j.nsb);
+  int64_t r = n0;
+  for (; r + 16 <= n1; r += 16) {
+    tk_decode<T>(j, r, tb.data());
+    int64_t m0 = 0;
+    for (; m0 + 2 <= j.d.m; m0 += 2) tk_tile<T, 2>(j, tb.data(), r, m0);
+    if (m0 < j.d.m) tk_tile<T, 1>(j, tb.data(), r, m0);
+  }
+  return r;
+}
+#endif
+
 // Blocks of 8 weight rows against all activation rows in tiles of 8; past one tile of
 // activation rows, the block's super-blocks decoded once (a few KB a row: L1/L2) for all.
 template <int32_t T, int KERN>
 void k_range(const KJob& j, int64_t n0, int64_t n1) {
+#if defined(LLAMAY_ZMM_TILE) && !defined(LLAMAY_NO_T_TILE)
+  // (8+ rows; the repack's 4 parts from 4 rows, its GEMV tail below: `qmatmul_native`)
+  if (j.d.m >= 8 && ((T == Q4_K && KERN == K_REPACK && j.parts == 4) || (T == Q6_K && KERN == K_TILED)))
+    n0 = tk_range<T>(j, n0, n1);
+  if (n0 >= n1) return;
+#endif
   static constexpr void (*by_mt[8])(const KJob&, int64_t, int64_t, int64_t, const KBlock*) = {
       &k_range_mt<T, KERN, 1>, &k_range_mt<T, KERN, 2>, &k_range_mt<T, KERN, 3>,
       &k_range_mt<T, KERN, 4>, &k_range_mt<T, KERN, 5>, &k_range_mt<T, KERN, 6>,
@@ -1153,7 +1273,7 @@ ffi::Error k_part(Acts* a, const Weight& wt, const Dims& d, float* y, int32_t ty
     default: p->k_rows = k_kernel<Q6_K>(kernel); break;
   }
   p->n = d.n;
-  p->per = rows_per_task(d.n, threads, 2, d.n * d.k * d.m);
+  p->per = rows_per_task(d.n, threads, LLAMAY_ZMM_ROWS, d.n * d.k * d.m);
   p->tasks = (d.n + p->per - 1) / p->per;
   return ffi::Error::Success();
 }
