@@ -87,12 +87,18 @@ def gemv_tail(x: jax.Array, count: jax.Array | int, f: Callable) -> jax.Array:
     in repack.cpp). f(x) is the kernel over x's rows: the GEMM from 4 rows, else the GEMV."""
     n = x.shape[0]
     y = f(x)
-    if n < 4:
+    if n < 4 or (isinstance(count, int) and count % 4 == 0):
         return y
     g = count - count % 4  # the first GEMV row
-    start = jnp.clip(g, 0, n - 3)
-    tail = f(jax.lax.dynamic_slice_in_dim(x, start, 3))  # 3 rows: the GEMV
-    rows = start + jnp.arange(3)
-    keep = ((rows >= g) & (rows < count))[:, None]
-    old = jax.lax.dynamic_slice_in_dim(y, start, 3)
-    return jax.lax.dynamic_update_slice_in_dim(y, jnp.where(keep, tail, old), start, 0)
+
+    def with_tail(y):
+        start = jnp.clip(g, 0, n - 3)
+        tail = f(jax.lax.dynamic_slice_in_dim(x, start, 3))  # 3 rows: the GEMV
+        rows = start + jnp.arange(3)
+        keep = ((rows >= g) & (rows < count))[:, None]
+        old = jax.lax.dynamic_slice_in_dim(y, start, 3)
+        return jax.lax.dynamic_update_slice_in_dim(y, jnp.where(keep, tail, old), start, 0)
+
+    # only when there is one: a second pass over the weight otherwise (a decode step of 8
+    # rows paid it for nothing)
+    return jax.lax.cond(g < count, with_tail, lambda y: y, y)
