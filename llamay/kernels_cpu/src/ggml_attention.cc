@@ -56,6 +56,7 @@ using namespace gf;
 
 struct Scratch {
   std::vector<float> q, kr, s, e, acc, sums, h, l, parts;
+  std::vector<const uint16_t*> rows;  // the visible keys' V rows
 };
 
 // ggml_float.dot_f16_vec over exact products (a, b: f16 values as f32).
@@ -182,19 +183,66 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
     const float inv = hi > 0.0f ? recip_pair(hi, lo) : 0.0f;
     round_f16_scaled(e, nc * L16, inv);
   }
-  // P.V: acc[g][a][lane][d], a = chunk % 4 for one token, a = 0 for a batch
+  // P.V: acc[g][a][lane][d], a = chunk % 4 for one token, a = 0 for a batch. Each sum
+  // is kept in registers over its lane's keys (in order: the same operations as one key
+  // after another through the whole array, which was load- and store-bound), 16 outputs
+  // at a time.
   const int64_t na = batched ? 1 : 4;
-  sc.acc.assign(G * na * L16 * D, 0.0f);
-  sc.kr.resize(D);
-  for (int64_t j = j0; j <= j1; ++j) {
-    const uint16_t* vr = row_of(p, p.v, b, j, kh);
-    load_row(vr, D, p.vbf16, sc.kr.data());
-    const int64_t c = j / L16, lane = j % L16, a = na == 4 ? c % 4 : 0;
-    for (int64_t g = 0; g < G; ++g) {
-      const float w = sc.e[g * nc * L16 + (j - c0 * L16)];
-      float* acc = sc.acc.data() + ((g * na + a) * L16 + lane) * D;
-      const float* v = sc.kr.data();
-      for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] + w * v[d];
+  sc.acc.resize(G * na * L16 * D);
+  sc.rows.resize(n);
+  for (int64_t j = j0; j <= j1; ++j) sc.rows[j - j0] = row_of(p, p.v, b, j, kh);
+  for (int64_t g = 0; g < G; ++g) {
+    const float* eg = sc.e.data() + g * nc * L16 - c0 * L16;  // eg[j]: key j's probability
+    for (int64_t lane = 0; lane < L16; ++lane) {
+      const int64_t first = j0 + ((lane - j0 % L16) % L16 + L16) % L16;  // its first key
+      int64_t d0 = 0;
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+      if (!p.vbf16 && na == 1)  // four registers of outputs at once: four sums in flight
+        for (; d0 + 4 * L16 <= D; d0 += 4 * L16) {
+          __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+          for (int64_t j = first; j <= j1; j += L16) {
+            const __m512 w = _mm512_set1_ps(eg[j]);
+            const uint16_t* vr = sc.rows[j - j0] + d0;
+            for (int u = 0; u < 4; ++u)
+              acc[u] = _mm512_add_ps(acc[u], _mm512_mul_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(vr + u * L16)))));
+          }
+          for (int u = 0; u < 4; ++u) _mm512_storeu_ps(sc.acc.data() + (g * L16 + lane) * D + d0 + u * L16, acc[u]);
+        }
+      if (!p.vbf16)  // f16 values, 16 outputs a register (mul, then add: no contraction)
+        for (; d0 + L16 <= D; d0 += L16) {
+          const auto term = [&](int64_t j) {
+            const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sc.rows[j - j0] + d0)));
+            return _mm512_mul_ps(_mm512_set1_ps(eg[j]), v);
+          };
+          float* out = sc.acc.data() + (g * na * L16 + lane) * D + d0;
+          if (na == 1) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t j = first; j <= j1; j += L16) acc = _mm512_add_ps(acc, term(j));
+            _mm512_storeu_ps(out, acc);
+          } else {  // chunk c into accumulator c % 4
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            int64_t j = first;
+            for (; j <= j1 && j / L16 % 4; j += L16) acc[j / L16 % 4] = _mm512_add_ps(acc[j / L16 % 4], term(j));
+            for (; j + 3 * L16 <= j1; j += 4 * L16)
+              for (int a = 0; a < 4; ++a) acc[a] = _mm512_add_ps(acc[a], term(j + a * L16));
+            for (; j <= j1; j += L16) acc[j / L16 % 4] = _mm512_add_ps(acc[j / L16 % 4], term(j));
+            for (int64_t a = 0; a < 4; ++a) _mm512_storeu_ps(out + a * L16 * D, acc[a]);
+          }
+        }
+#endif
+      for (; d0 < D; d0 += L16) {
+        const int64_t w16 = std::min<int64_t>(L16, D - d0);
+        float acc[4][L16] = {};
+        float v[L16];
+        for (int64_t j = first; j <= j1; j += L16) {
+          load_row(sc.rows[j - j0] + d0, w16, p.vbf16, v);
+          const float w = eg[j];
+          float* a = acc[na == 4 ? j / L16 % 4 : 0];
+          for (int64_t d = 0; d < w16; ++d) a[d] = a[d] + w * v[d];
+        }
+        for (int64_t a = 0; a < na; ++a)
+          std::copy(acc[a], acc[a] + w16, sc.acc.data() + ((g * na + a) * L16 + lane) * D + d0);
+      }
     }
   }
   // the lanes' sums, vectorised over d: (a0 + a2) + (a1 + a3) for one token, then
