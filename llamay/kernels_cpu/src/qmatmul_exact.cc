@@ -13,6 +13,9 @@
 // - more rows (prefill): x packed k-major once per call, WR weight rows at a time
 //   dequantised into a panel (L1/L2), then register tiles of WR weight rows by 2 vectors
 //   of x rows over all rows of x: each weight row decoded once (the panel loop).
+// - with AMX-BF16 (Sapphire Rapids and later), 32+ rows of the integer-quant types: the
+//   tile unit over x split exactly into three bf16 pieces (amx_range); LLAMAY_NO_AMX
+//   builds without it.
 // LLAMAY_SCALAR (a test build) takes the panel loop with scalar dequantisation.
 // LlamayQmmExactMulti: several weights that read the same x (q, k, v; gate, up) in one
 // call, all their rows in one split over the threads (one handoff instead of one each);
@@ -25,6 +28,11 @@
 #include <cstdint>
 #include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "blocks.h"
 #include "operands.h"
@@ -541,6 +549,8 @@ struct Job {
   int64_t m, k, n, rb;
   const uint8_t* w;
   float* y;
+  const uint16_t* xb = nullptr;  // amx_range: x's bf16 pieces (pack_pieces)
+  const float* sxt = nullptr;    // amx_range: Σx per 32 for 16 rows at a time
 };
 
 using RangeFn = void (*)(const Job&, int64_t, int64_t);
@@ -584,16 +594,187 @@ void grouped_range(const Job& j, int64_t n0, int64_t n1) {
     }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__) && \
+    !defined(LLAMAY_SCALAR) && !defined(LLAMAY_NO_AMX)
+#define LLAMAY_AMX 1
+// -- AMX (8+ x rows, CPUs with AMX-BF16) ---------------------------------------------
+// The tile unit multiplies bf16 pairs with f32 sums: x is split exactly into three bf16
+// pieces (x = hi + mid + lo: 8 significant bits each, every residual exact in f32), the
+// weight's quants are small integers (exact in bf16), so each product is exact and the
+// tiles give Σ x·q per sub-block of 32 (16: Q6_K) in f32, which the vector unit scales:
+// y += scale·Σx·q + offset·Σx, the dequantisation's value·x summed in another order (as
+// the FMA tiles do). Weights are the A tile (16 rows x a sub-block, row-major as decoded),
+// x's pieces the B tile (VNNI pairs of k for 16 x rows, packed once per call): C holds
+// [weight row][x row]; the 16 x 16 sums are transposed once per tile of outputs.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The process asks Linux once for the AMX state (arch_prctl); false where refused.
+bool amx_allowed() {
+  static const bool ok = [] {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ok;
+}
+
+constexpr int64_t AMX_ROWS = 16;
+#ifndef AMX_MIN_ROWS
+// fewer x rows: slower than the FMA tiles (session 12, Q5_0 2048 x 640 at M = 8: 0.56x;
+// Q4_1 1536 x 576 at 16: 0.94x, 32: 1.13x, 128: 1.11x)
+#define AMX_MIN_ROWS 32
+#endif
+
+// x [m, k] -> pieces [m16][3][k / 2][16][2] bf16 (B tiles: rows of k pairs, 16 x rows,
+// zero past m) and, with offsets, Σx per 32 as [m16][k / 32][16].
+void pack_pieces(const float* x, int64_t m, int64_t k, int64_t g0, int64_t g1, uint16_t* xb, float* sxt) {
+  for (int64_t g = g0; g < g1; ++g) {
+    uint16_t* base = xb + g * 3 * k * AMX_ROWS;
+    for (int64_t t = 0; t < AMX_ROWS; ++t) {
+      const int64_t row = g * AMX_ROWS + t;
+      for (int64_t c = 0; c < k; c += 16) {
+        __m512 v = row < m ? _mm512_loadu_ps(x + row * k + c) : _mm512_setzero_ps();
+        if (sxt && c % 32 == 0) {
+          float sum = 0.0f;
+          for (int e = 0; e < 32 && row < m; ++e) sum += x[row * k + c + e];
+          sxt[(g * (k / 32) + c / 32) * AMX_ROWS + t] = sum;
+        }
+        for (int piece = 0; piece < 3; ++piece) {
+          const __m256bh h = _mm512_cvtneps_pbh(v);  // round to nearest even
+          const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
+          v = _mm512_sub_ps(v, back);  // exact
+          alignas(32) uint32_t pairs[8];
+          _mm256_store_si256((__m256i*)pairs, (__m256i)h);
+          uint32_t* out = (uint32_t*)(base + piece * k * AMX_ROWS) + (c / 2) * AMX_ROWS + t;
+          for (int i = 0; i < 8; ++i) out[i * AMX_ROWS] = pairs[i];
+        }
+      }
+    }
+  }
+}
+
+// 16 x 16 floats: out row i = column i of in (rows of 16 lanes).
+inline void transpose16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+      r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+    }
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xDD);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
+template <class D>
+void amx_range(const Job& j, int64_t n0, int64_t n1) {
+  constexpr int BE = 16 * D::VECS, SB = BE / D::SUBS;  // sub-block: 32 or 16 elements
+  const int64_t nb = j.k / BE, ng = j.k / SB, m16 = (j.m + AMX_ROWS - 1) / AMX_ROWS;
+  TileConfig cfg;
+  cfg.rows[0] = 16, cfg.colsb[0] = 64;                                  // C [w row][x row]
+  for (int t = 1; t <= 3; ++t) cfg.rows[t] = SB / 2, cfg.colsb[t] = 64;  // x pieces
+  cfg.rows[4] = 16, cfg.colsb[4] = 2 * SB;                              // weights
+  _tile_loadconfig(&cfg);
+  std::vector<uint16_t> wq(ng * AMX_ROWS * SB);  // [group][row][SB] bf16
+  std::vector<float> sc(ng * AMX_ROWS), of(D::OFFS ? ng * AMX_ROWS : 0);
+  alignas(64) float cbuf[16][16];
+  for (int64_t r0 = n0; r0 < n1; r0 += AMX_ROWS) {
+    const int64_t nr = std::min<int64_t>(AMX_ROWS, n1 - r0);
+    for (int64_t r = 0; r < AMX_ROWS; ++r) {  // decode (rows past nr: zeros)
+      for (int64_t b = 0; b < nb; ++b) {
+        f16v q[D::VECS];
+        float s[D::SUBS], o[D::SUBS];
+        if (r < nr) {
+          const uint8_t* blk = j.w + (r0 + r) * j.rb + b * D::BYTES;
+          prefetch(blk + PREFETCH_AHEAD);
+          D::decode(blk, q, s, o);
+        } else {
+          for (auto& v : q) v = f16v{};
+          for (int i = 0; i < D::SUBS; ++i) s[i] = o[i] = 0.0f;
+        }
+        for (int v = 0; v < D::VECS; ++v) {
+          const int64_t e = b * BE + 16 * v, g = e / SB;
+          uint16_t* dst = &wq[(g * AMX_ROWS + r) * SB + e % SB];
+          _mm256_storeu_si256((__m256i*)dst, (__m256i)_mm512_cvtneps_pbh((__m512)q[v]));
+        }
+        for (int i = 0; i < D::SUBS; ++i) {
+          sc[(b * D::SUBS + i) * AMX_ROWS + r] = s[i];
+          if (D::OFFS) of[(b * D::SUBS + i) * AMX_ROWS + r] = o[i];
+        }
+      }
+    }
+    for (int64_t tg = 0; tg < m16; ++tg) {
+      __m512 acc[16];
+      for (auto& a : acc) a = _mm512_setzero_ps();
+      const uint16_t* xb = j.xb + tg * 3 * j.k * AMX_ROWS;
+      for (int64_t g = 0; g < ng; ++g) {
+        _tile_loadd(4, &wq[g * AMX_ROWS * SB], 2 * SB);
+        _tile_loadd(1, xb + g * SB * AMX_ROWS, 64);
+        _tile_loadd(2, xb + (j.k + g * SB) * AMX_ROWS, 64);
+        _tile_loadd(3, xb + (2 * j.k + g * SB) * AMX_ROWS, 64);
+        _tile_zero(0);
+        _tile_dpbf16ps(0, 4, 1);
+        _tile_dpbf16ps(0, 4, 2);
+        _tile_dpbf16ps(0, 4, 3);
+        _tile_stored(0, cbuf, 64);
+        const float* sg = &sc[g * AMX_ROWS];
+        for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(cbuf[r]), _mm512_set1_ps(sg[r]), acc[r]);
+        if (D::OFFS) {  // groups of 32: Σx per 32
+          const __m512 sx = _mm512_loadu_ps(j.sxt + (tg * (j.k / 32) + g) * AMX_ROWS);
+          const float* og = &of[g * AMX_ROWS];
+          for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(sx, _mm512_set1_ps(og[r]), acc[r]);
+        }
+      }
+      transpose16(acc);  // acc[t]: x row t's 16 outputs
+      const int64_t rows = std::min<int64_t>(AMX_ROWS, j.m - tg * AMX_ROWS);
+      const __mmask16 keep = (__mmask16)((1u << nr) - 1);
+      for (int64_t t = 0; t < rows; ++t) _mm512_mask_storeu_ps(j.y + (tg * AMX_ROWS + t) * j.n + r0, keep, acc[t]);
+    }
+  }
+  _tile_release();
+}
+
+// The types whose decoded quants are integers exact in bf16, with sub-blocks of 32 or 16.
+constexpr bool amx_type(int32_t t) {
+  return t == Q4_0 || t == Q4_1 || t == Q5_0 || t == Q5_1 || t == Q8_0 || t == Q4_K || t == Q5_K || t == Q6_K;
+}
+#endif
+
 struct Plan {
   RangeFn decode = nullptr;  // null: the buffer loop with `row`
   RowFn row = nullptr;
   int sub = 0;  // elements per sub-block with offsets (0: none)
+  bool amx = false, amx_offsets = false;  // decode is amx_range (x packed for it)
 };
 
 template <class D>
-Plan plan_of(int64_t m) {
+Plan plan_of(int64_t m, bool amx) {
   Plan p;
   p.row = &dequant_row_v<D>;
+#if defined(LLAMAY_AMX)
+  constexpr int SB = 16 * D::VECS / D::SUBS;  // sub-blocks of 16 or 32; offsets: Σx per 32
+  if constexpr (SB == 32 || (SB == 16 && !D::OFFS)) {
+    if (amx && m >= AMX_MIN_ROWS && amx_allowed()) {
+      p.decode = &amx_range<D>;
+      p.amx = true;
+      p.amx_offsets = D::OFFS;
+      return p;
+    }
+  }
+#endif
   if (m <= MAX_DECODE_ROWS) {
     p.decode = decode_fn<D>(m);
     if (D::OFFS && m == 1) p.sub = 16 * D::VECS / D::SUBS;
@@ -605,30 +786,35 @@ Plan plan_of(int64_t m) {
 
 Plan plan(int32_t t, int64_t m) {
   Plan p;
+#if defined(LLAMAY_AMX)
+  const bool amx = amx_type(t);
+#else
+  const bool amx = false;
+#endif
 #if !defined(LLAMAY_SCALAR)
   switch (t) {
-    case Q4_0: return plan_of<DQ4_0>(m);
-    case Q4_1: return plan_of<DQ4_1>(m);
-    case Q5_0: return plan_of<DQ5<false>>(m);
-    case Q5_1: return plan_of<DQ5<true>>(m);
-    case Q8_0: return plan_of<DQ8_0>(m);
-    case Q2_K: return plan_of<DQ2_K>(m);
-    case Q3_K: return plan_of<DQ3_K>(m);
-    case Q4_K: return plan_of<DQ45_K<false>>(m);
-    case Q5_K: return plan_of<DQ45_K<true>>(m);
-    case Q6_K: return plan_of<DQ6_K>(m);
-    case IQ4_NL: return plan_of<DNL<IQ4_NL>>(m);
-    case IQ4_XS: return plan_of<DNL<IQ4_XS>>(m);
-    case MXFP4: return plan_of<DNL<MXFP4>>(m);
-    case TQ1_0: return plan_of<DIQ<TQ1_0>>(m);
-    case TQ2_0: return plan_of<DIQ<TQ2_0>>(m);
-    case IQ2_XXS: return plan_of<DIQ<IQ2_XXS>>(m);
-    case IQ2_XS: return plan_of<DIQ<IQ2_XS>>(m);
-    case IQ2_S: return plan_of<DIQ<IQ2_S>>(m);
-    case IQ3_XXS: return plan_of<DIQ<IQ3_XXS>>(m);
-    case IQ3_S: return plan_of<DIQ<IQ3_S>>(m);
-    case IQ1_S: return plan_of<DIQ<IQ1_S>>(m);
-    case IQ1_M: return plan_of<DIQ<IQ1_M>>(m);
+    case Q4_0: return plan_of<DQ4_0>(m, amx);
+    case Q4_1: return plan_of<DQ4_1>(m, amx);
+    case Q5_0: return plan_of<DQ5<false>>(m, amx);
+    case Q5_1: return plan_of<DQ5<true>>(m, amx);
+    case Q8_0: return plan_of<DQ8_0>(m, amx);
+    case Q2_K: return plan_of<DQ2_K>(m, amx);
+    case Q3_K: return plan_of<DQ3_K>(m, amx);
+    case Q4_K: return plan_of<DQ45_K<false>>(m, amx);
+    case Q5_K: return plan_of<DQ45_K<true>>(m, amx);
+    case Q6_K: return plan_of<DQ6_K>(m, amx);
+    case IQ4_NL: return plan_of<DNL<IQ4_NL>>(m, amx);
+    case IQ4_XS: return plan_of<DNL<IQ4_XS>>(m, amx);
+    case MXFP4: return plan_of<DNL<MXFP4>>(m, amx);
+    case TQ1_0: return plan_of<DIQ<TQ1_0>>(m, amx);
+    case TQ2_0: return plan_of<DIQ<TQ2_0>>(m, amx);
+    case IQ2_XXS: return plan_of<DIQ<IQ2_XXS>>(m, amx);
+    case IQ2_XS: return plan_of<DIQ<IQ2_XS>>(m, amx);
+    case IQ2_S: return plan_of<DIQ<IQ2_S>>(m, amx);
+    case IQ3_XXS: return plan_of<DIQ<IQ3_XXS>>(m, amx);
+    case IQ3_S: return plan_of<DIQ<IQ3_S>>(m, amx);
+    case IQ1_S: return plan_of<DIQ<IQ1_S>>(m, amx);
+    case IQ1_M: return plan_of<DIQ<IQ1_M>>(m, amx);
   }
 #endif
   switch (t) {
@@ -693,7 +879,7 @@ ffi::Error part_of(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::U8>& w
     sub_sums(x.typed_data(), m, k, part->p.sub, part->sx.data());
   }
   part->job = Job{x.typed_data(), part->sx.data(), m, k, n, rb, wt.data, y};
-  part->per = rows_per_task(n, threads, part->p.decode ? 4 : WR);
+  part->per = rows_per_task(n, threads, part->p.amx ? 16 : part->p.decode ? 4 : WR);
   part->tasks = (n + part->per - 1) / part->per;
   return ffi::Error::Success();
 }
@@ -711,11 +897,33 @@ void run_parts(ffi::ThreadPool& pool, const Part* parts, int64_t count) {
     xp.resize(blocks * MB * j.k);
     parallel_for(pool, blocks, [&](int64_t b) { pack_x(j.x, j.m, j.k, b, b + 1, xp.data()); });
   }
+#if defined(LLAMAY_AMX)
+  bool amx = false, offsets = false;
+  for (int64_t i = 0; i < count; ++i) amx |= parts[i].p.amx, offsets |= parts[i].p.amx_offsets;
+  std::vector<uint16_t> xb;
+  std::vector<float> sxt;
+  if (amx) {  // x's pieces for the AMX tiles, once for all parts
+    const Job& j = parts[0].job;
+    const int64_t m16 = (j.m + AMX_ROWS - 1) / AMX_ROWS;
+    xb.resize(m16 * 3 * j.k * AMX_ROWS);
+    if (offsets) sxt.resize(m16 * (j.k / 32) * AMX_ROWS);
+    parallel_for(pool, m16, [&](int64_t g) {
+      pack_pieces(j.x, j.m, j.k, g, g + 1, xb.data(), offsets ? sxt.data() : nullptr);
+    });
+  }
+#endif
   parallel_for(pool, total, [&](int64_t task) {
     const Part* part = parts;
     while (task >= part->tasks) task -= (part++)->tasks;
     const Job& j = part->job;
     const int64_t n0 = task * part->per, n1 = std::min(j.n, n0 + part->per);
+#if defined(LLAMAY_AMX)
+    if (part->p.amx) {
+      Job with = j;
+      with.xb = xb.data(), with.sxt = sxt.data();
+      return part->p.decode(with, n0, n1);
+    }
+#endif
     if (part->p.decode) {
       part->p.decode(j, n0, n1);
     } else {
