@@ -5,12 +5,16 @@ Reference: `llamay.quant.qmatmul` (exact: f32 dot over `dequantize_jnp`; llamacp
 bit for bit). The kernels (`src/qmatmul_exact.cc`, `src/qmatmul_ggml.cc`):
 
 - exact, every type the loader accepts: f32 register tiles over weight rows dequantised
-  into a small buffer (values bit-exact; only the summation order differs).
+  into a small buffer (values bit-exact; only the summation order differs); on CPUs with
+  AMX-BF16, 32+ rows of the integer-quant types through the tile unit, x split exactly
+  into three bf16 pieces (each product exact, f32 sums).
 - llamacpp, the 32-element types and the K-quants: the kernel takes the f32 activations
   and quantises them to Q8_0 / Q8_1 / Q8_K once per call as `llamay.quant.act_quant` does
   (ggml's x86 quantize_row_*, bit for bit), then ggml's integer dots (VNNI where the CPU
   has it) and f32 accumulation order. The kernel is chosen from the weight type and x's
-  row count as `qtensor._ggml_kernel` chooses it.
+  row count as `qtensor._ggml_kernel` chooses it. On AVX-512 VNNI, 8+ rows take
+  transposed tiles (16 weight rows per register, ggml's per-lane or per-sub-block f32
+  operations for 16 outputs at once): the same operations per output, so the same bits.
 - llamacpp, F16/BF16 (`src/qmatmul_ggml_float.cc`): x rounded to f16/bf16, then
   tinyBLAS' (2+ rows) or ggml_vec_dot_f16/bf16's (one row) lanes and sums in their order,
   as `ggml_float` emulates them. F32 weights in llamacpp numerics keep the reference.
