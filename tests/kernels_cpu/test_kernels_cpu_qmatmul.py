@@ -203,3 +203,19 @@ def test_prefill_of_every_type_is_native():
             np.testing.assert_array_equal(
                 np.asarray(got), np.asarray(qmatmul_native(x, w, numerics))
             )
+
+
+@pytest.mark.parametrize("t", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_many_weight_rows_per_task(t):
+    """Weight rows past one task's first groups: the AMX loop's chunks of 8 groups of 16
+    rows (a task of 1,200 rows on 2 threads holds several, the last one partial) and the
+    transposed llamacpp tiles' 16-row groups over many tasks."""
+    n, k = 1200, 256
+    x = acts(40, k, 7)
+    w = weight(t, n, k, "exact", seed=3)
+    got = np.asarray(jax.jit(lambda x, w: qmatmul_native(x, w, "exact"))(x, w))
+    want = np.asarray(jax.jit(exact_reference)(x, w), np.float64)
+    assert_close_sums(got, want, x, w, (t.name, n, k))
+    w = weight(t, n, k, "llamacpp", seed=3)
+    got = np.asarray(jax.jit(lambda x, w: qmatmul_native(x, w, "llamacpp"))(x, w))
+    np.testing.assert_array_equal(got, np.asarray(jax.jit(qtensor.ggml_matmul)(x, w)))

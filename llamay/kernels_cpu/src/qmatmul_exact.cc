@@ -679,26 +679,37 @@ inline void transpose16(__m512* r) {
   }
 }
 
+// Weight rows in chunks of up to AMX_CHUNK groups of 16, decoded once (bf16, [group of
+// 16 rows][sub-block][row][SB]); then per 16 x rows and sub-block, x's three pieces are
+// loaded into tiles once and serve every weight group of the chunk (their sums kept in
+// an L1 buffer): per product tile one 1 KB weight tile is loaded, where loading x's 3 KB
+// per weight group ran at a third of the tile unit's speed (from L2). Two sets of weight
+// and sum tiles alternate, so that one group's products overlap the last one's store.
+constexpr int64_t AMX_CHUNK = 8;
+
 template <class D>
 void amx_range(const Job& j, int64_t n0, int64_t n1) {
   constexpr int BE = 16 * D::VECS, SB = BE / D::SUBS;  // sub-block: 32 or 16 elements
   const int64_t nb = j.k / BE, ng = j.k / SB, m16 = (j.m + AMX_ROWS - 1) / AMX_ROWS;
   TileConfig cfg;
-  cfg.rows[0] = 16, cfg.colsb[0] = 64;                                  // C [w row][x row]
+  for (int t : {0, 5}) cfg.rows[t] = 16, cfg.colsb[t] = 64;              // C [w row][x row]
   for (int t = 1; t <= 3; ++t) cfg.rows[t] = SB / 2, cfg.colsb[t] = 64;  // x pieces
-  cfg.rows[4] = 16, cfg.colsb[4] = 2 * SB;                              // weights
+  for (int t : {4, 6}) cfg.rows[t] = 16, cfg.colsb[t] = 2 * SB;          // weights
   _tile_loadconfig(&cfg);
-  std::vector<uint16_t> wq(ng * AMX_ROWS * SB);  // [group][row][SB] bf16
-  std::vector<float> sc(ng * AMX_ROWS), of(D::OFFS ? ng * AMX_ROWS : 0);
-  alignas(64) float cbuf[16][16];
-  for (int64_t r0 = n0; r0 < n1; r0 += AMX_ROWS) {
-    const int64_t nr = std::min<int64_t>(AMX_ROWS, n1 - r0);
-    for (int64_t r = 0; r < AMX_ROWS; ++r) {  // decode (rows past nr: zeros)
+  const int64_t per_group = ng * AMX_ROWS * SB;  // bf16 values of one group of 16 rows
+  std::vector<uint16_t> wq(AMX_CHUNK * per_group);
+  std::vector<float> sc(AMX_CHUNK * ng * AMX_ROWS), of(D::OFFS ? AMX_CHUNK * ng * AMX_ROWS : 0);
+  std::vector<__m512> accs(AMX_CHUNK * 16);
+  alignas(64) float cbuf[2][16][16];
+  for (int64_t c0 = n0; c0 < n1; c0 += AMX_CHUNK * AMX_ROWS) {
+    const int64_t groups = std::min<int64_t>(AMX_CHUNK, (n1 - c0 + AMX_ROWS - 1) / AMX_ROWS);
+    for (int64_t r = 0; r < groups * AMX_ROWS; ++r) {  // decode (rows past n1: zeros)
+      const int64_t wg = r / AMX_ROWS, rr = r % AMX_ROWS;
       for (int64_t b = 0; b < nb; ++b) {
         f16v q[D::VECS];
         float s[D::SUBS], o[D::SUBS];
-        if (r < nr) {
-          const uint8_t* blk = j.w + (r0 + r) * j.rb + b * D::BYTES;
+        if (c0 + r < n1) {
+          const uint8_t* blk = j.w + (c0 + r) * j.rb + b * D::BYTES;
           prefetch(blk + PREFETCH_AHEAD);
           D::decode(blk, q, s, o);
         } else {
@@ -707,41 +718,63 @@ void amx_range(const Job& j, int64_t n0, int64_t n1) {
         }
         for (int v = 0; v < D::VECS; ++v) {
           const int64_t e = b * BE + 16 * v, g = e / SB;
-          uint16_t* dst = &wq[(g * AMX_ROWS + r) * SB + e % SB];
+          uint16_t* dst = &wq[wg * per_group + (g * AMX_ROWS + rr) * SB + e % SB];
           _mm256_storeu_si256((__m256i*)dst, (__m256i)_mm512_cvtneps_pbh((__m512)q[v]));
         }
         for (int i = 0; i < D::SUBS; ++i) {
-          sc[(b * D::SUBS + i) * AMX_ROWS + r] = s[i];
-          if (D::OFFS) of[(b * D::SUBS + i) * AMX_ROWS + r] = o[i];
+          const int64_t at = (wg * ng + b * D::SUBS + i) * AMX_ROWS + rr;
+          sc[at] = s[i];
+          if (D::OFFS) of[at] = o[i];
         }
       }
     }
     for (int64_t tg = 0; tg < m16; ++tg) {
-      __m512 acc[16];
-      for (auto& a : acc) a = _mm512_setzero_ps();
+      for (auto& a : accs) a = _mm512_setzero_ps();
       const uint16_t* xb = j.xb + tg * 3 * j.k * AMX_ROWS;
       for (int64_t g = 0; g < ng; ++g) {
-        _tile_loadd(4, &wq[g * AMX_ROWS * SB], 2 * SB);
         _tile_loadd(1, xb + g * SB * AMX_ROWS, 64);
         _tile_loadd(2, xb + (j.k + g * SB) * AMX_ROWS, 64);
         _tile_loadd(3, xb + (2 * j.k + g * SB) * AMX_ROWS, 64);
-        _tile_zero(0);
-        _tile_dpbf16ps(0, 4, 1);
-        _tile_dpbf16ps(0, 4, 2);
-        _tile_dpbf16ps(0, 4, 3);
-        _tile_stored(0, cbuf, 64);
-        const float* sg = &sc[g * AMX_ROWS];
-        for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(cbuf[r]), _mm512_set1_ps(sg[r]), acc[r]);
-        if (D::OFFS) {  // groups of 32: Σx per 32
-          const __m512 sx = _mm512_loadu_ps(j.sxt + (tg * (j.k / 32) + g) * AMX_ROWS);
-          const float* og = &of[g * AMX_ROWS];
-          for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(sx, _mm512_set1_ps(og[r]), acc[r]);
+        const __m512 sx = D::OFFS ? _mm512_loadu_ps(j.sxt + (tg * (j.k / 32) + g) * AMX_ROWS) : __m512{};
+        // the sums of weight group wg, stored to cbuf[wg % 2], into its accumulators
+        const auto scale = [&](int64_t wg) {
+          __m512* acc = &accs[wg * 16];
+          const float* sg = &sc[(wg * ng + g) * AMX_ROWS];
+          for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(cbuf[wg % 2][r]), _mm512_set1_ps(sg[r]), acc[r]);
+          if (D::OFFS) {
+            const float* og = &of[(wg * ng + g) * AMX_ROWS];
+            for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(sx, _mm512_set1_ps(og[r]), acc[r]);
+          }
+        };
+        for (int64_t wg = 0; wg < groups; ++wg) {
+          const uint16_t* a = &wq[wg * per_group + g * AMX_ROWS * SB];
+          if (wg % 2 == 0) {
+            _tile_loadd(4, a, 2 * SB);
+            _tile_zero(0);
+            _tile_dpbf16ps(0, 4, 1);
+            _tile_dpbf16ps(0, 4, 2);
+            _tile_dpbf16ps(0, 4, 3);
+          } else {
+            _tile_loadd(6, a, 2 * SB);
+            _tile_zero(5);
+            _tile_dpbf16ps(5, 6, 1);
+            _tile_dpbf16ps(5, 6, 2);
+            _tile_dpbf16ps(5, 6, 3);
+          }
+          if (wg > 0) scale(wg - 1);  // the last group's sums, while these run
+          if (wg % 2 == 0) _tile_stored(0, cbuf[0], 64);
+          else _tile_stored(5, cbuf[1], 64);
         }
+        scale(groups - 1);
       }
-      transpose16(acc);  // acc[t]: x row t's 16 outputs
       const int64_t rows = std::min<int64_t>(AMX_ROWS, j.m - tg * AMX_ROWS);
-      const __mmask16 keep = (__mmask16)((1u << nr) - 1);
-      for (int64_t t = 0; t < rows; ++t) _mm512_mask_storeu_ps(j.y + (tg * AMX_ROWS + t) * j.n + r0, keep, acc[t]);
+      for (int64_t wg = 0; wg < groups; ++wg) {
+        __m512* acc = &accs[wg * 16];
+        transpose16(acc);  // acc[t]: x row t's 16 outputs
+        const int64_t r0 = c0 + wg * AMX_ROWS, nr = std::min<int64_t>(AMX_ROWS, n1 - r0);
+        const __mmask16 keep = (__mmask16)((1u << nr) - 1);
+        for (int64_t t = 0; t < rows; ++t) _mm512_mask_storeu_ps(j.y + (tg * AMX_ROWS + t) * j.n + r0, keep, acc[t]);
+      }
     }
   }
   _tile_release();
