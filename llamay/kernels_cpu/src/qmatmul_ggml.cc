@@ -210,21 +210,36 @@ struct Acts {
   std::vector<int16_t> bsums, bs32;
 };
 
-// ggml's x86 quantize_row_q8_0 / q8_1: id = 127/amax, quants rounded to nearest even.
+// ggml's x86 quantize_row_q8_0 / q8_1: id = 127/amax, quants rounded to nearest even
+// (the same products and roundings 16 lanes at a time where AVX-512 is there).
 void quantize_q8(const float* x, int64_t row, int64_t k, bool q8_1, int bias, Acts& a) {
   const int64_t nb = k / 32;
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t i = row * nb + b;
     const float* xb = x + i * 32;
-    float amax = 0.0f;
-    for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(xb[e]));
-    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int8_t* q = &a.qs[i * 32];
     int32_t total = 0;
+    float amax = 0.0f;
+#if defined(LLAMAY_ZMM_TILE)
+    const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+    amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 idv = _mm512_set1_ps(id);
+    const auto quant = [&](__m512 v) {  // nearbyint (the rounding mode: to nearest even)
+      return _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v, idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    };
+    const __m512i q0 = quant(x0), q1 = quant(x1);
+    _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(q1));
+    total = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
+    for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(xb[e]));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
     for (int e = 0; e < 32; ++e) {
       q[e] = (int8_t)std::nearbyint(xb[e] * id);
       total += q[e];
     }
+#endif
     a.d[i] = f16_to_f32(f32_to_f16(d));
     if (q8_1) a.s[i] = a.st[b * a.mp + row] = f16_to_f32(f32_to_f16((float)total * d));
     if (bias)
@@ -240,11 +255,36 @@ void quantize_q8k(const float* x, int64_t row, int64_t k, Acts& a) {
     const int64_t i = row * nsb + b;
     const float* xb = x + i * 256;
     float amax = 0.0f, mx = 0.0f;
+    int8_t* q = &a.qs[i * 256];
+#if defined(LLAMAY_ZMM_TILE)
+    __m512 v[16], m = _mm512_setzero_ps();
+    for (int c = 0; c < 16; ++c) v[c] = _mm512_loadu_ps(xb + 16 * c), m = _mm512_max_ps(m, _mm512_abs_ps(v[c]));
+    amax = _mm512_reduce_max_ps(m);
+    for (int c = 0; c < 16 && amax > 0.0f; ++c)  // the first element of that magnitude
+      if (const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(v[c]), _mm512_set1_ps(amax), _CMP_EQ_OQ)) {
+        mx = xb[16 * c + __builtin_ctz(hit)];
+        break;
+      }
+    if (mx == 0.0f) {
+      a.d[i] = 0.0f;
+      std::memset(q, 0, 256);
+      for (int s = 0; s < 16; ++s) a.bsums[i * 16 + s] = 0;
+    } else {
+      const float iscale = -127.0f / mx;
+      const __m512 is = _mm512_set1_ps(iscale), top = _mm512_set1_ps(127.0f);
+      for (int c = 0; c < 16; ++c) {
+        const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(is, v[c]), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i qi = _mm512_cvtps_epi32(_mm512_min_ps(r, top));
+        _mm_storeu_si128((__m128i*)(q + 16 * c), _mm512_cvtepi32_epi8(qi));
+        a.bsums[i * 16 + c] = (int16_t)_mm512_reduce_add_epi32(qi);
+      }
+      a.d[i] = 1.0f / iscale;
+    }
+#else
     for (int e = 0; e < 256; ++e) {
       const float v = std::fabs(xb[e]);
       if (amax < v) amax = v, mx = xb[e];
     }
-    int8_t* q = &a.qs[i * 256];
     if (mx == 0.0f) {
       a.d[i] = 0.0f;
       std::memset(q, 0, 256);
@@ -258,6 +298,7 @@ void quantize_q8k(const float* x, int64_t row, int64_t k, Acts& a) {
       for (int e = 0; e < 16; ++e) t += q[16 * s + e];
       a.bsums[i * 16 + s] = (int16_t)t;
     }
+#endif
     for (int s = 0; s < 8; ++s) a.bs32[i * 16 + s] = (int16_t)(a.bsums[i * 16 + 2 * s] + a.bsums[i * 16 + 2 * s + 1]);
     for (int s = 8; s < 16; ++s) a.bs32[i * 16 + s] = 0;
   }
