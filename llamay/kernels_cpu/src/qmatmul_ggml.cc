@@ -1177,14 +1177,17 @@ void tk_decode(const KJob& j, int64_t r0, TKBlock* tb) {
     for (int r = 0; r < 16; ++r) {
       const uint8_t* b = j.w + (r0 + r) * rb + sb * bb;
       if (r0 + 32 <= j.d.n) prefetch(b + 16 * rb), prefetch(b + 16 * rb + 64), prefetch(b + 16 * rb + 128);
-      KBlock k;
-      load_kblock<T>(b, k);
-      for (int c = 0; c < 8; ++c) _mm256_store_si256(q + 16 * c + r, _mm256_load_si256((const __m256i*)(k.q + 32 * c)));
+      alignas(32) int8_t qb[256];
+      alignas(32) int16_t scales[16], mins[16];
+      v16h sv, mv;
+      kquant_scales<T>(b, &sv, &mv, &d[r], &dmin[r]);  // (not load_kblock: no per-pair spread)
+      decode_kquant<T>(b, qb);
+      for (int c = 0; c < 8; ++c) _mm256_store_si256(q + 16 * c + r, _mm256_load_si256((const __m256i*)(qb + 32 * c)));
+      std::memcpy(scales, &sv, 32), std::memcpy(mins, &mv, 32);
       for (int s = 0; s < 16; ++s) {
-        if (T == Q4_K) sc[s][r] = s < 8 ? (float)k.sc[s] : (float)k.mins[s - 8];
-        else sci[s][r] = k.sc[s];
+        if (T == Q4_K) sc[s][r] = s < 8 ? (float)scales[s] : (float)mins[s - 8];
+        else sci[s][r] = scales[s];
       }
-      d[r] = k.d, dmin[r] = k.dmin;
     }
     for (int c = 0; c < 8; ++c) {  // chunk c's 16 rows are where its lanes go, w[8c..8c+7]
       __m256i rows[16];
