@@ -223,6 +223,22 @@ inline void dsum(const float* x, int64_t n, std::vector<float>& h, std::vector<f
   h.assign(w, 0.0f);
   l.assign(w, 0.0f);
   std::copy(x, x + n, h.begin());
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  // the levels of 16+ pairs 16 at a time (each lane the scalar loop's operations)
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (; w >= 32; w >>= 1)
+    for (int64_t i = 0; i < w / 2; i += 16) {
+      const __m512 h0 = _mm512_loadu_ps(&h[2 * i]), h1 = _mm512_loadu_ps(&h[2 * i + 16]);
+      const __m512 l0 = _mm512_loadu_ps(&l[2 * i]), l1 = _mm512_loadu_ps(&l[2 * i + 16]);
+      const __m512 a = _mm512_permutex2var_ps(h0, even, h1), b = _mm512_permutex2var_ps(h0, odd, h1);
+      const __m512 sv = _mm512_add_ps(a, b), bb = _mm512_sub_ps(sv, a);
+      const __m512 e = _mm512_add_ps(_mm512_sub_ps(a, _mm512_sub_ps(sv, bb)), _mm512_sub_ps(b, bb));
+      const __m512 ls = _mm512_add_ps(_mm512_permutex2var_ps(l0, even, l1), _mm512_permutex2var_ps(l0, odd, l1));
+      _mm512_storeu_ps(&l[i], _mm512_add_ps(e, ls));  // (i < 2i: read before written)
+      _mm512_storeu_ps(&h[i], sv);
+    }
+#endif
   for (; w > 1; w >>= 1)
     for (int64_t i = 0; i < w / 2; ++i) {
       float s, e;
