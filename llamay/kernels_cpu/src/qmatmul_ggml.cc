@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "blocks.h"
@@ -647,20 +648,29 @@ void t_tile(const Q8Job& j, const TBlock* tb, int64_t r0, int64_t m0) {
   }
 }
 
-// Whole groups of 16 weight rows in [n0, n1) against all activation rows; returns the
-// first row not done.
-template <int32_t T>
-int64_t t_range(const Q8Job& j, int64_t n0, int64_t n1) {
+// Whole groups of 16 weight rows in [n0, n1) against all m activation rows: each group
+// decoded into `blocks` Blocks, then tile(blocks, r0, m0, rows) over pairs of activation
+// rows and a last single one (rows: std::integral_constant 2 or 1). Returns the first
+// row not done (fewer than 16 left).
+template <class Block, class Decode, class Tile>
+int64_t sixteen_row_groups(int64_t n0, int64_t n1, int64_t blocks, int64_t m, Decode decode, Tile tile) {
   if (n1 - n0 < 16) return n0;
-  std::vector<TBlock> tb(j.nb);
+  std::vector<Block> tb(blocks);
   int64_t r = n0;
   for (; r + 16 <= n1; r += 16) {
-    t_decode<T>(j, r, tb.data());
+    decode(r, tb.data());
     int64_t m0 = 0;
-    for (; m0 + 2 <= j.d.m; m0 += 2) t_tile<T, 2>(j, tb.data(), r, m0);
-    if (m0 < j.d.m) t_tile<T, 1>(j, tb.data(), r, m0);
+    for (; m0 + 2 <= m; m0 += 2) tile(tb.data(), r, m0, std::integral_constant<int, 2>{});
+    if (m0 < m) tile(tb.data(), r, m0, std::integral_constant<int, 1>{});
   }
   return r;
+}
+
+template <int32_t T>
+int64_t t_range(const Q8Job& j, int64_t n0, int64_t n1) {
+  return sixteen_row_groups<TBlock>(
+      n0, n1, j.nb, j.d.m, [&](int64_t r, TBlock* tb) { t_decode<T>(j, r, tb); },
+      [&](const TBlock* tb, int64_t r, int64_t m0, auto rows) { t_tile<T, decltype(rows)::value>(j, tb, r, m0); });
 }
 #endif
 
@@ -1250,20 +1260,11 @@ void tk_tile(const KJob& j, const TKBlock* tb, int64_t r0, int64_t m0) {
   }
 }
 
-// Whole groups of 16 weight rows in [n0, n1) against all activation rows; returns the
-// first row not done.
 template <int32_t T>
 int64_t tk_range(const KJob& j, int64_t n0, int64_t n1) {
-  if (n1 - n0 < 16) return n0;
-  std::vector<TKBlock> tb(j.nsb);
-  int64_t r = n0;
-  for (; r + 16 <= n1; r += 16) {
-    tk_decode<T>(j, r, tb.data());
-    int64_t m0 = 0;
-    for (; m0 + 2 <= j.d.m; m0 += 2) tk_tile<T, 2>(j, tb.data(), r, m0);
-    if (m0 < j.d.m) tk_tile<T, 1>(j, tb.data(), r, m0);
-  }
-  return r;
+  return sixteen_row_groups<TKBlock>(
+      n0, n1, j.nsb, j.d.m, [&](int64_t r, TKBlock* tb) { tk_decode<T>(j, r, tb); },
+      [&](const TKBlock* tb, int64_t r, int64_t m0, auto rows) { tk_tile<T, decltype(rows)::value>(j, tb, r, m0); });
 }
 #endif
 
