@@ -6,7 +6,7 @@ bit for bit). The kernels (`src/qmatmul_exact.cc`, `src/qmatmul_ggml.cc`):
 
 - exact, every type the loader accepts: f32 register tiles over weight rows dequantised
   into a small buffer (values bit-exact; only the summation order differs); on CPUs with
-  AMX-BF16, 32+ rows of the integer-quant types through the tile unit, x split exactly
+  AMX-BF16, 16+ rows of the integer-quant types through the tile unit, x split exactly
   into three bf16 pieces (each product exact, f32 sums).
 - llamacpp, the 32-element types and the K-quants: the kernel takes the f32 activations
   and quantises them to Q8_0 / Q8_1 / Q8_K once per call as `llamay.quant.act_quant` does

@@ -4,7 +4,7 @@ llamacpp numerics bit for bit equal to the XLA emulation of ggml's kernels
 (`qtensor.ggml_matmul`, which the llama.cpp goldens hold), over types x shapes: K one
 block and many, N not a multiple of the 4-row tile nor of 8 (ggml's vec/tiled kernels)
 and a multiple of 8 (its repack kernels), M = 1..9 and 64 (exact: also 37 and 130, the
-prefill tiles; on AMX hosts 37, 64 and 130 take the tile unit; llamacpp numerics on
+prefill tiles; on AMX hosts 16 rows and up take the tile unit; llamacpp numerics on
 AVX-512 VNNI: 8 rows and up take the transposed tiles, 16-row groups and a tail). The
 portable scalar build equals the SIMD one. (The i-quants, TQ* and MXFP4:
 test_kernels_cpu_iquants.py.)"""

@@ -13,7 +13,7 @@
 // - more rows (prefill): x packed k-major once per call, WR weight rows at a time
 //   dequantised into a panel (L1/L2), then register tiles of WR weight rows by 2 vectors
 //   of x rows over all rows of x: each weight row decoded once (the panel loop).
-// - with AMX-BF16 (Sapphire Rapids and later), 32+ rows of the integer-quant types: the
+// - with AMX-BF16 (Sapphire Rapids and later), 16+ rows of the integer-quant types: the
 //   tile unit over x split exactly into three bf16 pieces (amx_range); LLAMAY_NO_AMX
 //   builds without it.
 // LLAMAY_SCALAR (a test build) takes the panel loop with scalar dequantisation.
@@ -623,9 +623,10 @@ bool amx_allowed() {
 
 constexpr int64_t AMX_ROWS = 16;
 #ifndef AMX_MIN_ROWS
-// fewer x rows: slower than the FMA tiles (session 12, Q5_0 2048 x 640 at M = 8: 0.56x;
-// Q4_1 1536 x 576 at 16: 0.94x, 32: 1.13x, 128: 1.11x)
-#define AMX_MIN_ROWS 32
+// fewer x rows: slower than the FMA tiles (session 12, kernel_ab, the chunked loop: at
+// M = 8 Q5_0 2048 x 640 0.62x, the Q8_0 head 49152 x 576 0.89x; at 16: 1.09x, 1.56x;
+// Q4_1 1536 x 576 at 16 and 24: 0.97x, 1.06x)
+#define AMX_MIN_ROWS 16
 #endif
 
 // x [m, k] -> pieces [m16][3][k / 2][16][2] bf16 (B tiles: rows of k pairs, 16 x rows,
