@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -629,34 +630,6 @@ constexpr int64_t AMX_ROWS = 16;
 #define AMX_MIN_ROWS 16
 #endif
 
-// x [m, k] -> pieces [m16][3][k / 2][16][2] bf16 (B tiles: rows of k pairs, 16 x rows,
-// zero past m) and, with offsets, Σx per 32 as [m16][k / 32][16].
-void pack_pieces(const float* x, int64_t m, int64_t k, int64_t g0, int64_t g1, uint16_t* xb, float* sxt) {
-  for (int64_t g = g0; g < g1; ++g) {
-    uint16_t* base = xb + g * 3 * k * AMX_ROWS;
-    for (int64_t t = 0; t < AMX_ROWS; ++t) {
-      const int64_t row = g * AMX_ROWS + t;
-      for (int64_t c = 0; c < k; c += 16) {
-        __m512 v = row < m ? _mm512_loadu_ps(x + row * k + c) : _mm512_setzero_ps();
-        if (sxt && c % 32 == 0) {
-          float sum = 0.0f;
-          for (int e = 0; e < 32 && row < m; ++e) sum += x[row * k + c + e];
-          sxt[(g * (k / 32) + c / 32) * AMX_ROWS + t] = sum;
-        }
-        for (int piece = 0; piece < 3; ++piece) {
-          const __m256bh h = _mm512_cvtneps_pbh(v);  // round to nearest even
-          const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
-          v = _mm512_sub_ps(v, back);  // exact
-          alignas(32) uint32_t pairs[8];
-          _mm256_store_si256((__m256i*)pairs, (__m256i)h);
-          uint32_t* out = (uint32_t*)(base + piece * k * AMX_ROWS) + (c / 2) * AMX_ROWS + t;
-          for (int i = 0; i < 8; ++i) out[i * AMX_ROWS] = pairs[i];
-        }
-      }
-    }
-  }
-}
-
 // 16 x 16 floats: out row i = column i of in (rows of 16 lanes).
 inline void transpose16(__m512* r) {
   __m512 t[16];
@@ -677,6 +650,38 @@ inline void transpose16(__m512* r) {
   for (int j = 0; j < 8; ++j) {
     r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
     r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
+// x [m, k] -> pieces [m16][3][k / 2][16][2] bf16 (B tiles: rows of k pairs, 16 x rows,
+// zero past m) and, with offsets, Σx per 32 as [m16][k / 32][16]. Per 32 values of 16 x
+// rows, each row's pieces as 16 pairs (dwords), then per piece the 16 x 16 dwords
+// transposed to rows of pairs (one scalar store per pair took a sixth of a Gemma 3
+// ffn_down at 128 rows).
+void pack_pieces(const float* x, int64_t m, int64_t k, int64_t g0, int64_t g1, uint16_t* xb, float* sxt) {
+  for (int64_t g = g0; g < g1; ++g) {
+    uint16_t* base = xb + g * 3 * k * AMX_ROWS;
+    for (int64_t c = 0; c < k; c += 32) {
+      __m512 pairs[3][16];  // [piece][x row]: 16 pairs of bf16
+      for (int64_t t = 0; t < AMX_ROWS; ++t) {
+        const int64_t row = g * AMX_ROWS + t;
+        __m512 v0 = _mm512_setzero_ps(), v1 = _mm512_setzero_ps();
+        if (row < m) v0 = _mm512_loadu_ps(x + row * k + c), v1 = _mm512_loadu_ps(x + row * k + c + 16);
+        if (sxt) sxt[(g * (k / 32) + c / 32) * AMX_ROWS + t] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+        for (int piece = 0; piece < 3; ++piece) {
+          const __m512bh h = _mm512_cvtne2ps_pbh(v1, v0);  // round to nearest even; v0 in the low half
+          const __m512i hi = (__m512i)h;
+          v0 = _mm512_sub_ps(v0, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16)));
+          v1 = _mm512_sub_ps(v1, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16)));
+          pairs[piece][t] = _mm512_castsi512_ps(hi);  // (each subtraction exact)
+        }
+      }
+      for (int piece = 0; piece < 3; ++piece) {
+        transpose16(pairs[piece]);  // [pair][x row]
+        float* out = (float*)(base + piece * k * AMX_ROWS) + (c / 2) * AMX_ROWS;
+        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + i * AMX_ROWS, pairs[piece][i]);
+      }
+    }
   }
 }
 
@@ -934,16 +939,14 @@ void run_parts(ffi::ThreadPool& pool, const Part* parts, int64_t count) {
 #if defined(LLAMAY_AMX)
   bool amx = false, offsets = false;
   for (int64_t i = 0; i < count; ++i) amx |= parts[i].p.amx, offsets |= parts[i].p.amx_offsets;
-  std::vector<uint16_t> xb;
-  std::vector<float> sxt;
+  std::unique_ptr<uint16_t[]> xb;  // (not zeroed: pack_pieces writes every element)
+  std::unique_ptr<float[]> sxt;
   if (amx) {  // x's pieces for the AMX tiles, once for all parts
     const Job& j = parts[0].job;
     const int64_t m16 = (j.m + AMX_ROWS - 1) / AMX_ROWS;
-    xb.resize(m16 * 3 * j.k * AMX_ROWS);
-    if (offsets) sxt.resize(m16 * (j.k / 32) * AMX_ROWS);
-    parallel_for(pool, m16, [&](int64_t g) {
-      pack_pieces(j.x, j.m, j.k, g, g + 1, xb.data(), offsets ? sxt.data() : nullptr);
-    });
+    xb.reset(new uint16_t[m16 * 3 * j.k * AMX_ROWS]);
+    if (offsets) sxt.reset(new float[m16 * (j.k / 32) * AMX_ROWS]);
+    parallel_for(pool, m16, [&](int64_t g) { pack_pieces(j.x, j.m, j.k, g, g + 1, xb.get(), sxt.get()); });
   }
 #endif
   parallel_for(pool, total, [&](int64_t task) {
@@ -954,7 +957,7 @@ void run_parts(ffi::ThreadPool& pool, const Part* parts, int64_t count) {
 #if defined(LLAMAY_AMX)
     if (part->p.amx) {
       Job with = j;
-      with.xb = xb.data(), with.sxt = sxt.data();
+      with.xb = xb.get(), with.sxt = sxt.get();
       return part->p.decode(with, n0, n1);
     }
 #endif
