@@ -598,22 +598,12 @@ void t_decode(const Q8Job& j, int64_t r0, TBlock* tb) {
   const int64_t rb = j.d.row_bytes, nb = j.nb;
   const __m512i starts = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32((int)rb));
-  // the rows in order first (a stream the hardware prefetchers follow; 16 rows a block
-  // apart are not one), each block's quants to q[b][r] (the tiles prefetched them:
-  // Ahead); then each block's 16 rows transposed
-  __m256i* q = (__m256i*)tb;  // TBlock's w[8] hold 16 rows of 32 bytes: decoded in place
-  for (int r = 0; r < 16; ++r) {
-    const uint8_t* row = row0 + r * rb;
-    for (int64_t b = 0; b < nb; ++b) {
-#ifdef LLAMAY_NO_SPREAD_PREFETCH
-      if (r0 + 32 <= j.d.n) prefetch(row + 16 * rb + b * bb);
-#endif
-      _mm256_store_si256(q + b * (sizeof(TBlock) / 32) + r, (__m256i)quants32<T>(row + b * bb));
-    }
-  }
+  // each block's 16 rows (in L2: the tiles prefetched them, Ahead) transposed: loaded
+  // straight from the weight (7 % faster on the Gemma 3 head at 8 rows than copying the
+  // rows in order to the TBlocks first, for the hardware prefetchers, as before)
   for (int64_t b = 0; b < nb; ++b) {
     __m256i rows[16];
-    for (int r = 0; r < 16; ++r) rows[r] = _mm256_load_si256(q + b * (sizeof(TBlock) / 32) + r);
+    for (int r = 0; r < 16; ++r) rows[r] = (__m256i)quants32<T>(row0 + r * rb + b * bb);
     transpose16x8(rows, tb[b].w);
     if (T == Q8_0)
       for (int l = 0; l < 8; ++l) tb[b].w[l] = _mm512_xor_si512(tb[b].w[l], _mm512_set1_epi8((char)0x80));
@@ -679,9 +669,7 @@ int64_t sixteen_row_groups(const uint8_t* w, int64_t rb, int64_t n0, int64_t n1,
   for (; r + 16 <= n1; r += 16) {
     decode(r, tb.data());
     Ahead ahead;
-#ifndef LLAMAY_NO_SPREAD_PREFETCH
     if (r + 32 <= n1) ahead = {w + (r + 16) * rb, per};
-#endif
     int64_t m0 = 0;
     for (; m0 + 2 <= m; m0 += 2, ahead.p += ahead.per * blocks)
       tile(tb.data(), r, m0, std::integral_constant<int, 2>{}, ahead);
@@ -1212,9 +1200,6 @@ void tk_decode(const KJob& j, int64_t r0, TKBlock* tb) {
     __m256i* q = (__m256i*)tb[sb].w;  // [chunk][row], 32 bytes each: transposed in place
     for (int r = 0; r < 16; ++r) {
       const uint8_t* b = j.w + (r0 + r) * rb + sb * bb;
-#ifdef LLAMAY_NO_SPREAD_PREFETCH
-      if (r0 + 32 <= j.d.n) prefetch(b + 16 * rb), prefetch(b + 16 * rb + 64), prefetch(b + 16 * rb + 128);
-#endif
       alignas(32) int8_t qb[256];
       alignas(32) int16_t scales[16], mins[16];
       v16h sv, mv;
