@@ -630,29 +630,6 @@ constexpr int64_t AMX_ROWS = 16;
 #define AMX_MIN_ROWS 16
 #endif
 
-// 16 x 16 floats: out row i = column i of in (rows of 16 lanes).
-inline void transpose16(__m512* r) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4)
-    for (int j = 0; j < 2; ++j) {
-      r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
-      r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
-    }
-  for (int i = 0; i < 16; i += 8)
-    for (int j = 0; j < 4; ++j) {
-      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
-      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xDD);
-    }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
-  }
-}
-
 // x [m, k] -> pieces [m16][3][k / 2][16][2] bf16 (B tiles: rows of k pairs, 16 x rows,
 // zero past m) and, with offsets, Σx per 32 as [m16][k / 32][16]. Per 32 values of 16 x
 // rows, each row's pieces as 16 pairs (dwords), then per piece the 16 x 16 dwords

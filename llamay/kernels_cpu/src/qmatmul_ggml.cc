@@ -34,6 +34,7 @@
 #include "blocks.h"
 #include "operands.h"
 #include "parallel.h"
+#include "vec16.h"
 #include "xla/ffi/api/ffi.h"
 
 #if !defined(LLAMAY_SCALAR) && defined(__AVX2__)
@@ -925,11 +926,13 @@ inline void kquant_scales(const uint8_t* b, v16h* sc, v16h* mins, float* d, floa
 
 // A K-quant super-block's 256 quants in element order (as kquant_parts gives them;
 // Q6_K unsigned 0..63, Q3_K signed -4..3, the others unsigned).
+// `chunks`: bytes from one 32-quant chunk's start to the next (tk_decode's transposing
+// layout), the AVX2 path only.
 template <int32_t T>
-inline void decode_kquant(const uint8_t* b, int8_t* q) {
+inline void decode_kquant(const uint8_t* b, int8_t* q, int64_t chunks = 32) {
 #if defined(LLAMAY_AVX2)
   const __m256i m2 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-  auto put = [q](int at, __m256i v) { _mm256_storeu_si256((__m256i*)(q + at), v); };
+  auto put = [q, chunks](int at, __m256i v) { _mm256_storeu_si256((__m256i*)(q + at / 32 * chunks), v); };
   auto get = [](const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); };
   auto shr = [](__m256i v, int s) { return _mm256_srli_epi16(v, s); };  // then masked per byte
   switch (T) {
@@ -1194,31 +1197,27 @@ template <int32_t T>
 void tk_decode(const KJob& j, int64_t r0, TKBlock* tb) {
   constexpr int bb = T == Q4_K ? 144 : 210;
   const int64_t nsb = j.nsb, rb = j.d.row_bytes;
-  alignas(64) float sc[16][16], d[16], dmin[16];  // [sub-block / min][row]
-  alignas(64) int32_t sci[16][16];
+  alignas(64) float d[16], dmin[16];
   for (int64_t sb = 0; sb < nsb; ++sb) {
     __m256i* q = (__m256i*)tb[sb].w;  // [chunk][row], 32 bytes each: transposed in place
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < 16; ++r) {  // the rows' quants straight to q, their scales to f
       const uint8_t* b = j.w + (r0 + r) * rb + sb * bb;
-      alignas(32) int8_t qb[256];
-      alignas(32) int16_t scales[16], mins[16];
       v16h sv, mv;
       kquant_scales<T>(b, &sv, &mv, &d[r], &dmin[r]);  // (not load_kblock: no per-pair spread)
-      decode_kquant<T>(b, qb);
-      for (int c = 0; c < 8; ++c) _mm256_store_si256(q + 16 * c + r, _mm256_load_si256((const __m256i*)(qb + 32 * c)));
-      std::memcpy(scales, &sv, 32), std::memcpy(mins, &mv, 32);
-      for (int s = 0; s < 16; ++s) {
-        if (T == Q4_K) sc[s][r] = s < 8 ? (float)scales[s] : (float)mins[s - 8];
-        else sci[s][r] = scales[s];
-      }
+      decode_kquant<T>(b, (int8_t*)(q + r), 16 * 32);
+      // Q4_K: scales 0-7 then mins 0-7 as f32; Q6_K: the 16 scales as int32
+      const v16h s16 = T == Q4_K ? __builtin_shuffle(sv, mv, (v16h){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23})
+                                 : sv;
+      const __m512i s32 = _mm512_cvtepi16_epi32((__m256i)s16);
+      tb[sb].f[r] = T == Q4_K ? _mm512_cvtepi32_ps(s32) : _mm512_castsi512_ps(s32);
     }
+    transpose16(tb[sb].f);  // f[s] = scale (or min) s of the 16 rows (a scalar store each took
+                            // a fifth of the decode)
     for (int c = 0; c < 8; ++c) {  // chunk c's 16 rows are where its lanes go, w[8c..8c+7]
       __m256i rows[16];
       for (int r = 0; r < 16; ++r) rows[r] = _mm256_load_si256(q + 16 * c + r);
       transpose16x8(rows, tb[sb].w + 8 * c);
     }
-    for (int s = 0; s < 16; ++s)
-      tb[sb].f[s] = T == Q4_K ? _mm512_load_ps(sc[s]) : _mm512_castsi512_ps(_mm512_load_si512(sci[s]));
     tb[sb].d = _mm512_load_ps(d), tb[sb].dmin = _mm512_load_ps(dmin);
   }
 }

@@ -1,5 +1,6 @@
 // Vectors of 16 lanes in GCC's vector extension, shared by the exact kernels
-// (qmatmul_exact.cc, paged_attention.cc): 16 floats / 16 int32, bytes widened to int32
+// (qmatmul_exact.cc, paged_attention.cc), and a 16 x 16 transpose (AVX-512; the ggml
+// kernels' too): 16 floats / 16 int32, bytes widened to int32
 // (AVX-512 or AVX2 intrinsics where there are, since GCC lowers the generic conversion
 // byte by byte; the generic conversion elsewhere), int32 to float, loads and stores.
 #pragma once
@@ -111,6 +112,31 @@ inline void store16(float* p, f16v v) { std::memcpy(p, &v, 64); }
 const i16v LANE16 = {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}};
 #else
 const i16v LANE16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#endif
+
+#if defined(__AVX512F__)
+// 16 x 16 floats: out row i = column i of in (rows of 16 lanes).
+inline void transpose16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+      r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+    }
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xDD);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
+  }
+}
 #endif
 
 }  // namespace
