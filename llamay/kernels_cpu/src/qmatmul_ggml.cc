@@ -1211,8 +1211,7 @@ void tk_decode(const KJob& j, int64_t r0, TKBlock* tb) {
       const __m512i s32 = _mm512_cvtepi16_epi32((__m256i)s16);
       tb[sb].f[r] = T == Q4_K ? _mm512_cvtepi32_ps(s32) : _mm512_castsi512_ps(s32);
     }
-    transpose16(tb[sb].f);  // f[s] = scale (or min) s of the 16 rows (a scalar store each took
-                            // a fifth of the decode)
+    transpose16(tb[sb].f);  // f[s] = scale (or min) s of the 16 rows (was a scalar store each)
     for (int c = 0; c < 8; ++c) {  // chunk c's 16 rows are where its lanes go, w[8c..8c+7]
       __m256i rows[16];
       for (int r = 0; r < 16; ++r) rows[r] = _mm256_load_si256(q + 16 * c + r);
