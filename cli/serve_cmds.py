@@ -3,7 +3,10 @@ APIs) over llamay's engine."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -394,7 +397,12 @@ class ChatSession:
 
     def answer(self, text: str, out) -> str:
         """Stream the reply to `text` into `out`; Ctrl-C stops it (the partial reply is
-        kept)."""
+        kept), wherever it lands: before the first token (the template, the prefill, a
+        compile) as well as while the answer streams."""
+        with _ctrl_c_flag() as stopped:
+            return self._answer(text, out, stopped)
+
+    def _answer(self, text: str, out, stopped: threading.Event) -> str:
         from llamay.engine.api import Request
         from llamay.errors import LlamayError
         from llamay.tok import IncrementalDecoder
@@ -413,21 +421,24 @@ class ChatSession:
                 raise ValueError(str(exc)) from exc
         else:
             ids = self.model.tokenize(prompt, add_special=True, parse_special=True)
-        handle = self._start(Request(ids, self.max_tokens, self.sampler, images=spans))
-        dec = IncrementalDecoder(self.model.tokenizer)
         parts: list[str] = []
-        try:
+        if not stopped.is_set():
+            handle = self._start(Request(ids, self.max_tokens, self.sampler, images=spans))
+            dec = IncrementalDecoder(self.model.tokenizer)
             for ev in handle:
+                if stopped.is_set():
+                    break
                 piece = dec.feed(ev.token_id)
                 if piece:
                     parts.append(piece)
                     out.write(piece)
                     out.flush()
-            tail = dec.flush()
-            parts.append(tail)
-            out.write(tail)
-        except KeyboardInterrupt:
-            self.engine.cancel(handle)
+            if stopped.is_set():
+                self.engine.cancel(handle)
+            else:
+                parts.append(dec.flush())
+                out.write(parts[-1])
+        if stopped.is_set():
             out.write(" [stopped]")
         out.write("\n")
         out.flush()
@@ -533,6 +544,22 @@ def _read_input(prompt: str) -> str | None:
         except EOFError:
             break
     return "\n".join(lines)
+
+
+@contextmanager
+def _ctrl_c_flag():
+    """An Event that Ctrl-C sets while the block runs (in the main thread; elsewhere one
+    nothing sets). A KeyboardInterrupt raised wherever the signal lands (a library's
+    frame, before the streaming loop's try) was lost or ended the chat."""
+    stopped = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stopped
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stopped.set())
+    try:
+        yield stopped
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def chat_loop(session: ChatSession, out=sys.stdout) -> None:
