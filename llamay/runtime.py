@@ -16,7 +16,7 @@ _done = False
 # images ship). No API llamay uses differs between them (checked against both releases); a
 # difference found later belongs here, behind one name, not in version checks at call sites.
 JAX_OLDEST = (0, 11, 2)
-JAX_BEFORE = (0, 12, 1)  # 0.12.1: see pyproject.toml
+JAX_BEFORE = (0, 12, 2)
 
 
 def _release(version: str) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ def pyproject_jax_range():
 
 @pytest.mark.parametrize(
     "version", ["0.4.38", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.12.0.1",
-                "0.12.1", "0.12.7", "0.13.0", "1.0.0"],
+                "0.12.1", "0.12.2", "0.12.7", "0.13.0", "1.0.0"],
 )  # fmt: skip
 def test_the_range_is_pyprojects(version):
     assert (runtime.untested_jax(version) is None) == pyproject_jax_range().contains(version)
@@ -31,7 +31,7 @@ def test_the_range_is_pyprojects(version):
 
 def test_an_untested_jax_is_named_with_the_range():
     why = runtime.untested_jax("0.11.1")
-    assert "jax 0.11.1" in why and ">=0.11.2,<0.12.1" in why
+    assert "jax 0.11.1" in why and ">=0.11.2,<0.12.2" in why
 
 
 def test_the_running_jax_is_tested():

@@ -147,22 +147,23 @@ def repack(raw: np.ndarray, ggml_type: GGMLType | int) -> tuple[np.ndarray, ...]
 
 
 def keep_on_thunks(y: jax.Array, x: jax.Array) -> jax.Array:
-    """y, made to depend on a real (if tiny) dot of x (an array computed in the loop body,
+    """y, made to depend on a sort of 32 values of x (an array computed in the loop body,
     or sliced by the loop index: a loop invariant would be hoisted out of the loop).
 
-    XLA CPU compiles a while loop whose body has no dot, custom call or scatter into one
-    single-threaded kernel (its "small call", `SmallWhileLoopHoistingPass`), and its
-    algebraic simplifier first turns matrix-vector dots into multiply-reduces: so a scan
-    whose matmuls all have one activation row, or none at all (the llamacpp emulations),
-    ran as one kernel, ~3x slower than as separate ops (SmolLM2 llamacpp decode: 1.1 s
-    -> 0.34 s per step). A [2, 16] x [16, 2] dot of 0/1 values keeps a loop off that
-    path; the select it feeds never fires (the dot is at most 16), so y is unchanged.
-    (Exact numerics do not need it: their layer matmuls stay dots, and the LM head's
-    one-row chunk loop measured no slower as one kernel.)
+    XLA CPU compiles a small while loop into one single-threaded kernel (its "small
+    call", `SmallWhileLoopHoistingPass`): a scan whose matmuls all have one activation row,
+    or none at all (the llamacpp emulations), ran as one kernel, ~3x slower than as
+    separate ops (SmolLM2 llamacpp decode: 1.1 s -> 0.34 s per step). Which loops count
+    as small changed between releases (jax 0.12.0 took any without a dot, custom call or
+    scatter, after turning matrix-vector dots into multiply-reduces; 0.12.1 sizes the
+    loop by bytes and lets dots in), but a sort keeps the loops of each (0.11.2, 0.12.0, 0.12.1) off that
+    path: its kernel is a runtime call the small-call emitter cannot inline. The select
+    it feeds never fires (the values are 0 or 1), so y is unchanged. (Exact numerics do
+    not need it: the LM head's one-row chunk loop measured no slower as one kernel.)
     """
     flags = (x.reshape(-1)[:32] == 0).astype(jnp.float32)
-    flags = jnp.pad(flags, (0, 32 - flags.shape[0])).reshape(2, 16)
-    never = jnp.dot(flags, flags.T, precision="highest")[0, 0] > 16
+    flags = jnp.pad(flags, (0, 32 - flags.shape[0]))
+    never = jnp.sort(flags)[-1] > 1
     return jnp.where(never, jnp.zeros_like(y), y)
 
 
