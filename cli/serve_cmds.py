@@ -395,18 +395,16 @@ class ChatSession:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + self.history
 
-    def answer(self, text: str, out) -> str:
-        """Stream the reply to `text` into `out`; Ctrl-C stops it (the partial reply is
-        kept), wherever it lands: before the first token (the template, the prefill, a
-        compile) as well as while the answer streams."""
-        with _ctrl_c_flag() as stopped:
-            return self._answer(text, out, stopped)
-
-    def _answer(self, text: str, out, stopped: threading.Event) -> str:
+    def answer(self, text: str, out, stopped: threading.Event | None = None) -> str:
+        """Stream the reply to `text` into `out`. Once `stopped` is set (the chat loop's
+        Ctrl-C) the answer stops and its partial reply is kept, wherever that lands: before
+        the first token (the template, the prefill, a compile) or while it streams."""
         from llamay.engine.api import Request
         from llamay.errors import LlamayError
         from llamay.tok import IncrementalDecoder
         from llamay.vision import MEDIA_MARKER
+
+        stopped = threading.Event() if stopped is None else stopped
 
         self.history.append({"role": "user", "content": MEDIA_MARKER * len(self.pending) + text})
         before, self.images, self.pending = self.images, self.images + self.pending, []
@@ -546,27 +544,52 @@ def _read_input(prompt: str) -> str | None:
     return "\n".join(lines)
 
 
-@contextmanager
-def _ctrl_c_flag():
-    """An Event that Ctrl-C sets while the block runs (in the main thread; elsewhere one
-    nothing sets). A KeyboardInterrupt raised wherever the signal lands (a library's
-    frame, before the streaming loop's try) was lost or ended the chat."""
-    stopped = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stopped
-        return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: stopped.set())
-    try:
-        yield stopped
-    finally:
-        signal.signal(signal.SIGINT, previous)
+class _CtrlC:
+    """The chat's SIGINT handler, for the whole chat: at the prompt a KeyboardInterrupt
+    (the line is dropped, as the terminal drops a typed line that no one has read yet);
+    from the moment a line is read, a flag the answer polls. A KeyboardInterrupt raised
+    wherever the signal lands after the read (a library's frame, the command dispatch)
+    was lost or ended the chat."""
+
+    def __init__(self):
+        self.stopped = threading.Event()
+        self.reading = True
+
+    def read(self, prompt: str) -> str | None:
+        self.stopped.clear()
+        self.reading = True
+        try:
+            return _read_input(prompt)
+        finally:
+            self.reading = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.reading:
+            raise KeyboardInterrupt
+        self.stopped.set()
+
+    @contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # signals reach the main thread only: Ctrl-C is the caller's there
+            return
+        previous = signal.signal(signal.SIGINT, self)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
 
 def chat_loop(session: ChatSession, out=sys.stdout) -> None:
     print("type /help for commands, /bye to leave", file=sys.stderr, flush=True)
+    with _CtrlC().installed() as ctrl_c:
+        _chat_turns(session, out, ctrl_c)
+
+
+def _chat_turns(session: ChatSession, out, ctrl_c: _CtrlC) -> None:
     while True:
         try:
-            text = _read_input(">>> ")
+            text = ctrl_c.read(">>> ")
         except KeyboardInterrupt:
             out.write("\n(use /bye or Ctrl-D to leave)\n")
             continue
@@ -594,7 +617,7 @@ def chat_loop(session: ChatSession, out=sys.stdout) -> None:
             elif cmd.startswith("/") and " " not in cmd and len(cmd) > 1:
                 out.write(f"unknown command {cmd} (try /help)\n")
             elif text.strip():
-                session.answer(text, out)
+                session.answer(text, out, ctrl_c.stopped)
         except (ValueError, OSError) as exc:
             out.write(f"error: {exc}\n")
         out.flush()

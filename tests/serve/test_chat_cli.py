@@ -118,11 +118,13 @@ def test_chat_session(chat, tiny):
     assert term.close() == 0
 
 
-@pytest.mark.parametrize("delay", [0.3])
+@pytest.mark.parametrize("delay", [0, 0.3])
 def test_ctrl_c_stops_an_answer_not_the_chat(chat, delay):
     """0.3 s after the echo: before the first token on a fresh clone (a KeyboardInterrupt
     there was lost and the whole answer came), while it streams once its programs are on
-    disk. (At 0 s the ^C can beat the line to the chat: a race with the terminal, open.)"""
+    disk. At 0 s the ^C may also reach the terminal before the chat has read the line:
+    the terminal drops the line then (as it does for any program), and the chat says so;
+    either way no whole answer comes and the chat goes on."""
     t = chat(1500)
     t.read_until(">>> ")
     t.send("Tell me everything\n")
@@ -130,7 +132,10 @@ def test_ctrl_c_stops_an_answer_not_the_chat(chat, delay):
     time.sleep(delay)
     t.send("\x03")
     out = t.read_until(">>> ", timeout=60)
-    assert "[stopped]" in out
+    if delay:
+        assert "[stopped]" in out
+    else:
+        assert ("[stopped]" in out) != ("(use /bye or Ctrl-D to leave)" in out), out
     t.send("/bye\n")
     assert t.close() == 0
 
