@@ -156,10 +156,11 @@ def keep_on_thunks(y: jax.Array, x: jax.Array) -> jax.Array:
     separate ops (SmolLM2 llamacpp decode: 1.1 s -> 0.34 s per step). Which loops count
     as small changed between releases (jax 0.12.0 took any without a dot, custom call or
     scatter, after turning matrix-vector dots into multiply-reduces; 0.12.1 sizes the
-    loop by bytes and lets dots in), but a sort keeps the loops of each (0.11.2, 0.12.0, 0.12.1) off that
-    path: its kernel is a runtime call the small-call emitter cannot inline. The select
-    it feeds never fires (the values are 0 or 1), so y is unchanged. (Exact numerics do
-    not need it: the LM head's one-row chunk loop measured no slower as one kernel.)
+    loop by bytes and lets dots in), but a sort keeps the loops of each (0.11.2, 0.12.0,
+    0.12.1) off that path: its kernel is a runtime call the small-call emitter cannot
+    inline. The select it feeds never fires (the values are 0 or 1), so y is unchanged.
+    (Exact numerics do not need it: the LM head's one-row chunk loop measured no slower
+    as one kernel.)
     """
     flags = (x.reshape(-1)[:32] == 0).astype(jnp.float32)
     flags = jnp.pad(flags, (0, 32 - flags.shape[0]))
