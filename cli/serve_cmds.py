@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Annotated
 
@@ -355,7 +355,7 @@ CHAT_HELP = """commands:
   /image PATH       give the next message an image (a model with --mmproj)
   /help             this text
 end a line with \\ to continue on the next one, or wrap lines in \"\"\" ... \"\"\".
-Ctrl-C stops an answer; Ctrl-D leaves."""
+Up and Down bring back earlier lines; Ctrl-C stops an answer; Ctrl-D leaves."""
 
 
 def _chats_dir() -> Path:
@@ -544,6 +544,15 @@ def _read_input(prompt: str) -> str | None:
     return "\n".join(lines)
 
 
+def _line_editing() -> None:
+    """Arrow keys, Up/Down through the turns typed so far and Ctrl-R in the prompt, as
+    `ollama run` and llama-cli have them: `input()` edits with GNU readline (libedit on
+    macOS) once its module is imported. Not for piped input; Windows has no module."""
+    if sys.stdin.isatty():
+        with suppress(ImportError):
+            import readline  # noqa: F401
+
+
 class _CtrlC:
     """The chat's SIGINT handler, for the whole chat: at the prompt a KeyboardInterrupt
     (the line is dropped, as the terminal drops a typed line that no one has read yet);
@@ -660,6 +669,7 @@ def register_chat(app: typer.Typer) -> None:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=1) from None
         engine = make_engine(m, parallel=1)
+        _line_editing()
         try:
             chat_loop(ChatSession(m, engine, sampler, max_tokens, system))
         finally:

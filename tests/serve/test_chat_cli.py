@@ -118,6 +118,25 @@ def test_chat_session(chat, tiny):
     assert term.close() == 0
 
 
+def test_up_arrow_recalls_the_turn_before(chat, tiny):
+    """The prompt edits with readline: Up then Enter sends the previous turn again."""
+    pytest.importorskip("readline")
+    term = chat(8)
+    term.read_until(">>> ")
+    term.send("Hello there\n")
+    first = term.read_until(">>> ").split("\n", 1)[1].rstrip("\n")
+    term.send("\x1b[A")  # Up: the line comes back into the prompt
+    term.read_until("Hello there")
+    term.send("\n")
+    second = term.read_until(">>> ")
+    msgs = [{"role": "user", "content": "Hello there"}]
+    assert first == greedy(tiny, chat_prompt(tiny, msgs), 8)
+    msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "Hello there"}]
+    assert second.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
+    term.send("/bye\n")
+    assert term.close() == 0
+
+
 @pytest.mark.parametrize("delay", [0, 0.3])
 def test_ctrl_c_stops_an_answer_not_the_chat(chat, delay):
     """0.3 s after the echo: before the first token on a fresh clone (a KeyboardInterrupt
