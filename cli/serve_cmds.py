@@ -3,6 +3,7 @@ APIs) over llamay's engine."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -544,13 +545,35 @@ def _read_input(prompt: str) -> str | None:
     return "\n".join(lines)
 
 
-def _line_editing() -> None:
-    """Arrow keys, Up/Down through the turns typed so far and Ctrl-R in the prompt, as
-    `ollama run` and llama-cli have them: `input()` edits with GNU readline (libedit on
-    macOS) once its module is imported. Not for piped input; Windows has no module."""
-    if sys.stdin.isatty():
-        with suppress(ImportError):
-            import readline  # noqa: F401
+#: Lines of the chat prompt's history kept between chats (ollama keeps its own likewise).
+HISTORY_LINES = 1000
+
+
+@contextmanager
+def _line_editing():
+    """Arrow keys, Up/Down through the lines typed in this and earlier chats and Ctrl-R in
+    the prompt, as `ollama run` and llama-cli have them: `input()` edits with GNU readline
+    (libedit on macOS) once its module is imported. The history is the store's
+    `chat_history` (readable by its owner only), written back when the chat ends. Not
+    for piped input; Windows has no module."""
+    try:
+        import readline
+    except ImportError:
+        readline = None
+    if readline is None or not sys.stdin.isatty():
+        yield
+        return
+    path = _chats_dir().parent / "chat_history"
+    with suppress(OSError):
+        readline.read_history_file(path)
+    readline.set_history_length(HISTORY_LINES)
+    try:
+        yield
+    finally:
+        with suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+            readline.write_history_file(path)
 
 
 class _CtrlC:
@@ -669,8 +692,8 @@ def register_chat(app: typer.Typer) -> None:
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(code=1) from None
         engine = make_engine(m, parallel=1)
-        _line_editing()
         try:
-            chat_loop(ChatSession(m, engine, sampler, max_tokens, system))
+            with _line_editing():
+                chat_loop(ChatSession(m, engine, sampler, max_tokens, system))
         finally:
             engine.close()

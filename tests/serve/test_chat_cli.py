@@ -1,12 +1,14 @@
 """`llamay chat` driven through a pseudo-terminal: a streamed greedy answer equal to
 `Model.generate` for the template, history across turns, multi-line input, /save, /clear,
-/load, Ctrl-C stopping an answer without leaving, /bye."""
+/load, Ctrl-C stopping an answer without leaving, /bye, readline editing and its history
+across chats."""
 
 from __future__ import annotations
 
 import os
 import pty
 import select
+import stat
 import sys
 import time
 
@@ -133,6 +135,30 @@ def test_up_arrow_recalls_the_turn_before(chat, tiny):
     assert first == greedy(tiny, chat_prompt(tiny, msgs), 8)
     msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "Hello there"}]
     assert second.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
+    term.send("/bye\n")
+    assert term.close() == 0
+
+
+def test_the_prompt_history_outlives_the_chat(chat, tiny, serve_home):
+    """Lines typed in one chat come back with Up in the next (the store's chat_history,
+    its owner's alone)."""
+    pytest.importorskip("readline")
+    term = chat(8)
+    term.read_until(">>> ")
+    term.send("A line to remember\n")
+    term.read_until(">>> ")
+    term.send("/bye\n")
+    assert term.close() == 0
+    (history,) = serve_home.rglob("chat_history")
+    assert stat.S_IMODE(history.stat().st_mode) == 0o600
+    term = chat(8)
+    term.read_until(">>> ")
+    term.send("\x1b[A\x1b[A")  # Up twice: past /bye to the line before it
+    term.read_until("A line to remember")
+    term.send("\n")
+    reply = term.read_until(">>> ")
+    msgs = [{"role": "user", "content": "A line to remember"}]
+    assert reply.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
     term.send("/bye\n")
     assert term.close() == 0
 
