@@ -163,6 +163,26 @@ def test_the_prompt_history_outlives_the_chat(chat, tiny, serve_home):
     assert term.close() == 0
 
 
+def test_ctrl_c_at_the_prompt_drops_the_line(chat, tiny):
+    """Ctrl-C on a half-typed line drops it (the chat says how to leave) and the chat goes
+    on: the next turn is answered as the conversation's first. (A ^C within the
+    millisecond readline spends echoing a key is seen only at Enter: CPython's readline
+    checks signals only when its select() is interrupted; hence the pause, a typist's.)"""
+    term = chat(8)
+    term.read_until(">>> ")
+    term.send("half a line")
+    term.read_until("half a line")
+    time.sleep(0.3)
+    term.send("\x03")
+    assert "(use /bye or Ctrl-D to leave)" in term.read_until(">>> ")
+    term.send("Hello there\n")
+    reply = term.read_until(">>> ")
+    msgs = [{"role": "user", "content": "Hello there"}]
+    assert reply.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
+    term.send("/bye\n")
+    assert term.close() == 0
+
+
 @pytest.mark.parametrize("delay", [0, 0.3])
 def test_ctrl_c_stops_an_answer_not_the_chat(chat, delay):
     """0.3 s after the echo: before the first token on a fresh clone (a KeyboardInterrupt
