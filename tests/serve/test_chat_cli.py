@@ -122,7 +122,6 @@ def test_chat_session(chat, tiny):
 
 def test_up_arrow_recalls_the_turn_before(chat, tiny):
     """The prompt edits with readline: Up then Enter sends the previous turn again."""
-    pytest.importorskip("readline")
     term = chat(8)
     term.read_until(">>> ")
     term.send("Hello there\n")
@@ -142,7 +141,6 @@ def test_up_arrow_recalls_the_turn_before(chat, tiny):
 def test_the_prompt_history_outlives_the_chat(chat, tiny, serve_home):
     """Lines typed in one chat come back with Up in the next (the store's chat_history,
     its owner's alone)."""
-    pytest.importorskip("readline")
     term = chat(8)
     term.read_until(">>> ")
     term.send("A line to remember\n")
