@@ -92,6 +92,18 @@ def chat(tiny_paths, serve_home):
             t.proc.wait(timeout=30)
 
 
+def replies_greedily(term: Term, tiny, msgs: list[dict]) -> str:
+    """The answer up to the next prompt, checked to end with greedy's 8 tokens after `msgs`."""
+    reply = term.read_until(">>> ")
+    assert reply.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
+    return reply
+
+
+def bye(term: Term) -> None:
+    term.send("/bye\n")
+    assert term.close() == 0
+
+
 def test_chat_session(chat, tiny):
     term = chat(8)
     term.read_until(">>> ")
@@ -129,13 +141,11 @@ def test_up_arrow_recalls_the_turn_before(chat, tiny):
     term.send("\x1b[A")  # Up: the line comes back into the prompt
     term.read_until("Hello there")
     term.send("\n")
-    second = term.read_until(">>> ")
     msgs = [{"role": "user", "content": "Hello there"}]
     assert first == greedy(tiny, chat_prompt(tiny, msgs), 8)
     msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "Hello there"}]
-    assert second.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
-    term.send("/bye\n")
-    assert term.close() == 0
+    replies_greedily(term, tiny, msgs)
+    bye(term)
 
 
 def test_the_prompt_history_outlives_the_chat(chat, tiny, serve_home):
@@ -145,8 +155,7 @@ def test_the_prompt_history_outlives_the_chat(chat, tiny, serve_home):
     term.read_until(">>> ")
     term.send("A line to remember\n")
     term.read_until(">>> ")
-    term.send("/bye\n")
-    assert term.close() == 0
+    bye(term)
     (history,) = serve_home.rglob("chat_history")
     assert stat.S_IMODE(history.stat().st_mode) == 0o600
     term = chat(8)
@@ -154,11 +163,8 @@ def test_the_prompt_history_outlives_the_chat(chat, tiny, serve_home):
     term.send("\x1b[A\x1b[A")  # Up twice: past /bye to the line before it
     term.read_until("A line to remember")
     term.send("\n")
-    reply = term.read_until(">>> ")
-    msgs = [{"role": "user", "content": "A line to remember"}]
-    assert reply.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
-    term.send("/bye\n")
-    assert term.close() == 0
+    replies_greedily(term, tiny, [{"role": "user", "content": "A line to remember"}])
+    bye(term)
 
 
 def test_ctrl_c_at_the_prompt_drops_the_line(chat, tiny):
@@ -174,11 +180,8 @@ def test_ctrl_c_at_the_prompt_drops_the_line(chat, tiny):
     term.send("\x03")
     assert "(use /bye or Ctrl-D to leave)" in term.read_until(">>> ")
     term.send("Hello there\n")
-    reply = term.read_until(">>> ")
-    msgs = [{"role": "user", "content": "Hello there"}]
-    assert reply.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
-    term.send("/bye\n")
-    assert term.close() == 0
+    replies_greedily(term, tiny, [{"role": "user", "content": "Hello there"}])
+    bye(term)
 
 
 @pytest.mark.parametrize("delay", [0, 0.3])
