@@ -421,23 +421,24 @@ class ChatSession:
         else:
             ids = self.model.tokenize(prompt, add_special=True, parse_special=True)
         parts: list[str] = []
-        if not stopped.is_set():
+        cut = stopped.is_set()  # a Ctrl-C before the request: it is never submitted
+        if not cut:
             handle = self._start(Request(ids, self.max_tokens, self.sampler, images=spans))
             dec = IncrementalDecoder(self.model.tokenizer)
             for ev in handle:
                 if stopped.is_set():
+                    self.engine.cancel(handle)
+                    cut = True
                     break
                 piece = dec.feed(ev.token_id)
                 if piece:
                     parts.append(piece)
                     out.write(piece)
                     out.flush()
-            if stopped.is_set():
-                self.engine.cancel(handle)
             else:
                 parts.append(dec.flush())
                 out.write(parts[-1])
-        if stopped.is_set():
+        if cut:
             out.write(" [stopped]")
         out.write("\n")
         out.flush()
@@ -563,7 +564,9 @@ def _line_editing():
     if readline is None or not sys.stdin.isatty():
         yield
         return
-    path = _chats_dir().parent / "chat_history"
+    from llamay.store import store_dir
+
+    path = store_dir() / "chat_history"
     with suppress(OSError):
         readline.read_history_file(path)
     readline.set_history_length(HISTORY_LINES)

@@ -116,20 +116,18 @@ def test_chat_session(chat, tiny):
     term.send("line one\\\n")
     term.read_until("... ")
     term.send("line two\n")
-    second = term.read_until(">>> ")
     msgs += [
         {"role": "assistant", "content": reply},
         {"role": "user", "content": "line one\nline two"},
     ]
-    assert second.rstrip("\n").endswith(greedy(tiny, chat_prompt(tiny, msgs), 8))
+    replies_greedily(term, tiny, msgs)
     term.send("/save conv1\n")
     assert "saved to" in term.read_until(">>> ")
     term.send("/clear\n")
     assert "cleared" in term.read_until(">>> ")
     term.send("/load conv1\n")
     assert "loaded conv1 (4 messages)" in term.read_until(">>> ")
-    term.send("/bye\n")
-    assert term.close() == 0
+    bye(term)
 
 
 def test_up_arrow_recalls_the_turn_before(chat, tiny):
@@ -202,8 +200,7 @@ def test_ctrl_c_stops_an_answer_not_the_chat(chat, delay):
         assert "[stopped]" in out
     else:
         assert ("[stopped]" in out) != ("(use /bye or Ctrl-D to leave)" in out), out
-    t.send("/bye\n")
-    assert t.close() == 0
+    bye(t)
 
 
 def test_saved_conversation_carries_its_kv(tiny_paths, serve_home, tiny):
