@@ -28,7 +28,6 @@ from llamay.engine.paged_steps import PAD_POSITION, paged_step
 from llamay.engine.planning import MIN_VIEW, native_tables, table_width
 from llamay.engine.programs import persistent_jit
 from llamay.errors import DraftModelError
-from llamay.kernels_cpu.plug import NATIVE_MAX_QUERY_TOKENS
 from llamay.kv import bucket
 from llamay.kv.pages import grow_paged_kv, new_paged_kv
 from llamay.kv.sequences import KVManager, SeqKV
@@ -118,7 +117,7 @@ class ModelDrafter:
 
     def table_width(self, T: int, pages: int) -> int:
         """The page-table width of a draft step (as `Planner._table_width`)."""
-        if T <= NATIVE_MAX_QUERY_TOKENS and self.native:
+        if self.native:
             pages = max(pages, -(-self.n_ctx // self.page_size))
         return table_width(pages, max(1, MIN_VIEW // self.page_size))
 

@@ -13,7 +13,6 @@ import numpy as np
 
 from llamay.engine.api import Handle
 from llamay.engine.paged_steps import PAD_POSITION
-from llamay.kernels_cpu.plug import NATIVE_MAX_QUERY_TOKENS
 from llamay.kv import bucket
 from llamay.kv.sequences import SeqKV
 from llamay.sample import Sampler, SamplerState
@@ -43,8 +42,8 @@ def table_width(pages: int, lo: int) -> int:
 
 
 def native_tables(cfg, kv) -> bool:
-    """Whether steps of up to `NATIVE_MAX_QUERY_TOKENS` tokens per row over the pool `kv`
-    read it through the native CPU kernel (`llamay.kernels_cpu.paged_attention`: exact
+    """Whether steps over the pool `kv` (any tokens per row) read it through the native
+    CPU kernel (`llamay.kernels_cpu.paged_attention`: exact
     numerics, causal, a pool of a KV type it reads, built). That kernel's work is bounded by the
     rows' positions, not by the table's width, so such steps get one width, the whole
     context's (`Planner._table_width`): one program per (rows, tokens) instead of one
@@ -201,7 +200,7 @@ class Planner:
         `pages` pages: on the ladder (`table_widths`), or, where the native kernel reads
         the pool (`native_tables`), the whole context's width for every such step."""
         lo = max(1, MIN_VIEW // self.page_size)
-        if T <= NATIVE_MAX_QUERY_TOKENS and self._native_tables():
+        if self._native_tables():
             pages = max(pages, -(-self.n_ctx // self.page_size))
         return table_width(pages, lo)
 

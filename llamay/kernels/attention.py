@@ -6,10 +6,9 @@ page tables, the implementation chosen at trace time from the backend
     paged   exact      CPU auto, causal, any KV type    "native" (`kernels_cpu.paged_attention`:
                                                         the pages read in place through the
                                                         table, quantised rows dequantised
-                                                        as read, T <= 16 query tokens); when
-                                                        it returns None (not built, longer
-                                                        chunks, another pool type), the
-                                                        rows below
+                                                        as read, any query tokens); when
+                                                        it returns None (not built, another
+                                                        pool type), the rows below
     paged   exact      Pallas (GPU/TPU, interpret),     "pallas" (`kernels_pallas.
                        causal, T <= 16 query tokens,    paged_attention_pallas`; quantised
                        any KV type                      tiles dequantised in the kernel)
@@ -25,7 +24,7 @@ page tables, the implementation chosen at trace time from the backend
                                                         `ggml_attention.attention`)
     dense   exact      CPU auto, causal, any KV type    "native" (the paged kernel over the
                                                         cache viewed as pages: `dense_pages`,
-                                                        no copy, T <= 16); on None
+                                                        no copy, any T); on None
                                                         the row below
     dense   exact      any                              "reference" (`kernels_pallas.
                                                         paged_attention.attention_reference`)
@@ -38,8 +37,8 @@ dense cache too) or the Pallas kernel (each page's tile dequantised in the kerne
 otherwise (neither kernel, llamacpp numerics) its pages are gathered, then read by the
 dense reference (exact: dequantised; llamacpp: `ggml_attention`'s
 emulation of llama.cpp's flash attention over that cache type).
-Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the reference: the
-kernel holds T·(H/K) query rows per kv head on chip.
+Longer query blocks than `MAX_PAGED_QUERY_TOKENS` (prefill chunks) go to the reference on
+GPU/TPU: the Pallas kernel holds T·(H/K) query rows per kv head on chip.
 """
 
 from __future__ import annotations

@@ -14,13 +14,6 @@ from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
 from llamay.kernels_cpu.qmatmuls import qmatmuls_native, takes
 from llamay.quant import MixedQTensor
 
-#: Query tokens per row up to which paged attention is native (decode steps, speculative
-#: verify chunks); longer prefill chunks keep the reference, whose batched dots XLA runs
-#: faster than the kernel's per-query tiles (30 layers of SmolLM2's heads at 1,024
-#: positions, CPU ms: T=1 native 3.5 vs reference 13.9; T=16 44 vs 29 (without the pool
-#: copy the reference costs in the engine); T=64 440 vs 64, before the vector exp; load 11-15).
-NATIVE_MAX_QUERY_TOKENS = 16
-
 
 def available() -> bool:
     """Whether the native kernels are built and registered (building them on first use;
@@ -93,10 +86,10 @@ def matmuls(x: jax.Array, ws, numerics: str) -> tuple[jax.Array | None, ...] | N
 def paged_attention(q, k_pages, v_pages, page_table, q_pos, layer=None, **kw) -> jax.Array | None:
     """Attention through page tables by the native kernel (`attention.paged_attention_native`:
     exact numerics, causal, f32/f16/bf16 or q8_0/q5_1/q5_0/q4_1/q4_0 pools), read in place,
-    for up to `NATIVE_MAX_QUERY_TOKENS` query tokens per row; None when it does not apply
-    (longer prefill chunks, llamacpp numerics, another pool type, not on CPU) or is not
+    for any number of query tokens per row (decode steps, verify and prefill chunks); None
+    when it does not apply (llamacpp numerics, another pool type, not on CPU) or is not
     built."""
-    if jax.default_backend() != "cpu" or q.shape[1] > NATIVE_MAX_QUERY_TOKENS:
+    if jax.default_backend() != "cpu":
         return None
     return paged_attention_native(q, k_pages, v_pages, page_table, q_pos, layer, **kw)
 

@@ -38,7 +38,14 @@ CASES = [
     (3, 40, 6, 3, 32, 16, 5, None, 20.0, jnp.float32),  # longer than one task's block
     (7, 3, 12, 4, 64, 8, 7, 5, None, jnp.float16),
     (4, 1, 9, 3, 64, 16, 6, None, None, jnp.bfloat16),  # a bf16 pool
-    (2, 6, 4, 1, 40, 4, 9, 7, 50.0, jnp.bfloat16),
+    (2, 6, 4, 1, 40, 4, 9, 7, 50.0, jnp.bfloat16),  # D not a multiple of 16: untiled
+    # prefill chunks (the tiles: query rows x key tiles, online softmax)
+    (1, 300, 9, 3, 64, 16, 24, None, None, jnp.float32),  # SmolLM2's heads, many key tiles
+    (2, 70, 4, 1, 256, 16, 10, 50, None, jnp.float16),  # Gemma 3's, a local layer
+    (1, 64, 8, 8, 32, 8, 20, None, 50.0, jnp.bfloat16),  # MHA (64 tokens a tile), softcap
+    (3, 24, 16, 2, 16, 4, 12, 13, None, jnp.float32),  # 8 query heads a kv head
+    (1, 33, 12, 4, 80, 16, 5, None, None, jnp.float32),  # D 80, a partial token block
+    (2, 4, 6, 2, 48, 16, 9, None, None, jnp.float32),  # the fewest tokens tiled: keys split
 ]
 
 
@@ -109,8 +116,9 @@ def test_under_jit_with_traced_layer_and_window():
         _check(got, want, pos, M * ps)
 
 
-def test_scalar_build_equals_native():
-    q, k, v, table, pos = _case(3, 2, 8, 2, 64, 16, 5, jnp.float16, seed=7)
+@pytest.mark.parametrize("T", [2, 40])  # a verify chunk; a prefill chunk (the tiles)
+def test_scalar_build_equals_native(T):
+    q, k, v, table, pos = _case(3, T, 8, 2, 64, 16, 5, jnp.float16, seed=7)
     kw = dict(scale=0.125, window=11, softcap=None)
     a = paged_attention_native(q, k, v, table, pos, jnp.int32(1), **kw)
     b = paged_attention_native(q, k, v, table, pos, jnp.int32(1), variant="scalar", **kw)
@@ -157,18 +165,16 @@ def test_dispatcher_uses_it_on_cpu_and_falls_back(monkeypatch, drop_compiler):
     _check(jax.jit(lambda *a: f(*a))(q, k, v, table, pos), want, pos, 64)
 
 
-def test_long_prefill_chunks_keep_the_reference(monkeypatch):
-    """The dispatch policy: up to NATIVE_MAX_QUERY_TOKENS query tokens per row native,
-    longer prefill chunks the reference (faster there)."""
+def test_prefill_chunks_run_native(monkeypatch):
+    """The dispatch policy: every query length natively, decode steps to long prefill
+    chunks (each equal to the reference)."""
     monkeypatch.delenv(build.ENV, raising=False)
-    n = plug.NATIVE_MAX_QUERY_TOKENS
-    for T, native in ((n, True), (n + 1, False)):
-        q, k, v, table, pos = _case(2, T, 6, 2, 32, 8, 5, jnp.float32, seed=T)
+    for T in (1, 16, 17, 200):
+        q, k, v, table, pos = _case(2, T, 6, 2, 32, 8, 30, jnp.float32, seed=T)
         got = plug.paged_attention(q, k, v, table, pos, jnp.int32(0), scale=0.2)
-        assert (got is not None) == native
-        if native:
-            want = paged_attention_reference(q, k, v, table, pos, jnp.int32(0), scale=0.2)
-            _check(got, want, pos, 40)
+        assert got is not None
+        want = paged_attention_reference(q, k, v, table, pos, jnp.int32(0), scale=0.2)
+        _check(got, want, pos, 240)
 
 
 # rows, query tokens, q heads, kv heads, head dim, cache slots, window, softcap, dtype

@@ -5,8 +5,8 @@ pages gathered, dequantised (`llamay.quant.kv_cache.decode`), then dense attenti
 gguf-py's dequantisation and float64 attention (the bytes read as GGUF defines them).
 Types x shapes: every block type for K and for V, K and V of different types (a float
 one too), GQA, head dims 32..256, contexts not multiples of the page, sliding windows,
-softcaps, rows 1..9, decode steps and chunks of query tokens (the transposed-key path)
-with padding queries; the scalar build equals the native one; the dispatcher takes the
+softcaps, rows 1..9, decode steps, short chunks of query tokens (the transposed-key path)
+and prefill chunks (the tiles) with padding queries; the scalar build equals the native one; the dispatcher takes the
 kernel for quantised pools on CPU."""
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ SHAPES = [
     (2, 16, 4, 1, 128, 4, 12, 8, None),  # a chunk over the window (keys transposed)
     (7, 3, 12, 4, 64, 8, 7, 5, None),
     (3, 12, 6, 3, 32, 16, 5, None, 20.0),
+    (1, 70, 9, 3, 64, 16, 6, None, None),  # a prefill chunk (the tiles)
+    (2, 40, 4, 1, 256, 16, 5, 30, None),  # ... over a window, head dim 256
 ]
 
 
@@ -81,7 +83,9 @@ def test_shapes(i):
 
 
 @pytest.mark.parametrize("kt,vt", PAIRS, ids=lambda t: t)
-@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[7]], ids=["decode", "chunk"])
+@pytest.mark.parametrize(
+    "shape", [SHAPES[0], SHAPES[8], SHAPES[7]], ids=["decode", "chunk", "tiles"]
+)
 def test_type_pairs(shape, kt, vt):
     run_case(shape, kt, vt, seed=100 + PAIRS.index((kt, vt)))
 
@@ -114,8 +118,8 @@ def test_values_are_gguf_blocks(name):
 
 def test_scalar_build_equals_native():
     """The portable build (blocks.h's scalar dequantisation, no vectors) against the
-    SIMD one, both paths (decode and a chunk)."""
-    for T, (kt, vt) in ((1, ("q5_1", "q4_0")), (6, ("q8_0", "q5_0"))):
+    SIMD one, each path (decode, a short chunk, a prefill chunk's tiles)."""
+    for T, (kt, vt) in ((1, ("q5_1", "q4_0")), (3, ("q4_1", "q8_0")), (6, ("q8_0", "q5_0"))):
         q, k, v, table, pos = make_case(3, T, 8, 2, 64, 16, 5, kt, vt, seed=7)
         kw = dict(scale=0.125, window=11, softcap=None)
         a = paged_attention_native(q, k, v, table, pos, jnp.int32(1), **kw)

@@ -536,6 +536,258 @@ void merge(const Problem& p, const Block& blk, int64_t n_chunks, const float* m,
   }
 }
 
+// ---- Long query blocks (prefill chunks): flash attention in tiles ----------------------
+//
+// A task is one row's block of query tokens for one kv head: its R = tokens x G query
+// heads (GQA: the G heads of a kv head share its keys) against the keys they see, TILE_KEYS
+// at a time, with the softmax kept online (running max m, sum l, and the output O
+// rescaled as the max grows). Everything is laid out with the query rows innermost, so
+// every step is a vector over rows: q transposed once per task (Qt [D][R]), the scores of a
+// key tile S [keys][R] as keys broadcast against Qt, the max/exp/sum over keys as vector
+// ops, and O [D][R] += values broadcast against the tile's weights. No key tile is
+// transposed or gathered, and a block's keys are read once for all its rows (the decode
+// path above reads them once per block of tokens and keeps per-key scores of the whole
+// range). Tiles wholly visible to every row skip the mask.
+constexpr int64_t TILE_KEYS = 64;
+constexpr int64_t TILE_ROWS = 64;  // query rows (tokens x G) per task, at most
+// Query blocks of at least this many tokens take the tiles (fewer: the path above, whose
+// split of one block's keys over the threads suits decoding and verify chunks).
+constexpr int64_t TILED_MIN_TOKENS = 4;
+#if defined(__AVX512F__)
+constexpr int TILE_VECS = 4;  // row vectors of 16 per microkernel call: 16 zmm accumulators
+#else
+constexpr int TILE_VECS = 1;  // AVX2 (a vector is two ymm) and the rest: 8 accumulators
+#endif
+
+inline f16v splat(float x) {
+  f16v z{};
+  return z + x;
+}
+
+// s[c][r] = sum_d k[c][d] * qt[d][r] for 4 keys c and NV vectors of 16 rows r.
+template <int NV>
+inline void scores_4xnv(const float* const* k, const float* qt, int64_t R, int64_t D, float* s) {
+  f16v acc[4][NV];
+  LLAMAY_UNROLL for (int c = 0; c < 4; ++c)
+    LLAMAY_UNROLL for (int v = 0; v < NV; ++v) acc[c][v] = splat(0.0f);
+  for (int64_t d = 0; d < D; ++d) {
+    f16v qv[NV];
+    LLAMAY_UNROLL for (int v = 0; v < NV; ++v) qv[v] = load16(qt + d * R + 16 * v);
+    LLAMAY_UNROLL for (int c = 0; c < 4; ++c) {
+      const f16v b = splat(k[c][d]);
+      LLAMAY_UNROLL for (int v = 0; v < NV; ++v) acc[c][v] += b * qv[v];
+    }
+  }
+  LLAMAY_UNROLL for (int c = 0; c < 4; ++c)
+    LLAMAY_UNROLL for (int v = 0; v < NV; ++v) store16(s + c * R + 16 * v, acc[c][v]);
+}
+
+// o[d][r] = o[d][r] * alpha[r] + sum_{c < n} v[c][d] * p[c][r], for 4 d's and NV vectors of r.
+template <int NV>
+inline void weighted_4xnv(const float* const* v, int64_t d0, const float* p, int64_t n,
+                          const float* alpha, int64_t R, float* o) {
+  f16v acc[4][NV];
+  LLAMAY_UNROLL for (int v_ = 0; v_ < NV; ++v_) {
+    const f16v a = load16(alpha + 16 * v_);
+    LLAMAY_UNROLL for (int i = 0; i < 4; ++i) acc[i][v_] = load16(o + (d0 + i) * R + 16 * v_) * a;
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    f16v pv[NV];
+    LLAMAY_UNROLL for (int v_ = 0; v_ < NV; ++v_) pv[v_] = load16(p + c * R + 16 * v_);
+    LLAMAY_UNROLL for (int i = 0; i < 4; ++i) {
+      const f16v b = splat(v[c][d0 + i]);
+      LLAMAY_UNROLL for (int v_ = 0; v_ < NV; ++v_) acc[i][v_] += b * pv[v_];
+    }
+  }
+  LLAMAY_UNROLL for (int i = 0; i < 4; ++i)
+    LLAMAY_UNROLL for (int v_ = 0; v_ < NV; ++v_) store16(o + (d0 + i) * R + 16 * v_, acc[i][v_]);
+}
+
+// Calls f(nv, offset) over the R / 16 row vectors in groups of at most TILE_VECS.
+template <class F>
+inline void row_groups(int64_t R, F&& f) {
+  for (int64_t v0 = 0; v0 < R / 16; v0 += TILE_VECS) f(std::min<int64_t>(TILE_VECS, R / 16 - v0), 16 * v0);
+}
+
+void scores_tile(const float* const* k, int64_t n4, const float* qt, int64_t R, int64_t D, float* s) {
+  for (int64_t c = 0; c < n4; c += 4)
+    row_groups(R, [&](int64_t nv, int64_t off) {
+      float* out = s + c * R + off;
+      if (nv == 4) scores_4xnv<TILE_VECS < 4 ? 1 : 4>(k + c, qt + off, R, D, out);
+      else if (nv == 3) scores_4xnv<TILE_VECS < 3 ? 1 : 3>(k + c, qt + off, R, D, out);
+      else if (nv == 2) scores_4xnv<TILE_VECS < 2 ? 1 : 2>(k + c, qt + off, R, D, out);
+      else scores_4xnv<1>(k + c, qt + off, R, D, out);
+    });
+}
+
+void weighted_tile(const float* const* v, int64_t n, const float* p, const float* alpha,
+                   int64_t R, int64_t D, float* o) {
+  for (int64_t d0 = 0; d0 < D; d0 += 4)
+    row_groups(R, [&](int64_t nv, int64_t off) {
+      if (nv == 4) weighted_4xnv<TILE_VECS < 4 ? 1 : 4>(v, d0, p + off, n, alpha + off, R, o + off);
+      else if (nv == 3) weighted_4xnv<TILE_VECS < 3 ? 1 : 3>(v, d0, p + off, n, alpha + off, R, o + off);
+      else if (nv == 2) weighted_4xnv<TILE_VECS < 2 ? 1 : 2>(v, d0, p + off, n, alpha + off, R, o + off);
+      else weighted_4xnv<1>(v, d0, p + off, n, alpha + off, R, o + off);
+    });
+}
+
+// Whether the tiles apply: D a multiple of 16 (the row vectors' d steps of 4 and the
+// f16/bf16 conversion) and a block long enough.
+bool tiled(const Problem& p) { return p.T >= TILED_MIN_TOKENS && p.D % 16 == 0; }
+
+// Tokens per task: TILE_ROWS / G (at least 1).
+int64_t tile_tokens(const Problem& p) { return std::max<int64_t>(1, TILE_ROWS / p.G); }
+
+// A task: row b, kv head kh, query tokens t0..t1-1, over part `part` of `parts` of the
+// keys they see (split in whole key tiles).
+struct Tile {
+  int64_t b, kh, t0, t1;
+  int64_t lo, hi;  // the lowest and highest position of its rows (hi < 0: none)
+  int64_t live, R;  // its query rows (tokens x G), and that rounded up to a vector
+  std::vector<int64_t> pos;  // each row's position, -1: none (padding, or past `live`)
+};
+
+Tile tile_of(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1) {
+  const int64_t S = p.M * p.ps, G = p.G;
+  Tile tl{b, kh, t0, t1, S, -1, (t1 - t0) * G, 0, {}};
+  tl.R = (tl.live + 15) / 16 * 16;
+  tl.pos.assign(tl.R, -1);
+  for (int64_t t = 0; t < t1 - t0; ++t) {
+    const int64_t i = p.qpos[b * p.T + t0 + t];
+    if (i < 0 || i >= S) continue;
+    for (int64_t g = 0; g < G; ++g) tl.pos[t * G + g] = i;
+    tl.lo = std::min(tl.lo, i);
+    tl.hi = std::max(tl.hi, i);
+  }
+  return tl;
+}
+
+// The first key any row of the tile sees.
+int64_t first_key(const Problem& p, const Tile& tl) {
+  return p.window > 0 ? std::max<int64_t>(tl.lo - p.window + 1, 0) : 0;
+}
+
+// The tile's rows against keys k0..k1 (whole key tiles from first_key): their running max
+// m [R], sum l [R] and unnormalised output o [D][R] (initialised here).
+void attend_keys(const Problem& p, const Tile& tl, int64_t k0, int64_t k1, float* o, float* m,
+                 float* l) {
+  const int64_t D = p.D, G = p.G, H = p.H, R = tl.R;
+  const float NEG = -std::numeric_limits<float>::infinity();
+  std::fill(o, o + D * R, 0.0f);
+  std::fill(m, m + R, NEG);
+  std::fill(l, l + R, 0.0f);
+  if (tl.hi < 0 || k0 > k1) return;
+  std::vector<float> qt(D * R, 0.0f), s(TILE_KEYS * R), alpha(R), shift(R);
+  std::vector<float> kbuf(TILE_KEYS * D), vbuf(TILE_KEYS * D), zeros(D, 0.0f);
+  std::vector<const float*> krows(TILE_KEYS), vrows(TILE_KEYS);
+  for (int64_t r = 0; r < tl.live; ++r) {
+    const float* qr = p.q + ((tl.b * p.T + tl.t0 + r / G) * H + tl.kh * G + r % G) * D;
+    for (int64_t d = 0; d < D; ++d) qt[d * R + r] = qr[d];
+  }
+  const int32_t* table = p.table + tl.b * p.M;
+  for (int64_t j1 = k0; j1 <= k1; j1 += TILE_KEYS) {
+    const int64_t n = std::min(TILE_KEYS, k1 - j1 + 1), n4 = (n + 3) / 4 * 4;
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t j = j1 + c;
+      int64_t page = table[j / p.ps];
+      page = std::min<int64_t>(std::max<int64_t>(page, 0), p.P - 1);  // as a jnp gather clamps
+      const int64_t row = (page * p.ps + j % p.ps) * p.K + tl.kh;
+      krows[c] = row_f32(p.k, row, D, kbuf.data() + c * D);
+      vrows[c] = row_f32(p.v, row, D, vbuf.data() + c * D);
+    }
+    for (int64_t c = n; c < n4; ++c) krows[c] = zeros.data();
+    scores_tile(krows.data(), n4, qt.data(), R, D, s.data());
+    for (int64_t i = 0; i < n * R; ++i) s[i] *= p.scale;
+    if (p.softcap != 0.0f)
+      for (int64_t i = 0; i < n * R; ++i) s[i] = p.softcap * std::tanh(s[i] / p.softcap);
+    // keys some row does not see (before its window, after its position); padding rows
+    // (position -1) are masked only along with the others: their output is 0 regardless
+    const bool whole = j1 + n - 1 <= tl.lo && (p.window <= 0 || tl.hi - j1 < p.window);
+    if (!whole)
+      for (int64_t c = 0; c < n; ++c) {
+        const int64_t j = j1 + c;
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t i = tl.pos[r];
+          if (i < 0 || j > i || (p.window > 0 && i - j >= p.window)) s[c * R + r] = NEG;
+        }
+      }
+    // online softmax over the tile, per row: the new max, the old sums' factor, the weights
+    for (int64_t r = 0; r < R; ++r) shift[r] = m[r];
+    for (int64_t c = 0; c < n; ++c)
+      for (int64_t r = 0; r < R; ++r) shift[r] = std::max(shift[r], s[c * R + r]);
+    for (int64_t r = 0; r < R; ++r) {
+      alpha[r] = m[r] == NEG ? NEG : m[r] - shift[r];  // exp: 0 where nothing was seen before
+      if (shift[r] == NEG) shift[r] = 0.0f;             // nothing seen yet: every weight is 0
+      else m[r] = shift[r];
+    }
+    exp_shifted(alpha.data(), 0.0f, alpha.data(), R);
+    for (int64_t c = 0; c < n; ++c)
+      for (int64_t r = 0; r < R; ++r) s[c * R + r] -= shift[r];
+    exp_shifted(s.data(), 0.0f, s.data(), n * R);
+    for (int64_t r = 0; r < R; ++r) l[r] *= alpha[r];
+    for (int64_t c = 0; c < n; ++c)
+      for (int64_t r = 0; r < R; ++r) l[r] += s[c * R + r];
+    weighted_tile(vrows.data(), n, s.data(), alpha.data(), R, D, o);
+  }
+}
+
+// The tile's output rows from its parts' states (o [D][R], m [R], l [R] of part c at
+// c * stride floats): sum over parts of exp(m_c - M) * o_c over the same of l_c; 0 for a
+// row that sees no key (padding).
+void finish_tile(const Problem& p, const Tile& tl, int64_t parts, const float* state,
+                 int64_t stride) {
+  const int64_t D = p.D, G = p.G, H = p.H, R = tl.R;
+  const float NEG = -std::numeric_limits<float>::infinity();
+  float* out = p.out + (tl.b * p.T + tl.t0) * H * D;
+  for (int64_t r = 0; r < tl.live; ++r) {
+    float* y = out + (r / G) * H * D + (tl.kh * G + r % G) * D;
+    float mx = NEG;
+    for (int64_t c = 0; c < parts; ++c) mx = std::max(mx, state[c * stride + D * R + r]);
+    float sum = 0.0f;
+    std::fill(y, y + D, 0.0f);
+    if (tl.pos[r] < 0 || mx == NEG) continue;
+    for (int64_t c = 0; c < parts; ++c) {
+      const float* o = state + c * stride;
+      const float mc = o[D * R + r];
+      if (mc == NEG) continue;
+      const float f = parts == 1 ? 1.0f : std::exp(mc - mx);
+      sum += f * o[D * R + R + r];
+      for (int64_t d = 0; d < D; ++d) y[d] += f * o[d * R + r];
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t d = 0; d < D; ++d) y[d] *= inv;
+  }
+}
+
+// Every (row, kv head, block of tokens) tile, the latest blocks (the most keys) first;
+// when there are fewer tiles than twice the threads, each tile's keys are split into
+// parts (whole key tiles) computed as tasks of their own, then merged.
+void attend_tiles(ffi::ThreadPool& pool, const Problem& p) {
+  const int64_t tt = tile_tokens(p), nb = (p.T + tt - 1) / tt, n_tiles = p.B * p.K * nb;
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t parts = std::max<int64_t>(1, (2 * threads + n_tiles - 1) / n_tiles);
+  std::vector<Tile> tiles(n_tiles);
+  parallel_for(pool, n_tiles, [&](int64_t i) {
+    const int64_t blk = nb - 1 - i / (p.B * p.K), bk = i % (p.B * p.K), t0 = blk * tt;
+    tiles[i] = tile_of(p, bk / p.K, bk % p.K, t0, std::min(p.T, t0 + tt));
+  });
+  const int64_t Rmax = (tt * p.G + 15) / 16 * 16, stride = p.D * Rmax + 2 * Rmax;
+  std::vector<float> state(n_tiles * parts * stride);
+  parallel_for(pool, n_tiles * parts, [&](int64_t task) {
+    const Tile& tl = tiles[task / parts];
+    const int64_t c = task % parts, j0 = first_key(p, tl);
+    const int64_t n_keys = tl.hi - j0 + 1, per = ((n_keys + TILE_KEYS - 1) / TILE_KEYS + parts - 1) / parts * TILE_KEYS;
+    const int64_t k0 = j0 + c * per, k1 = std::min(tl.hi, j0 + (c + 1) * per - 1);
+    float* o = state.data() + task * stride;
+    attend_keys(p, tl, k0, k1, o, o + p.D * tl.R, o + p.D * tl.R + tl.R);
+    if (parts == 1) finish_tile(p, tl, 1, o, stride);
+  });
+  if (parts > 1)
+    parallel_for(pool, n_tiles, [&](int64_t i) {
+      finish_tile(p, tiles[i], parts, state.data() + i * parts * stride, stride);
+    });
+}
+
 ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
                           ffi::AnyBuffer v, ffi::BufferR0<ffi::S32> layer,
                           ffi::Buffer<ffi::S32> table, ffi::Buffer<ffi::S32> qpos,
@@ -597,6 +849,10 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::An
   p.scale = scale;
   p.softcap = softcap;
   if (p.B * p.T * p.H * p.D == 0) return ffi::Error::Success();
+  if (tiled(p)) {
+    attend_tiles(pool, p);
+    return ffi::Error::Success();
+  }
   // Tasks: blocks of query tokens (at most QUERY_HEADS_PER_BLOCK query heads) of each row,
   // each block's keys split into chunks so that there are about 2 tasks per thread
   // (one row decoding still spreads over the threads).
