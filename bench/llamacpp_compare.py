@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/llamacpp_compare.py [--models smollm2:135m,gemma3:270m]
         [--threads N] [--reps 3] [--rounds 1] [--label after] [--skip-llamacpp]
-        [--numerics exact,llamacpp] [--no-passive-row]
+        [--numerics exact,llamacpp] [--no-passive-row] [--pp 128] [--tg 128]
+        [--batches 1,8] [--depth D]
 
 llama.cpp runs through llama-cpp-python's low-level API in a separate virtual
 environment (it is never a llamay dependency), at its defaults (what a user gets: the
@@ -14,7 +15,10 @@ out). llamay runs through `llamay.bench.run_bench` (what `llamay bench` runs) in
 - pp128: one 128-token prompt from an empty cache, tokens/s;
 - tg128 batch 1: 128 decode steps of one sequence after an 8-token prompt;
 - tg128 batch 8: 128 decode steps of 8 sequences in lockstep (llama.cpp: 8 sequences
-  in one llama_batch per step, a unified KV cache), aggregate tokens/s.
+  in one llama_batch per step, a unified KV cache), aggregate tokens/s;
+- with `--depth D` (llama-bench's -d), each test after D tokens already in each
+  sequence's cache (filled untimed), named as llama-bench does, "pp512 @ d4096": a long
+  chat's or document's cost (`--batches 1` keeps the untimed fill short).
 
 Each engine warms up once, then `reps` timed runs (mean ± stdev). `--rounds N` runs the
 engines alternately N times (the CPU is shared: compare runs taken together). The
@@ -81,6 +85,9 @@ import llama_cpp as L
 
 path, threads, pp, tg, reps = sys.argv[1], *map(int, sys.argv[2:5]), int(sys.argv[6])
 batches = [int(b) for b in sys.argv[5].split(",")]
+depth = int(sys.argv[7])  # tokens in each sequence's cache before a test (untimed)
+at = f" @ d{depth}" if depth else ""
+CHUNK = 512  # the depth's prefill, tokens a call
 quiet = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda *a: None)
 L.llama_log_set(quiet, None)
 L.llama_backend_init()
@@ -92,8 +99,8 @@ n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 
 def context(n_seq):
     cp = L.llama_context_default_params()
-    cp.n_ctx = n_seq * (8 + tg + 8) + pp
-    cp.n_batch = cp.n_ubatch = max(pp, 8 * n_seq)
+    cp.n_ctx = n_seq * (depth + 8 + tg + 8) + pp
+    cp.n_batch = cp.n_ubatch = max(pp, 8 * n_seq, CHUNK if depth else 0)
     cp.n_seq_max = n_seq
     cp.kv_unified = True
     cp.n_threads = cp.n_threads_batch = threads
@@ -131,20 +138,29 @@ def report(test, b, rate):
                           stdev=round(rate[1], 2))), flush=True)
 
 
+def fill(ctx, seqs):
+    # `depth` tokens into each of `seqs` sequences, CHUNK at a time (untimed)
+    for s in range(seqs):
+        for i0 in range(0, depth, CHUNK):
+            n = min(CHUNK, depth - i0)
+            decode(ctx, batch, [(tok(99 * s + i0 + i), i0 + i, s, i == n - 1) for i in range(n)])
+
+
 ctx = context(1)
-batch = L.llama_batch_init(max(pp, 64), 0, 8)
+batch = L.llama_batch_init(max(pp, 64, CHUNK), 0, 8)
 mem = L.llama_get_memory(ctx)
 
 
 def pp_run():
     L.llama_memory_clear(mem, True)
+    fill(ctx, 1)
     t = time.perf_counter()
-    decode(ctx, batch, [(tok(i), i, 0, i == pp - 1) for i in range(pp)])
+    decode(ctx, batch, [(tok(i), depth + i, 0, i == pp - 1) for i in range(pp)])
     return pp / (time.perf_counter() - t)
 
 
 if pp:
-    report(f"pp{pp}", 1, timed(pp_run))
+    report(f"pp{pp}{at}", 1, timed(pp_run))
 for b in batches:
     if b != 1:
         L.llama_free(ctx)
@@ -153,13 +169,14 @@ for b in batches:
 
     def tg_run(b=b, ctx=ctx, mem=mem):
         L.llama_memory_clear(mem, True)
-        decode(ctx, batch, [(tok(8 * s + i), i, s, i == 7) for s in range(b) for i in range(8)])
+        fill(ctx, b)
+        decode(ctx, batch, [(tok(8 * s + i), depth + i, s, i == 7) for s in range(b) for i in range(8)])
         t = time.perf_counter()
         for step in range(tg):
-            decode(ctx, batch, [(tok(step + s), 8 + step, s, True) for s in range(b)])
+            decode(ctx, batch, [(tok(step + s), depth + 8 + step, s, True) for s in range(b)])
         return tg * b / (time.perf_counter() - t)
 
-    report(f"tg{tg}", b, timed(tg_run))
+    report(f"tg{tg}{at}", b, timed(tg_run))
 """
 
 
@@ -184,11 +201,13 @@ def run_llamacpp(
     omp_wait: str | None = None,
     batches: str = "1,8",
     kv_types: tuple[int, int] | None = None,
+    depth: int = 0,
 ) -> list[dict]:
     """The runner in the llama.cpp venv. LLAMACPP_PYTHONPATH (its PYTHONPATH) and
     LLAMA_CPP_LIB_PATH (llama-cpp-python's own) point it at an uninstalled build.
     `batches`: the tg batch sizes ("1,8"); `kv_types`: the KV cache's (type_k, type_v) as
-    ggml type ids (llama.cpp's -ctk/-ctv; None: its default, f16).
+    ggml type ids (llama.cpp's -ctk/-ctv; None: its default, f16). `depth`: tokens in each
+    sequence's cache before each test (untimed; llama-bench's -d).
     `omp_wait`: OMP_WAIT_POLICY for ggml's OpenMP threads, None for llama.cpp's default
     (the variable unset); the rows are labelled "llama.cpp" / "llama.cpp <policy>"."""
     python = VENV / "bin" / "python"
@@ -201,7 +220,8 @@ def run_llamacpp(
     if kv_types:
         env["LLAMACPP_TYPE_K"], env["LLAMACPP_TYPE_V"] = map(str, kv_types)
     args = [str(python), "-c", LLAMACPP_RUNNER, str(path), str(threads), str(pp), str(tg), batches]
-    out = subprocess.run([*args, str(reps)], capture_output=True, text=True, check=False, env=env)
+    args += [str(reps), str(depth)]
+    out = subprocess.run(args, capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
         sys.exit(f"llama.cpp run failed:\n{out.stderr[-2000:]}")
     engine = "llama.cpp" + (f" {omp_wait}" if omp_wait else "")
@@ -210,15 +230,17 @@ def run_llamacpp(
 
 
 def run_llamay(
-    path: Path, name: str, reps: int, pp: int = 128, tg: int = 128, numerics: str = "exact"
-) -> list[dict]:
+    path: Path, name: str, reps: int, pp: int = 128, tg: int = 128, numerics: str = "exact",
+    batches: str = "1,8", depth: int = 0,
+) -> list[dict]:  # fmt: skip
     import llamay
     from llamay import kernels
     from llamay.bench import run_bench
 
     m = llamay.load(path, numerics=numerics, progress=False)
-    results = run_bench(m, name, pp, tg, (1,), reps)
-    results += run_bench(m, name, 0, tg, (8,), reps)
+    results = run_bench(m, name, pp, 0, (1,), reps, depth) if pp else []
+    for b in (int(b) for b in batches.split(",")):
+        results += run_bench(m, name, 0, tg, (b,), reps, depth)
     keep = ("test", "batch", "tokens_per_s", "stdev", "compile_s")
     form = kernels.weight_form(numerics)  # "native": the native CPU kernels ran
     return [
@@ -277,6 +299,9 @@ def main() -> None:
     ap.add_argument("--label", default="run")
     ap.add_argument("--pp", type=int, default=128, help="prompt tokens")
     ap.add_argument("--tg", type=int, default=128, help="generated tokens")
+    ap.add_argument("--batches", default="1,8", help="tg batch sizes, comma-separated")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="tokens in each sequence's cache before each test (llama-bench's -d)")  # fmt: skip
     ap.add_argument("--numerics", default="exact,llamacpp", help="llamay's, comma-separated")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--no-passive-row", action="store_true",
@@ -300,12 +325,14 @@ def main() -> None:
         per_token[name] = weight_bytes_per_token(path)
         for _ in range(args.rounds):
             if not args.skip_llamacpp:
-                add(run_llamacpp(path, args.threads, args.reps, args.pp, args.tg), name)
+                shape = dict(batches=args.batches, depth=args.depth)
+                add(run_llamacpp(path, args.threads, args.reps, args.pp, args.tg, **shape), name)
                 if not args.no_passive_row:
-                    opts = dict(omp_wait="PASSIVE")
+                    opts = dict(shape, omp_wait="PASSIVE")
                     add(run_llamacpp(path, args.threads, args.reps, args.pp, args.tg, **opts), name)
             for numerics in args.numerics.split(","):
-                add(run_llamay(path, name, args.reps, args.pp, args.tg, numerics), name)
+                add(run_llamay(path, name, args.reps, args.pp, args.tg, numerics, args.batches,
+                               args.depth), name)  # fmt: skip
     loads.append(os.getloadavg())
     import jax
 

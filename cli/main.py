@@ -271,6 +271,14 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     cache_type_k: CacheTypeKOpt = None,
     cache_type_v: CacheTypeVOpt = None,
+    depth: Annotated[
+        int,
+        typer.Option(
+            "--depth", "-d", min=0,
+            help="Tokens already in the cache before each test (llama-bench's -d): "
+            "\"pp128 @ d4096\".",
+        ),
+    ] = 0,
 ) -> None:
     """Measure prefill (ppN) and decode (tgN) tokens/s, llama-bench style."""
     import llamay
@@ -286,22 +294,23 @@ def bench(
         m = llamay.load(
             model, numerics=numerics, cache_type_k=cache_type_k, cache_type_v=cache_type_v
         )
-        results = run_bench(m, model, prompt_tokens, gen_tokens, batches, repetitions)
+        results = run_bench(m, model, prompt_tokens, gen_tokens, batches, repetitions, depth)
     except LlamayError as exc:
         raise _fail(exc) from None
     if as_json:
         for r in results:
             print(json.dumps(r.as_dict()))
         return
+    tw = max(6, *(len(r.test) for r in results)) if results else 6
     print(
-        f"| {'model':<16} | {'size':>8} | {'params':>7} | {'backend':<7} | {'test':>6} "
+        f"| {'model':<16} | {'size':>8} | {'params':>7} | {'backend':<7} | {'test':>{tw}} "
         f"| {'batch':>5} | {'t/s':>16} | {'compile':>7} |"
     )
-    print("|" + "|".join("-" * w for w in (18, 10, 9, 9, 8, 7, 18, 9)) + "|")
+    print("|" + "|".join("-" * w for w in (18, 10, 9, 9, tw + 2, 7, 18, 9)) + "|")
     for r in results:
         print(
             f"| {r.model:<16} | {r.size_mb:>6.1f}MB | {r.params_m:>6.1f}M | {r.backend:<7} "
-            f"| {r.test:>6} | {r.batch:>5} | {r.tokens_per_s:>8.2f} ± {r.stdev:<5.2f} "
+            f"| {r.test:>{tw}} | {r.batch:>5} | {r.tokens_per_s:>8.2f} ± {r.stdev:<5.2f} "
             f"| {r.compile_s:>6.2f}s |"
         )
 
