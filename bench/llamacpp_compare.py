@@ -170,7 +170,8 @@ for b in batches:
     def tg_run(b=b, ctx=ctx, mem=mem):
         L.llama_memory_clear(mem, True)
         fill(ctx, b)
-        decode(ctx, batch, [(tok(8 * s + i), depth + i, s, i == 7) for s in range(b) for i in range(8)])
+        prompt = [(tok(8 * s + i), depth + i, s, i == 7) for s in range(b) for i in range(8)]
+        decode(ctx, batch, prompt)
         t = time.perf_counter()
         for step in range(tg):
             decode(ctx, batch, [(tok(step + s), depth + 8 + step, s, True) for s in range(b)])
@@ -301,7 +302,7 @@ def main() -> None:
     ap.add_argument("--tg", type=int, default=128, help="generated tokens")
     ap.add_argument("--batches", default="1,8", help="tg batch sizes, comma-separated")
     ap.add_argument("--depth", type=int, default=0,
-                    help="tokens in each sequence's cache before each test (llama-bench's -d)")  # fmt: skip
+                    help="tokens in each sequence's cache before a test (llama-bench's -d)")  # fmt: skip
     ap.add_argument("--numerics", default="exact,llamacpp", help="llamay's, comma-separated")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--no-passive-row", action="store_true",

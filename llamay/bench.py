@@ -140,9 +140,8 @@ def run_bench(
         tests = []
         if prompt_tokens:
             ids = _prompt(prompt_tokens, b, vocab)
-            tests.append(
-                (f"pp{prompt_tokens}{at}", prompt_tokens * b, lambda ids=ids: _time_pp(m, ids, depth))
-            )
+            run_pp = lambda ids=ids: _time_pp(m, ids, depth)  # noqa: E731
+            tests.append((f"pp{prompt_tokens}{at}", prompt_tokens * b, run_pp))
         if gen_tokens:
             tests.append(
                 (f"tg{gen_tokens}{at}", gen_tokens * b,

@@ -6,8 +6,8 @@ gguf-py's dequantisation and float64 attention (the bytes read as GGUF defines t
 Types x shapes: every block type for K and for V, K and V of different types (a float
 one too), GQA, head dims 32..256, contexts not multiples of the page, sliding windows,
 softcaps, rows 1..9, decode steps, short chunks of query tokens (the transposed-key path)
-and prefill chunks (the tiles) with padding queries; the scalar build equals the native one; the dispatcher takes the
-kernel for quantised pools on CPU."""
+and prefill chunks (the tiles) with padding queries; the scalar build equals the native
+one; the dispatcher takes the kernel for quantised pools on CPU."""
 
 from __future__ import annotations
 
