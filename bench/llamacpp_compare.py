@@ -301,8 +301,8 @@ def main() -> None:
     ap.add_argument("--pp", type=int, default=128, help="prompt tokens")
     ap.add_argument("--tg", type=int, default=128, help="generated tokens")
     ap.add_argument("--batches", default="1,8", help="tg batch sizes, comma-separated")
-    ap.add_argument("--depth", type=int, default=0,
-                    help="tokens in each sequence's cache before a test (llama-bench's -d)")  # fmt: skip
+    depth_help = "tokens in each sequence's cache before a test (llama-bench's -d)"
+    ap.add_argument("--depth", type=int, default=0, help=depth_help)
     ap.add_argument("--numerics", default="exact,llamacpp", help="llamay's, comma-separated")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--no-passive-row", action="store_true",

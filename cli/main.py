@@ -274,9 +274,11 @@ def bench(
     depth: Annotated[
         int,
         typer.Option(
-            "--depth", "-d", min=0,
+            "--depth",
+            "-d",
+            min=0,
             help="Tokens already in the cache before each test (llama-bench's -d): "
-            "\"pp128 @ d4096\".",
+            '"pp128 @ d4096".',
         ),
     ] = 0,
 ) -> None:
