@@ -24,6 +24,10 @@
 // differs from the reference (1e-5 relative), and the two cases whose outputs are
 // unused: a query that sees no key gives 0, where the reference gives NaN, and a query
 // at a position outside [0, M*ps) -- padding -- gives 0.
+//
+// Blocks of TILED_MIN_TOKENS tokens or more (prefill chunks, longer verify chunks; D a
+// multiple of 16) take the tiles further down instead: flash attention per row, kv head
+// and block of tokens, the query rows innermost (see "Long query blocks").
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
