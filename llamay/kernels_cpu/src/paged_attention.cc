@@ -315,6 +315,8 @@ inline const float* row_f32(const Pool& pool, int64_t index, int64_t d, float* b
   return buf;
 }
 
+inline bool pool_f32(const Pool& pool) { return pool.type == F32; }
+
 struct Problem {
   const float* q;
   Pool k, v;  // this layer's pages [P, ps, K, row]
@@ -385,39 +387,46 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
   const bool decode = nt * G < GEMM_QUERIES;
 #if defined(LLAMAY_PA_DECODE8)
   const bool decode8 = decode && D % 8 == 0;
-  // decode8: per kv head, the chunk's rows of a pool (in place for f32, else decoded
-  // into conv), 8 pointers of padding past the end (their dots are computed, unused)
-  std::vector<const float*> rows(decode8 ? n + 8 : 0);
+  // decode8: the chunk's rows of a pool, every kv head's (in place for f32, else decoded
+  // into conv), kv head kh's at kh * (n + 8), 8 pointers of padding past each head's end
+  // (their dots are computed, unused). The keys are then taken 8 (scores) or 64 (values)
+  // at a time across all kv heads, so the pool streams in memory order (a key's rows of
+  // every head are adjacent) rather than once per head with the others' rows skipped.
+  const int64_t stride = n + 8;
+  std::vector<const float*> rows(decode8 ? p.K * stride : 0);
   std::vector<float> conv;
-  auto rows_of = [&](const Pool& pool, int64_t kh) {
-    if (pool.type != F32) conv.resize(n * D);
-    walk([&](int64_t j, int64_t row) { 
-      rows[j - k0] = row_f32(pool, row + kh, D, pool.type == F32 ? nullptr : conv.data() + (j - k0) * D);
+  auto rows_of = [&](const Pool& pool) {
+    if (pool.type != F32) conv.resize(p.K * n * D);
+    walk([&](int64_t j, int64_t row) {
+      for (int64_t kh = 0; kh < p.K; ++kh)
+        rows[kh * stride + j - k0] = row_f32(
+            pool, row + kh, D, pool.type == F32 ? nullptr : conv.data() + ((j - k0) * p.K + kh) * D);
     });
-    std::fill(rows.begin() + n, rows.end(), rows[0]);
+    for (int64_t kh = 0; kh < p.K; ++kh)
+      std::fill(rows.begin() + kh * stride + n, rows.begin() + (kh + 1) * stride, rows[kh * stride]);
   };
 #else
   constexpr bool decode8 = false;
 #endif
   if (decode8) {
 #if defined(LLAMAY_PA_DECODE8)
-    for (int64_t kh = 0; kh < p.K; ++kh) {
-      rows_of(p.k, kh);
-      for (int64_t c0 = 0; c0 < n; c0 += 8) {
-        for (int64_t c = c0 + 8; c < std::min(n, c0 + 16); ++c) prefetch_row(rows[c], D);
+    rows_of(p.k);
+    for (int64_t c0 = 0; c0 < n; c0 += 8)
+      for (int64_t kh = 0; kh < p.K; ++kh) {
+        const float* const* kr = rows.data() + kh * stride;
+        if (pool_f32(p.k)) for (int64_t c = c0 + 8; c < std::min(n, c0 + 16); ++c) prefetch_row(kr[c], D);
         for (int64_t t = 0; t < nt; ++t) {
           const int64_t i = pos[t];  // it sees keys max(i - w + 1, 0)..i (valid i)
           if (i < 0 || i >= S || i < k0 + c0 || (p.window > 0 && i - p.window + 1 > k0 + c0 + 7)) continue;
           for (int64_t g = 0; g < G; ++g) {
             const int64_t r = t * H + kh * G + g;
             alignas(32) float s8[8];
-            _mm256_store_ps(s8, dot8(q + r * D, rows.data() + c0, D));
+            _mm256_store_ps(s8, dot8(q + r * D, kr + c0, D));
             for (int64_t c = c0; c < std::min(n, c0 + 8); ++c)
               if (sees(t, k0 + c)) scores[r * n + c] = score(s8[c - c0]);
           }
         }
       }
-    }
 #endif
   } else if (decode) {  // one dot per visible (query, key)
     walk([&](int64_t j, int64_t row) {
@@ -484,13 +493,17 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
   }
 #if defined(LLAMAY_PA_DECODE8)
   if (decode8) {
-    for (int64_t kh = 0; kh < p.K; ++kh) {
-      rows_of(p.v, kh);
-      for (int64_t t = 0; t < nt; ++t)
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t r = t * H + kh * G + g;
-          if (m[r] != NEG) weighted_rows(scores.data() + r * n, rows.data(), n, D, acc + r * D);
-        }
+    rows_of(p.v);
+    constexpr int64_t VALUE_KEYS = 64;  // keys per pass over every head's outputs
+    for (int64_t c0 = 0; c0 < n; c0 += VALUE_KEYS) {
+      const int64_t nc = std::min(VALUE_KEYS, n - c0);
+      for (int64_t kh = 0; kh < p.K; ++kh)
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = t * H + kh * G + g;
+            if (m[r] != NEG)
+              weighted_rows(scores.data() + r * n + c0, rows.data() + kh * stride + c0, nc, D, acc + r * D);
+          }
     }
     return;
   }
