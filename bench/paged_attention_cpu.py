@@ -27,10 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def choose(attention: str) -> None:
-    """Make the dispatcher's native paged attention return None (reference) or zeros."""
+    """Make the dispatcher's native paged attention return None (reference) or zeros.
+    The programs on disk (`llamay.engine.programs`) are keyed by the sources and settings,
+    not by this patch: they are kept out, or a step compiled with the kernel would load."""
     import jax.numpy as jnp
 
     import llamay.kernels_cpu as kc
+
+    if attention != "native":
+        os.environ["LLAMAY_NO_PROGRAM_CACHE"] = "1"
 
     if attention == "reference":
         kc.paged_attention = lambda *a, **k: None
