@@ -55,15 +55,33 @@ class Runtime:
     kv_dtype: object = jnp.float32
 
 
-def padded_batch(ids: list[int], slots: int):
-    """One row padded to its prefill bucket; padding gets position `slots` (dropped)."""
+#: A longer prompt prefills in chunks of this many tokens, then a bucketed tail of the
+#: rest (1..PREFILL_CHUNK tokens): in one call it would be padded to the next power of
+#: two (4,097 tokens computed as 8,192) and compiled for that length.
+PREFILL_CHUNK = 512
+
+
+def padded_batch(ids: list[int], slots: int, start: int = 0):
+    """One row padded to its prefill bucket, at positions start..; padding gets position
+    `slots` (dropped)."""
     t = len(ids)
     tb = bucket(t)
     tokens = np.zeros((1, tb), np.int32)
     tokens[0, :t] = ids
     positions = np.full((1, tb), slots, np.int32)
-    positions[0, :t] = np.arange(t)
+    positions[0, :t] = start + np.arange(t)
     return jnp.asarray(tokens), jnp.asarray(positions)
+
+
+def prefill_chunks(rt: Runtime, kv, ids: list[int], slots: int):
+    """kv with the whole PREFILL_CHUNKs of ids before its last 1..PREFILL_CHUNK tokens
+    prefilled; returns (kv, where the rest starts)."""
+    start = (len(ids) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+    last = jnp.asarray([PREFILL_CHUNK - 1], jnp.int32)
+    for i in range(0, start, PREFILL_CHUNK):
+        tokens, positions = padded_batch(ids[i : i + PREFILL_CHUNK], slots, i)
+        _, kv = prefill_logits(rt.cfg, rt.weights, kv, tokens, positions, last)
+    return kv, start
 
 
 def check_prompt(n_prompt: int, n_ctx: int) -> None:
@@ -111,8 +129,9 @@ class Generation:
         vocab = getattr(cfg, "vocab", None) or (len(self.pieces) if self.pieces else None)
         params = SamplingParams.stack([self.sampler], vocab, self.pieces, self.encode)
         state = SamplerState.init([self.sampler], [self.prompt_ids], history=rt.n_ctx)
-        tokens, positions = padded_batch(self.prompt_ids, slots)
-        last = jnp.asarray([n - 1], jnp.int32)
+        kv, start = prefill_chunks(rt, kv, self.prompt_ids, slots) if budget > 0 else (kv, 0)
+        tokens, positions = padded_batch(self.prompt_ids[start:], slots, start)
+        last = jnp.asarray([n - start - 1], jnp.int32)
         return budget, kv, params, state, tokens, positions, last
 
     def _record(self, state) -> None:

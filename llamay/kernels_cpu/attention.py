@@ -13,10 +13,10 @@ flash-decoding does. Blocks of 4 tokens or more (prefill chunks; head dims a mul
 query rows innermost (q transposed once, each key broadcast against it, the online
 softmax as vector operations over the rows), the keys split into parts when there are
 fewer tiles than threads (SmolLM2's heads, 256 tokens after 3,840: 13 ms against 60 for
-the blocks above and 100 for the reference). Exact numerics, any query length; equal to the reference up to the
-f32 summation order (1e-5 relative). Pools: f32, f16 or bf16, or quantised (q8_0, q5_1,
-q5_0, q4_1, q4_0: uint8 rows of GGUF blocks, `llamay.kv.types`), K and V of independent
-types; a quantised row is dequantised as it is read (the values of
+the blocks above and 100 for the reference). Exact numerics, any query length; equal to
+the reference up to the f32 summation order (1e-5 relative). Pools: f32, f16 or bf16, or
+quantised (q8_0, q5_1, q5_0, q4_1, q4_0: uint8 rows of GGUF blocks, `llamay.kv.types`), K
+and V of independent types; a quantised row is dequantised as it is read (the values of
 `llamay.quant.kv_cache.decode` bit for bit), so the reference for those is the pages
 gathered, dequantised, then `attention_reference`. Queries whose output is unused differ:
 one that sees no key, or at a position outside the table (padding), gives 0 (the

@@ -64,3 +64,19 @@ def test_close_to_llamacpp(tiny_llama, seq):
     gap = ref[f"top_logits_{seq}"][:, 0] - ref[f"top_logits_{seq}"][:, 1]
     sure = gap > 0.5
     assert (logits.argmax(1)[sure] == top[sure, 0]).all()
+
+
+def test_long_prompt_prefills_in_chunks_with_the_same_greedy(tiny_llama):
+    """A prompt longer than PREFILL_CHUNK prefills chunk by chunk (then a bucketed tail),
+    each against the cache the earlier ones wrote: greedy generation equals the argmax of
+    the whole sequence's logits in one forward pass (`logits`, held to the float64
+    reference above), at every generated position."""
+    from llamay.engine import generate
+
+    m, _, _ = tiny_llama
+    n = 2 * generate.PREFILL_CHUNK + 77  # two whole chunks and a tail
+    ids = np.random.default_rng(5).integers(100, 40000, n).tolist()
+    got = list(m.generation(ids, max_tokens=6, sampler=GREEDY))
+    assert len(got) == 6
+    want = m.logits(ids + got[:-1])[n - 1 :].argmax(-1)
+    assert got == want.tolist()
