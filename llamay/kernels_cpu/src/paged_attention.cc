@@ -789,13 +789,15 @@ void attend_tiles(ffi::ThreadPool& pool, const Problem& p) {
     tiles[i] = tile_of(p, bk / p.K, bk % p.K, t0, std::min(p.T, t0 + tt));
   });
   const int64_t Rmax = (tt * p.G + 15) / 16 * 16, stride = p.D * Rmax + 2 * Rmax;
-  std::vector<float> state(n_tiles * parts * stride);
+  // each part's state (o, m, l) for the merge; one part per tile: a task's own scratch
+  std::vector<float> state(parts > 1 ? n_tiles * parts * stride : 0);
   parallel_for(pool, n_tiles * parts, [&](int64_t task) {
     const Tile& tl = tiles[task / parts];
     const int64_t c = task % parts, j0 = first_key(p, tl);
     const int64_t n_keys = tl.hi - j0 + 1, per = ((n_keys + TILE_KEYS - 1) / TILE_KEYS + parts - 1) / parts * TILE_KEYS;
     const int64_t k0 = j0 + c * per, k1 = std::min(tl.hi, j0 + (c + 1) * per - 1);
-    float* o = state.data() + task * stride;
+    std::vector<float> own(parts > 1 ? 0 : stride);
+    float* o = parts > 1 ? state.data() + task * stride : own.data();
     attend_keys(p, tl, k0, k1, o, o + p.D * tl.R, o + p.D * tl.R + tl.R);
     if (parts == 1) finish_tile(p, tl, 1, o, stride);
   });
