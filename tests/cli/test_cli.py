@@ -110,3 +110,22 @@ def test_bench_json_lines():
     ]
     assert all(x["tokens_per_s"] > 0 and x["backend"] == "cpu" for x in rows)
     assert run("bench", "-m", str(path), "-b", "0").exit_code != 0
+
+
+def test_bench_at_a_depth():
+    """llama-bench's -d: the tests after D tokens in the cache, named as llama-bench
+    names them; a depth past the context is refused with the context in the message."""
+    path = tiny_model_file("llama")
+    r = run("bench", "-m", str(path), "-p", "16", "-n", "4", "-b", "1,2", "-r", "1", "-d", "40",
+            "--json")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(x["test"], x["batch"]) for x in rows] == [
+        ("pp16 @ d40", 1),
+        ("tg4 @ d40", 1),
+        ("pp16 @ d40", 2),
+        ("tg4 @ d40", 2),
+    ]
+    assert all(x["tokens_per_s"] > 0 for x in rows)
+    far = run("bench", "-m", str(path), "-p", "16", "-n", "4", "-d", "5000")
+    assert far.exit_code != 0 and "2048" in far.stderr + far.stdout
