@@ -576,6 +576,8 @@ def _line_editing():
         with suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+            os.chmod(path, 0o600)  # one found wider is narrowed (GNU readline rewrites it
+            # 0600 itself; libedit, macOS's, may write in place)
             readline.write_history_file(path)
 
 

@@ -148,7 +148,7 @@ def test_up_arrow_recalls_the_turn_before(chat, tiny):
 
 def test_the_prompt_history_outlives_the_chat(chat, tiny, serve_home):
     """Lines typed in one chat come back with Up in the next (the store's chat_history,
-    its owner's alone)."""
+    its owner's alone, narrowed again when found wider)."""
     term = chat(8)
     term.read_until(">>> ")
     term.send("A line to remember\n")
@@ -156,6 +156,7 @@ def test_the_prompt_history_outlives_the_chat(chat, tiny, serve_home):
     bye(term)
     (history,) = serve_home.rglob("chat_history")
     assert stat.S_IMODE(history.stat().st_mode) == 0o600
+    history.chmod(0o644)
     term = chat(8)
     term.read_until(">>> ")
     term.send("\x1b[A\x1b[A")  # Up twice: past /bye to the line before it
@@ -163,6 +164,7 @@ def test_the_prompt_history_outlives_the_chat(chat, tiny, serve_home):
     term.send("\n")
     replies_greedily(term, tiny, [{"role": "user", "content": "A line to remember"}])
     bye(term)
+    assert stat.S_IMODE(history.stat().st_mode) == 0o600
 
 
 def test_ctrl_c_at_the_prompt_drops_the_line(chat, tiny):
