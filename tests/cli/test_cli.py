@@ -97,11 +97,17 @@ def test_show_describes_a_model_as_gguf_py_reads_it():
     assert text.exit_code == 0 and "qwen3" in text.stdout
 
 
+def _bench_rows(path, *extra) -> list[dict]:
+    """`llamay bench --json` over pp16 and tg4 at batches 1 and 2: its rows."""
+    r = run("bench", "-m", str(path), "-p", "16", "-n", "4", "-b", "1,2", "-r", "1", *extra,
+            "--json")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
 def test_bench_json_lines():
     path = tiny_model_file("llama")
-    r = run("bench", "-m", str(path), "-p", "16", "-n", "4", "-b", "1,2", "-r", "1", "--json")
-    assert r.exit_code == 0, r.stderr
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    rows = _bench_rows(path)
     assert [(x["test"], x["batch"]) for x in rows] == [
         ("pp16", 1),
         ("tg4", 1),
@@ -116,10 +122,7 @@ def test_bench_at_a_depth():
     """llama-bench's -d: the tests after D tokens in the cache, named as llama-bench
     names them; a depth past the context is refused with the context in the message."""
     path = tiny_model_file("llama")
-    r = run("bench", "-m", str(path), "-p", "16", "-n", "4", "-b", "1,2", "-r", "1", "-d", "40",
-            "--json")  # fmt: skip
-    assert r.exit_code == 0, r.stderr
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    rows = _bench_rows(path, "-d", "40")
     assert [(x["test"], x["batch"]) for x in rows] == [
         ("pp16 @ d40", 1),
         ("tg4 @ d40", 1),
