@@ -44,6 +44,12 @@ PAGED = [
     (3, 4, 6, 3, 80, 16, 4, None, F16, F16, 2.0, True, False),  # D not a multiple of 64
     (2, 3, 4, 2, 64, 16, 4, None, F16, F16, 2.0, False, False),  # not causal
     (8, 2, 8, 4, 256, 8, 6, 20, F16, F16, 8.0, True, False),
+    # tiles: a prefill chunk over many pages (several token blocks a kv head), G = 32
+    # rows in P.V groups, one token with D not a multiple of 64 (the per-token path)
+    (1, 40, 9, 3, 64, 16, 24, None, F16, F16, 2.0, True, False),
+    (2, 24, 32, 2, 128, 16, 8, 30, F16, BF16, 2.0, True, True),
+    (2, 1, 32, 1, 64, 16, 6, None, BF16, F16, 2.0, True, False),
+    (1, 1, 6, 2, 80, 16, 4, None, F16, F16, 2.0, True, False),
 ]
 
 
@@ -152,8 +158,11 @@ def test_under_jit_with_traced_layer_and_window():
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
-def test_scalar_build_equals_native_and_the_emulation():
-    q, k, v, table, pos = _paged_case(3, 2, 8, 2, 64, 16, 5, F16, F16, 4.0, seed=7)
+@pytest.mark.parametrize("T, D", [(2, 64), (1, 128), (40, 64), (1, 80)])
+def test_scalar_build_equals_native_and_the_emulation(T, D):
+    """The portable build (no intrinsics) on the tiles, one token's (vec_dot order) and a
+    batch's (sgemm), and on the per-token path (D = 80 for one token)."""
+    q, k, v, table, pos = _paged_case(3, T, 8, 2, D, 16, 5, F16, F16, 4.0, seed=7 + T)
     kw = dict(scale=0.125, window=11)
     a = ggml_attention_native(q, k, v, pos, table, jnp.int32(1), **kw)
     b = ggml_attention_native(q, k, v, pos, table, jnp.int32(1), variant="scalar", **kw)

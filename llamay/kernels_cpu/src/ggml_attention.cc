@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -43,6 +44,7 @@
 #include "blocks.h"
 #include "ggml_float.h"
 #include "parallel.h"
+#include "vec16.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -55,7 +57,7 @@ constexpr int64_t L16 = 16;
 using namespace gf;
 
 struct Scratch {
-  std::vector<float> q, kr, s, e, acc, sums, h, l, parts;
+  std::vector<float> q, kr, e, acc, sums, h, l, parts;
   std::vector<const uint16_t*> rows;  // the visible keys' V rows
 };
 
@@ -119,25 +121,85 @@ inline const uint16_t* row_of(const Problem& p, const uint16_t* base, int64_t b,
   return base + ((pg * p.ps + j % p.ps) * p.K + kh) * p.D;
 }
 
-void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
-  ScopedFtz ftz;
-  const int64_t D = p.D, G = p.G, S = p.S;
-  const bool batched = p.T > 1;
-  const bool sgemm = batched && D % L16 == 0;
-  // visible keys: [j0, j1] (as ggml_attention._visible)
+// P.V's lane sums acc [na][16][D] (na = 4: accumulators by chunk index, one token) to
+// the output o [D], vectorised over d: (a0 + a2) + (a1 + a3), then reduce16 across the
+// lanes (halves, quarters, pairs). acc is overwritten.
+inline void reduce_lanes(float* acc, int64_t na, int64_t D, float* o) {
+  if (na == 4)
+    for (int64_t l = 0; l < L16; ++l) {
+      float* a0 = acc + l * D;
+      const float *a1 = acc + (L16 + l) * D, *a2 = acc + (2 * L16 + l) * D,
+                  *a3 = acc + (3 * L16 + l) * D;
+      for (int64_t d = 0; d < D; ++d) a0[d] = (a0[d] + a2[d]) + (a1[d] + a3[d]);
+    }
+  for (int64_t l = 0; l < 8; ++l)
+    for (int64_t d = 0; d < D; ++d) acc[l * D + d] = acc[(8 + l) * D + d] + acc[l * D + d];
+  for (int64_t l = 0; l < 4; ++l)
+    for (int64_t d = 0; d < D; ++d) acc[l * D + d] = acc[(4 + l) * D + d] + acc[l * D + d];
+  for (int64_t d = 0; d < D; ++d) o[d] = (acc[d] + acc[2 * D + d]) + (acc[D + d] + acc[3 * D + d]);
+}
+
+// max(x[0..n)) ignoring NaNs, as a chain of std::max(m, x[i]) (16 chains: one is
+// latency-bound).
+inline float max_of(const float* x, int64_t n) {
+  float m[L16];
+  std::fill(m, m + L16, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + L16 <= n; i += L16)
+    for (int64_t l = 0; l < L16; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  for (; i < n; ++i) m[0] = x[i] > m[0] ? x[i] : m[0];
+  for (int64_t l = 1; l < L16; ++l) m[0] = m[l] > m[0] ? m[l] : m[0];
+  return m[0];
+}
+
+// One query row's softmax as ggml_soft_max_f32, in place: x[j - base] holds the scores
+// of the visible keys j0..j1 (base = a multiple of 16 at or below j0); it gets their
+// probabilities rounded to f16 and zeros for the rest of their 16-chunks. The max over the
+// visible keys, ggml_v_expf, per-chunk sums (reduce16) in the pairwise double sum over
+// all nchunks of the cache (the others zero), 1/sum as recip_pair.
+inline void softmax_row(float* x, int64_t base, int64_t j0, int64_t j1, int64_t nchunks,
+                        std::vector<float>& sums, std::vector<float>& h, std::vector<float>& l) {
+  const int64_t c0 = j0 / L16, c1 = j1 / L16;
+  float* v = x + (j0 - base);
+  const int64_t n = j1 - j0 + 1;
+  float mx = max_of(v, n);
+  if (!std::isfinite(mx)) mx = 0.0f;
+  v_expf_n(v, mx, v, n);
+  float* e = x + (c0 * L16 - base);  // the row's chunks
+  std::fill(e, v, 0.0f);
+  std::fill(v + n, e + (c1 - c0 + 1) * L16, 0.0f);
+  sums.assign(nchunks, 0.0f);
+  for (int64_t c = c0; c <= c1; ++c) sums[c] = reduce16(e + (c - c0) * L16);
+  float hi, lo;
+  dsum(sums.data(), nchunks, h, l, hi, lo);
+  const float inv = hi > 0.0f ? recip_pair(hi, lo) : 0.0f;
+  round_f16_scaled(e, (c1 - c0 + 1) * L16, inv);
+}
+
+// The keys query token t of row b sees: [j0, j1] (as ggml_attention._visible; empty when
+// j1 < j0).
+inline void visible(const Problem& p, int64_t b, int64_t t, int64_t& j0, int64_t& j1) {
   const int64_t i = p.qpos[b * p.T + t];
-  int64_t j1;
   if (p.causal) {
     j1 = i;
   } else {
     j1 = -1;
     for (int64_t u = 0; u < p.T; ++u) {
       const int64_t qp = p.qpos[b * p.T + u];
-      j1 = std::max(j1, qp < S ? qp : -1);
+      j1 = std::max(j1, qp < p.S ? qp : -1);
     }
   }
-  j1 = std::min(j1, S - 1);
-  int64_t j0 = p.window > 0 ? std::max<int64_t>(0, i - p.window + 1) : 0;
+  j1 = std::min(j1, p.S - 1);
+  j0 = p.window > 0 ? std::max<int64_t>(0, i - p.window + 1) : 0;
+}
+
+void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
+  ScopedFtz ftz;
+  const int64_t D = p.D, G = p.G, S = p.S;
+  const bool batched = p.T > 1;
+  const bool sgemm = batched && D % L16 == 0;
+  int64_t j0, j1;
+  visible(p, b, t, j0, j1);
   float* out = p.out + ((b * p.T + t) * p.H + kh * G) * D;
   const int64_t n = j1 - j0 + 1;
   if (n <= 0) {  // no visible key: p = 0 everywhere, a zero output
@@ -152,8 +214,9 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
     sc.q[r] = round_f16(x);
   }
   const float kq_scale = p.prescaled ? 1.0f : p.kq_scale;
-  // scores wp[g][j - j0]
-  sc.s.resize(G * n);
+  // scores, in e[g][j - c0*16] over the absolute 16-chunks c0..c1
+  const int64_t c0 = j0 / L16, c1 = j1 / L16, nc = c1 - c0 + 1;
+  sc.e.resize(G * nc * L16);
   sc.kr.resize(D);
   for (int64_t j = j0; j <= j1; ++j) {
     const uint16_t* kr = row_of(p, p.k, b, j, kh);
@@ -161,28 +224,11 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
     for (int64_t g = 0; g < G; ++g) {
       const float* qg = sc.q.data() + g * D;
       const float dot = sgemm ? dot_sgemm(qg, sc.kr.data(), D) : dot_vec(qg, sc.kr.data(), D, sc);
-      sc.s[g * n + (j - j0)] = dot * kq_scale;
+      sc.e[g * nc * L16 + (j - c0 * L16)] = dot * kq_scale;
     }
   }
-  // softmax per head: e over the absolute 16-chunks c0..c1, probabilities rounded to f16
-  const int64_t c0 = j0 / L16, c1 = j1 / L16, nc = c1 - c0 + 1, nchunks = S / L16;
-  sc.e.assign(G * nc * L16, 0.0f);  // e[g][(j - c0*16)]
-  sc.sums.assign(nchunks, 0.0f);
-  for (int64_t g = 0; g < G; ++g) {
-    const float* wp = sc.s.data() + g * n;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t r = 0; r < n; ++r) mx = std::max(mx, wp[r]);
-    if (!std::isfinite(mx)) mx = 0.0f;
-    float* e = sc.e.data() + g * nc * L16;
-    float* ev = e + (j0 - c0 * L16);
-    v_expf_n(wp, mx, ev, n);
-    std::fill(sc.sums.begin(), sc.sums.end(), 0.0f);
-    for (int64_t c = c0; c <= c1; ++c) sc.sums[c] = reduce16(e + (c - c0) * L16);
-    float hi, lo;
-    dsum(sc.sums.data(), nchunks, sc.h, sc.l, hi, lo);
-    const float inv = hi > 0.0f ? recip_pair(hi, lo) : 0.0f;
-    round_f16_scaled(e, nc * L16, inv);
-  }
+  for (int64_t g = 0; g < G; ++g)
+    softmax_row(sc.e.data() + g * nc * L16, c0 * L16, j0, j1, S / L16, sc.sums, sc.h, sc.l);
   // P.V: acc[g][a][lane][d], a = chunk % 4 for one token, a = 0 for a batch. Each sum
   // is kept in registers over its lane's keys (in order: the same operations as one key
   // after another through the whole array, which was load- and store-bound), 16 outputs
@@ -245,24 +291,236 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
       }
     }
   }
-  // the lanes' sums, vectorised over d: (a0 + a2) + (a1 + a3) for one token, then
-  // reduce16 across the lanes (halves, quarters, pairs)
-  for (int64_t g = 0; g < G; ++g) {
-    float* acc = sc.acc.data() + g * na * L16 * D;  // [na][16][D]
-    if (na == 4)
-      for (int64_t l = 0; l < L16; ++l) {
-        float* a0 = acc + l * D;
-        const float *a1 = acc + (L16 + l) * D, *a2 = acc + (2 * L16 + l) * D,
-                    *a3 = acc + (3 * L16 + l) * D;
-        for (int64_t d = 0; d < D; ++d) a0[d] = (a0[d] + a2[d]) + (a1[d] + a3[d]);
+  for (int64_t g = 0; g < G; ++g) reduce_lanes(sc.acc.data() + g * na * L16 * D, na, D, out + g * D);
+}
+
+// -- Tiles: a block of query tokens and its G heads together -------------------------------
+//
+// The path above computes one query token's heads at a time and sums each key's score
+// across its 16 lanes (reduce16) key by key: ~22 ns a (row, key) at a 4,096-token depth.
+// Here a task takes the R = tokens x G rows of a kv head that share its keys (a decode
+// step's heads, or a block of a prefill chunk's tokens), with the same operations in the
+// same order, vectorised across keys: each 16-key chunk of K is converted and transposed
+// once for all R rows (kt [D][16 keys]); a row's 16 lane sums are then 16 vectors over the
+// keys, built chunk after chunk (sgemm) or into 4 accumulators by chunk (vec_dot), and
+// reduce16's tree runs between those vectors, elementwise. The softmax per row as above.
+// P.V over a group of rows: each V row read once for the group, each lane's sum in a
+// register over its keys. Keys a row cannot see but its tile's other rows can enter with
+// p = 0: they add exact zeros, as in the emulation (which sums over the whole cache).
+// Taken when the emulation's dots are whole chunks: D % 16 == 0 for a batch (sgemm),
+// D % 64 == 0 for one token (vec_dot, no leftover products).
+constexpr int64_t TILE_ROWS = 16;  // query rows (tokens x G) a task aims at
+#if defined(__AVX512F__)
+constexpr int64_t PV_ROWS = 16;  // rows of a P.V group: PV_ROWS x na <= 16 accumulators
+#else
+constexpr int64_t PV_ROWS = 4;
+#endif
+
+// acc + a * b: one FMA where the product is exact and never below the normals (f16 times
+// f16), which rounds as the emulation's multiply then add; both roundings otherwise (a
+// bf16 operand: its product can flush to zero under FTZ, which a fused one would not).
+template <bool FUSED>
+inline f16v madd(f16v acc, f16v a, f16v b) {
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  if constexpr (FUSED) return (f16v)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
+#endif
+  return acc + a * b;
+}
+
+// 16 f16 / bf16 values as floats.
+inline f16v load_half16(const uint16_t* p, bool bf16) {
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  const __m256i h = _mm256_loadu_si256((const __m256i*)p);
+  if (!bf16) return (f16v)_mm512_cvtph_ps(h);
+  return (f16v)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#else
+  float v[16];
+  load_row(p, 16, bf16, v);
+  return load16(v);
+#endif
+}
+
+// kt[d][i] = K row i's element d, for the 16 rows kr (D % 16 == 0).
+inline void transpose_keys(const uint16_t* const* kr, int64_t D, bool bf16, float* kt) {
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  for (int64_t d0 = 0; d0 < D; d0 += L16) {
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i) r[i] = (__m512)load_half16(kr[i] + d0, bf16);
+    transpose16(r);
+    for (int x = 0; x < 16; ++x) _mm512_storeu_ps(kt + (d0 + x) * L16, r[x]);
+  }
+#else
+  float row[L16];
+  for (int64_t i = 0; i < L16; ++i)
+    for (int64_t d0 = 0; d0 < D; d0 += L16) {
+      load_row(kr[i] + d0, L16, bf16, row);
+      for (int64_t x = 0; x < L16; ++x) kt[(d0 + x) * L16 + i] = row[x];
+    }
+#endif
+}
+
+// The scores (before kq_scale) of one row q [D] against 16 keys kt [D][16]: each lane l's
+// sum as dot_sgemm (chunk after chunk) or dot_vec (chunk i into accumulator i % 4, then
+// (s0 + s2) + (s1 + s3)) builds it, one lane a vector over the keys; then reduce16's tree.
+template <bool VEC, bool FUSED>
+inline f16v scores16(const float* q, const float* kt, int64_t D) {
+  f16v t[16];
+  if constexpr (!VEC) {
+    LLAMAY_UNROLL for (int l = 0; l < 16; ++l) t[l] = splat16(q[l]) * load16(kt + L16 * l);
+    for (int64_t c = L16; c < D; c += L16)
+      LLAMAY_UNROLL for (int l = 0; l < 16; ++l)
+        t[l] = madd<FUSED>(t[l], splat16(q[c + l]), load16(kt + L16 * (c + l)));
+  } else {
+    LLAMAY_UNROLL for (int l = 0; l < 16; ++l) {
+      f16v s[4];
+      for (int a = 0; a < 4; ++a) s[a] = splat16(q[L16 * a + l]) * load16(kt + L16 * (L16 * a + l));
+      for (int64_t i = 4; i < D / L16; i += 4)
+        for (int a = 0; a < 4; ++a) {
+          const int64_t d = L16 * (i + a) + l;
+          s[a] = madd<FUSED>(s[a], splat16(q[d]), load16(kt + L16 * d));
+        }
+      t[l] = (s[0] + s[2]) + (s[1] + s[3]);
+    }
+  }
+  f16v u[8];
+  LLAMAY_UNROLL for (int l = 0; l < 8; ++l) u[l] = t[8 + l] + t[l];
+  f16v w[4];
+  LLAMAY_UNROLL for (int l = 0; l < 4; ++l) w[l] = u[4 + l] + u[l];
+  return (w[0] + w[2]) + (w[1] + w[3]);
+}
+
+// P.V for RG rows (their probabilities p[r][j - base], rows `stride` apart) over the key
+// chunks c0..c1 (vrows[j - base]: key j's V row), 16 outputs at a time: acc[r][a][lane][D]
+// with a = chunk % NA (NA = 4 for one token, as ggml_vec_dot_f16; 1 for a batch).
+template <int NA, int RG, bool FUSED>
+void pv_rows(const float* p, int64_t stride, int64_t base, int64_t c0, int64_t c1,
+             const uint16_t* const* vrows, int64_t D, bool vbf16, float* acc) {
+  for (int64_t lane = 0; lane < L16; ++lane)
+    for (int64_t d0 = 0; d0 < D; d0 += L16) {
+      f16v a[RG][NA];
+      LLAMAY_UNROLL for (int r = 0; r < RG; ++r)
+        LLAMAY_UNROLL for (int x = 0; x < NA; ++x) a[r][x] = splat16(0.0f);
+      const auto step = [&](int64_t c, auto slot) {
+        const int64_t j = c * L16 + lane - base;
+        const f16v v = load_half16(vrows[j] + d0, vbf16);
+        LLAMAY_UNROLL for (int r = 0; r < RG; ++r)
+          a[r][slot.value] = madd<FUSED>(a[r][slot.value], splat16(p[r * stride + j]), v);
+      };
+      using S0 = std::integral_constant<int, 0>;
+      using S1 = std::integral_constant<int, NA == 4 ? 1 : 0>;
+      using S2 = std::integral_constant<int, NA == 4 ? 2 : 0>;
+      using S3 = std::integral_constant<int, NA == 4 ? 3 : 0>;
+      const auto any = [&](int64_t c) {  // chunk c into accumulator c % NA
+        switch (NA == 4 ? c % 4 : 0) {
+          case 0: step(c, S0{}); break;
+          case 1: step(c, S1{}); break;
+          case 2: step(c, S2{}); break;
+          default: step(c, S3{}); break;
+        }
+      };
+      int64_t c = c0;
+      for (; c <= c1 && c % 4; ++c) any(c);
+      for (; c + 3 <= c1; c += 4) {
+        step(c, S0{});
+        step(c + 1, S1{});
+        step(c + 2, S2{});
+        step(c + 3, S3{});
       }
-    for (int64_t l = 0; l < 8; ++l)
-      for (int64_t d = 0; d < D; ++d) acc[l * D + d] = acc[(8 + l) * D + d] + acc[l * D + d];
-    for (int64_t l = 0; l < 4; ++l)
-      for (int64_t d = 0; d < D; ++d) acc[l * D + d] = acc[(4 + l) * D + d] + acc[l * D + d];
-    float* o = out + g * D;
-    for (int64_t d = 0; d < D; ++d)
-      o[d] = (acc[d] + acc[2 * D + d]) + (acc[D + d] + acc[3 * D + d]);
+      for (; c <= c1; ++c) any(c);
+      for (int r = 0; r < RG; ++r)
+        for (int x = 0; x < NA; ++x) store16(acc + ((r * NA + x) * L16 + lane) * D + d0, a[r][x]);
+    }
+}
+
+template <int NA, bool FUSED, int RG = (int)PV_ROWS / NA>
+void pv_group(int64_t rg, const float* p, int64_t stride, int64_t base, int64_t c0, int64_t c1,
+              const uint16_t* const* vrows, int64_t D, bool vbf16, float* acc) {
+  if constexpr (RG > 1)
+    if (rg < RG) return pv_group<NA, FUSED, RG - 1>(rg, p, stride, base, c0, c1, vrows, D, vbf16, acc);
+  pv_rows<NA, RG, FUSED>(p, stride, base, c0, c1, vrows, D, vbf16, acc);
+}
+
+struct TileScratch {
+  std::vector<float> q, kt, s, acc, sums, h, l;
+  std::vector<const uint16_t*> kr, vrows;
+  std::vector<int64_t> j0, j1;
+};
+
+// Tokens t0..t1-1 of row b, kv head kh: rows r = (t - t0) * G + g.
+template <bool VEC>
+void tile_task(const Problem& p, int64_t b, int64_t t0, int64_t t1, int64_t kh, TileScratch& sc) {
+  ScopedFtz ftz;
+  const int64_t D = p.D, G = p.G, R = (t1 - t0) * G;
+  sc.j0.resize(R);
+  sc.j1.resize(R);
+  int64_t J0 = p.S, J1 = -1;  // the union of the rows' visible keys
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t j0, j1;
+    visible(p, b, t, j0, j1);
+    for (int64_t g = 0; g < G; ++g) sc.j0[(t - t0) * G + g] = j0, sc.j1[(t - t0) * G + g] = j1;
+    if (j1 >= j0) J0 = std::min(J0, j0), J1 = std::max(J1, j1);
+  }
+  const auto out_row = [&](int64_t r) {
+    return p.out + ((b * p.T + t0 + r / G) * p.H + kh * G + r % G) * D;
+  };
+  for (int64_t r = 0; r < R; ++r)  // no visible key: p = 0 everywhere, a zero output
+    if (sc.j1[r] < sc.j0[r]) std::fill(out_row(r), out_row(r) + D, 0.0f);
+  if (J1 < J0) return;
+  const int64_t C0 = J0 / L16, C1 = J1 / L16, base = C0 * L16, W = (C1 - C0 + 1) * L16;
+  // q rounded to f16 (scaled first if prescaled)
+  sc.q.resize(R * D);
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* qsrc = p.q + ((b * p.T + t) * p.H + kh * G) * D;
+    float* qd = sc.q.data() + (t - t0) * G * D;
+    for (int64_t x = 0; x < G * D; ++x) qd[x] = round_f16(p.prescaled ? qsrc[x] * p.kq_scale : qsrc[x]);
+  }
+  const float kq_scale = p.prescaled ? 1.0f : p.kq_scale;
+  // scores s[r][j - base], chunk by chunk: K's 16 rows transposed once for every row
+  sc.s.resize(R * W);
+  sc.kt.resize(D * L16);
+  sc.kr.resize(L16);
+  const f16v vscale = splat16(kq_scale);
+  for (int64_t c = C0; c <= C1; ++c) {
+    for (int64_t i = 0; i < L16; ++i) sc.kr[i] = row_of(p, p.k, b, c * L16 + i, kh);
+    transpose_keys(sc.kr.data(), D, p.kbf16, sc.kt.data());
+    for (int64_t r = 0; r < R; ++r) {
+      if (c < sc.j0[r] / L16 || c > sc.j1[r] / L16 || sc.j1[r] < sc.j0[r]) continue;
+      const float* q = sc.q.data() + r * D;
+      const f16v dot = p.kbf16 ? scores16<VEC, false>(q, sc.kt.data(), D)
+                               : scores16<VEC, true>(q, sc.kt.data(), D);
+      store16(sc.s.data() + r * W + (c - C0) * L16, dot * vscale);
+    }
+  }
+  // probabilities, zero for the keys a row does not see
+  for (int64_t r = 0; r < R; ++r) {
+    float* x = sc.s.data() + r * W;
+    if (sc.j1[r] < sc.j0[r]) {
+      std::fill(x, x + W, 0.0f);
+      continue;
+    }
+    softmax_row(x, base, sc.j0[r], sc.j1[r], p.S / L16, sc.sums, sc.h, sc.l);
+    std::fill(x, x + (sc.j0[r] / L16 - C0) * L16, 0.0f);
+    std::fill(x + (sc.j1[r] / L16 + 1 - C0) * L16, x + W, 0.0f);
+  }
+  // P.V in groups of rows, each over its rows' chunks
+  constexpr int64_t NA = VEC ? 4 : 1;
+  constexpr int64_t RG = PV_ROWS / NA;
+  sc.vrows.resize(W);
+  for (int64_t j = 0; j < W; ++j) sc.vrows[j] = row_of(p, p.v, b, base + j, kh);
+  sc.acc.resize(RG * NA * L16 * D);
+  for (int64_t r0 = 0; r0 < R; r0 += RG) {
+    const int64_t rg = std::min(RG, R - r0);
+    int64_t g0 = C1, g1 = C0 - 1;
+    for (int64_t r = r0; r < r0 + rg; ++r)
+      if (sc.j1[r] >= sc.j0[r]) g0 = std::min(g0, sc.j0[r] / L16), g1 = std::max(g1, sc.j1[r] / L16);
+    if (g1 < g0) continue;
+    const float* pr = sc.s.data() + r0 * W;
+    if (p.vbf16)
+      pv_group<NA, false>(rg, pr, W, base, g0, g1, sc.vrows.data(), D, true, sc.acc.data());
+    else
+      pv_group<NA, true>(rg, pr, W, base, g0, g1, sc.vrows.data(), D, false, sc.acc.data());
+    for (int64_t r = r0; r < r0 + rg; ++r)
+      if (sc.j1[r] >= sc.j0[r]) reduce_lanes(sc.acc.data() + (r - r0) * NA * L16 * D, NA, D, out_row(r));
   }
 }
 
@@ -323,6 +581,18 @@ ffi::Error GgmlAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Any
   p.kq_scale = kq_scale;
   const int64_t n = p.B * p.T * p.K;
   if (n == 0 || p.D == 0) return ffi::Error::Success();
+  const bool vec = p.T == 1;  // one token: ggml_vec_dot_f16's order; more: tinyBLAS's
+  if (p.D % (vec ? 64 : L16) == 0) {
+    const int64_t TB = std::max<int64_t>(1, TILE_ROWS / p.G), nb = (p.T + TB - 1) / TB;
+    parallel_for(pool, p.B * p.K * nb, [&](int64_t idx) {  // a kv head's blocks adjacent
+      thread_local TileScratch sc;
+      const int64_t b = idx / (p.K * nb), kh = idx / nb % p.K, t0 = idx % nb * TB;
+      const int64_t t1 = std::min(p.T, t0 + TB);
+      if (vec) tile_task<true>(p, b, t0, t1, kh, sc);
+      else tile_task<false>(p, b, t0, t1, kh, sc);
+    });
+    return ffi::Error::Success();
+  }
   parallel_for(pool, n, [&](int64_t idx) {
     thread_local Scratch sc;
     task(p, idx / (p.T * p.K), idx / p.K % p.T, idx % p.K, sc);

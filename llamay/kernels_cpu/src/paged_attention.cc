@@ -576,22 +576,17 @@ constexpr int TILE_VECS = 4;  // row vectors of 16 per microkernel call: 16 zmm 
 constexpr int TILE_VECS = 1;  // AVX2 (a vector is two ymm) and the rest: 8 accumulators
 #endif
 
-inline f16v splat(float x) {
-  f16v z{};
-  return z + x;
-}
-
 // s[c][r] = sum_d k[c][d] * qt[d][r] for 4 keys c and NV vectors of 16 rows r.
 template <int NV>
 inline void scores_4xnv(const float* const* k, const float* qt, int64_t R, int64_t D, float* s) {
   f16v acc[4][NV];
   LLAMAY_UNROLL for (int c = 0; c < 4; ++c)
-    LLAMAY_UNROLL for (int v = 0; v < NV; ++v) acc[c][v] = splat(0.0f);
+    LLAMAY_UNROLL for (int v = 0; v < NV; ++v) acc[c][v] = splat16(0.0f);
   for (int64_t d = 0; d < D; ++d) {
     f16v qv[NV];
     LLAMAY_UNROLL for (int v = 0; v < NV; ++v) qv[v] = load16(qt + d * R + 16 * v);
     LLAMAY_UNROLL for (int c = 0; c < 4; ++c) {
-      const f16v b = splat(k[c][d]);
+      const f16v b = splat16(k[c][d]);
       LLAMAY_UNROLL for (int v = 0; v < NV; ++v) acc[c][v] += b * qv[v];
     }
   }
@@ -612,7 +607,7 @@ inline void weighted_4xnv(const float* const* v, int64_t d0, const float* p, int
     f16v pv[NV];
     LLAMAY_UNROLL for (int v_ = 0; v_ < NV; ++v_) pv[v_] = load16(p + c * R + 16 * v_);
     LLAMAY_UNROLL for (int i = 0; i < 4; ++i) {
-      const f16v b = splat(v[c][d0 + i]);
+      const f16v b = splat16(v[c][d0 + i]);
       LLAMAY_UNROLL for (int v_ = 0; v_ < NV; ++v_) acc[i][v_] += b * pv[v_];
     }
   }

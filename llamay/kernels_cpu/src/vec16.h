@@ -108,6 +108,12 @@ inline f16v load16(const float* p) {
 }
 inline void store16(float* p, f16v v) { std::memcpy(p, &v, 64); }
 #endif
+// x in every lane (x - 0, not 0 + x: a -0 stays -0).
+inline f16v splat16(float x) {
+  f16v z{};
+  return x - z;
+}
+
 #if defined(__AVX2__) && !defined(__AVX512F__)
 const i16v LANE16 = {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}};
 #else
