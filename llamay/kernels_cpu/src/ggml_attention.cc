@@ -34,7 +34,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -122,21 +121,24 @@ inline const uint16_t* row_of(const Problem& p, const uint16_t* base, int64_t b,
 }
 
 // P.V's lane sums acc [na][16][D] (na = 4: accumulators by chunk index, one token) to
-// the output o [D], vectorised over d: (a0 + a2) + (a1 + a3), then reduce16 across the
-// lanes (halves, quarters, pairs). acc is overwritten.
-inline void reduce_lanes(float* acc, int64_t na, int64_t D, float* o) {
+// the outputs o[dlo..dhi), vectorised over d: (a0 + a2) + (a1 + a3), then reduce16 across
+// the lanes (halves, quarters, pairs). acc is overwritten.
+inline void reduce_lanes(float* acc, int64_t na, int64_t D, float* o, int64_t dlo = 0,
+                         int64_t dhi = -1) {
+  if (dhi < 0) dhi = D;
   if (na == 4)
     for (int64_t l = 0; l < L16; ++l) {
       float* a0 = acc + l * D;
       const float *a1 = acc + (L16 + l) * D, *a2 = acc + (2 * L16 + l) * D,
                   *a3 = acc + (3 * L16 + l) * D;
-      for (int64_t d = 0; d < D; ++d) a0[d] = (a0[d] + a2[d]) + (a1[d] + a3[d]);
+      for (int64_t d = dlo; d < dhi; ++d) a0[d] = (a0[d] + a2[d]) + (a1[d] + a3[d]);
     }
   for (int64_t l = 0; l < 8; ++l)
-    for (int64_t d = 0; d < D; ++d) acc[l * D + d] = acc[(8 + l) * D + d] + acc[l * D + d];
+    for (int64_t d = dlo; d < dhi; ++d) acc[l * D + d] = acc[(8 + l) * D + d] + acc[l * D + d];
   for (int64_t l = 0; l < 4; ++l)
-    for (int64_t d = 0; d < D; ++d) acc[l * D + d] = acc[(4 + l) * D + d] + acc[l * D + d];
-  for (int64_t d = 0; d < D; ++d) o[d] = (acc[d] + acc[2 * D + d]) + (acc[D + d] + acc[3 * D + d]);
+    for (int64_t d = dlo; d < dhi; ++d) acc[l * D + d] = acc[(4 + l) * D + d] + acc[l * D + d];
+  for (int64_t d = dlo; d < dhi; ++d)
+    o[d] = (acc[d] + acc[2 * D + d]) + (acc[D + d] + acc[3 * D + d]);
 }
 
 // max(x[0..n)) ignoring NaNs, as a chain of std::max(m, x[i]) (16 chains: one is
@@ -310,6 +312,10 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
 // Taken when the emulation's dots are whole chunks: D % 16 == 0 for a batch (sgemm),
 // D % 64 == 0 for one token (vec_dot, no leftover products).
 constexpr int64_t TILE_ROWS = 16;  // query rows (tokens x G) a task aims at
+constexpr int64_t PV_AHEAD = 8;  // chunks ahead that P.V prefetches a lane's V rows
+// Small loops over a tile's registers unrolled on every target (indices known: registers).
+#define LLAMAY_UNROLL_ALL _Pragma("GCC unroll 16")
+constexpr int64_t STREAM_ROWS = 4;  // rows of a one-token P.V group (pv_stream)
 #if defined(__AVX512F__)
 constexpr int64_t PV_ROWS = 16;  // rows of a P.V group: PV_ROWS x na <= 16 accumulators
 #else
@@ -390,138 +396,274 @@ inline f16v scores16(const float* q, const float* kt, int64_t D) {
 }
 
 // P.V for RG rows (their probabilities p[r][j - base], rows `stride` apart) over the key
-// chunks c0..c1 (vrows[j - base]: key j's V row), 16 outputs at a time: acc[r][a][lane][D]
-// with a = chunk % NA (NA = 4 for one token, as ggml_vec_dot_f16; 1 for a batch).
+// chunks c0..c1 (vrows[j - base]: key j's V row), outputs dlo..dhi 16 at a time:
+// acc[r][a][lane][D] with a = chunk % NA (NA = 4 for one token, as ggml_vec_dot_f16; 1
+// for a batch).
 template <int NA, int RG, bool FUSED>
 void pv_rows(const float* p, int64_t stride, int64_t base, int64_t c0, int64_t c1,
-             const uint16_t* const* vrows, int64_t D, bool vbf16, float* acc) {
+             const uint16_t* const* vrows, int64_t D, int64_t dlo, int64_t dhi, bool vbf16,
+             float* acc) {
+  const int64_t n = c1 - c0 + 1;
   for (int64_t lane = 0; lane < L16; ++lane)
-    for (int64_t d0 = 0; d0 < D; d0 += L16) {
+    for (int64_t d0 = dlo; d0 < dhi; d0 += L16) {
+      // step k: chunk c0 + k into a[.][k % NA], which is accumulator (c0 + k) % NA
+      const uint16_t* const* vr = vrows + (c0 * L16 + lane - base);
+      const float* pk = p + (c0 * L16 + lane - base);
       f16v a[RG][NA];
-      LLAMAY_UNROLL for (int r = 0; r < RG; ++r)
-        LLAMAY_UNROLL for (int x = 0; x < NA; ++x) a[r][x] = splat16(0.0f);
-      const auto step = [&](int64_t c, auto slot) {
-        const int64_t j = c * L16 + lane - base;
-        const f16v v = load_half16(vrows[j] + d0, vbf16);
-        LLAMAY_UNROLL for (int r = 0; r < RG; ++r)
-          a[r][slot.value] = madd<FUSED>(a[r][slot.value], splat16(p[r * stride + j]), v);
+      LLAMAY_UNROLL_ALL for (int r = 0; r < RG; ++r)
+        LLAMAY_UNROLL_ALL for (int x = 0; x < NA; ++x) a[r][x] = splat16(0.0f);
+      const auto step = [&](int64_t k, int x) {
+        // this lane's keys are 16 rows apart (further in pages): the prefetchers miss them
+        if (k + PV_AHEAD < n) __builtin_prefetch(vr[(k + PV_AHEAD) * L16] + d0);
+        const f16v v = load_half16(vr[k * L16] + d0, vbf16);
+        LLAMAY_UNROLL_ALL for (int r = 0; r < RG; ++r)
+          a[r][x] = madd<FUSED>(a[r][x], splat16(pk[r * stride + k * L16]), v);
       };
-      using S0 = std::integral_constant<int, 0>;
-      using S1 = std::integral_constant<int, NA == 4 ? 1 : 0>;
-      using S2 = std::integral_constant<int, NA == 4 ? 2 : 0>;
-      using S3 = std::integral_constant<int, NA == 4 ? 3 : 0>;
-      const auto any = [&](int64_t c) {  // chunk c into accumulator c % NA
-        switch (NA == 4 ? c % 4 : 0) {
-          case 0: step(c, S0{}); break;
-          case 1: step(c, S1{}); break;
-          case 2: step(c, S2{}); break;
-          default: step(c, S3{}); break;
-        }
-      };
-      int64_t c = c0;
-      for (; c <= c1 && c % 4; ++c) any(c);
-      for (; c + 3 <= c1; c += 4) {
-        step(c, S0{});
-        step(c + 1, S1{});
-        step(c + 2, S2{});
-        step(c + 3, S3{});
-      }
-      for (; c <= c1; ++c) any(c);
+      int64_t k = 0;
+      for (; k + NA <= n; k += NA) LLAMAY_UNROLL_ALL for (int x = 0; x < NA; ++x) step(k + x, x);
+      LLAMAY_UNROLL_ALL for (int x = 0; x + 1 < NA; ++x) if (k + x < n) step(k + x, x);
       for (int r = 0; r < RG; ++r)
-        for (int x = 0; x < NA; ++x) store16(acc + ((r * NA + x) * L16 + lane) * D + d0, a[r][x]);
+        for (int x = 0; x < NA; ++x)
+          store16(acc + ((r * NA + (c0 + x) % NA) * L16 + lane) * D + d0, a[r][x]);
     }
+}
+
+// P.V for one token's RG rows (vec_dot's order: chunk c into accumulator c % 4) with the
+// keys in memory order: each V row's 64-byte line of outputs e0..e0+32 read once, every
+// row's sums for those outputs in memory (acc[r][c % 4][lane][32], RG x 8 KB), then reduced
+// into out[r] (null: a row that sees no key). The register form above walks each lane's
+// keys, a new line 16 rows away every step, which a few rows' work per step cannot hide.
+template <int RG, bool FUSED>
+void pv_stream(const float* p, int64_t stride, int64_t base, int64_t c0, int64_t c1,
+               const uint16_t* const* vrows, int64_t dlo, int64_t dhi, bool vbf16,
+               float* acc, float* const* out) {
+  constexpr int64_t E = 2 * L16;
+  for (int64_t e0 = dlo; e0 < dhi; e0 += E) {
+    const int64_t e1 = std::min(dhi, e0 + E);
+    std::fill(acc, acc + RG * 4 * L16 * E, 0.0f);
+    for (int64_t c = c0; c <= c1; ++c)
+      for (int64_t lane = 0; lane < L16; ++lane) {
+        const int64_t j = c * L16 + lane - base;
+        if (c < c1) __builtin_prefetch(vrows[j + L16] + e0);
+        f16v pb[RG];
+        LLAMAY_UNROLL_ALL for (int r = 0; r < RG; ++r) pb[r] = splat16(p[r * stride + j]);
+        float* a0 = acc + (c % 4 * L16 + lane) * E;
+        for (int64_t d0 = e0; d0 < e1; d0 += L16) {
+          const f16v v = load_half16(vrows[j] + d0, vbf16);
+          LLAMAY_UNROLL_ALL for (int r = 0; r < RG; ++r) {
+            float* a = a0 + r * 4 * L16 * E + (d0 - e0);
+            store16(a, madd<FUSED>(load16(a), pb[r], v));
+          }
+        }
+      }
+    for (int r = 0; r < RG; ++r)
+      if (out[r]) reduce_lanes(acc + r * 4 * L16 * E, 4, E, out[r] + e0, 0, e1 - e0);
+  }
+}
+
+template <bool FUSED, int RG = (int)STREAM_ROWS>
+void pv_stream_group(int64_t rg, const float* p, int64_t stride, int64_t base, int64_t c0,
+                     int64_t c1, const uint16_t* const* vrows, int64_t dlo, int64_t dhi,
+                     bool vbf16, float* acc, float* const* out) {
+  if constexpr (RG > 1)
+    if (rg < RG)
+      return pv_stream_group<FUSED, RG - 1>(rg, p, stride, base, c0, c1, vrows, dlo, dhi, vbf16, acc, out);
+  pv_stream<RG, FUSED>(p, stride, base, c0, c1, vrows, dlo, dhi, vbf16, acc, out);
 }
 
 template <int NA, bool FUSED, int RG = (int)PV_ROWS / NA>
 void pv_group(int64_t rg, const float* p, int64_t stride, int64_t base, int64_t c0, int64_t c1,
-              const uint16_t* const* vrows, int64_t D, bool vbf16, float* acc) {
+              const uint16_t* const* vrows, int64_t D, int64_t dlo, int64_t dhi, bool vbf16,
+              float* acc) {
   if constexpr (RG > 1)
-    if (rg < RG) return pv_group<NA, FUSED, RG - 1>(rg, p, stride, base, c0, c1, vrows, D, vbf16, acc);
-  pv_rows<NA, RG, FUSED>(p, stride, base, c0, c1, vrows, D, vbf16, acc);
+    if (rg < RG)
+      return pv_group<NA, FUSED, RG - 1>(rg, p, stride, base, c0, c1, vrows, D, dlo, dhi, vbf16, acc);
+  pv_rows<NA, RG, FUSED>(p, stride, base, c0, c1, vrows, D, dlo, dhi, vbf16, acc);
 }
 
-struct TileScratch {
-  std::vector<float> q, kt, s, acc, sums, h, l;
-  std::vector<const uint16_t*> kr, vrows;
-  std::vector<int64_t> j0, j1;
+// One tile: tokens t0..t1-1 of row b, kv head kh; rows r = (t - t0) * G + g. Its keys:
+// the 16-chunks C0..C1 covering the rows' visible keys (base = C0 * 16, W keys).
+struct Tile {
+  int64_t b, kh, t0, t1, R, C0, C1, base, W;
+  std::vector<int64_t> j0, j1;  // each row's visible keys (j1 < j0: none)
+  std::vector<float> q, s;      // q [R][D] rounded to f16; scores, then p [R][W]
+  std::vector<const uint16_t*> vrows;  // [W]: key base + j's V row
+  bool seen(int64_t r) const { return j1[r] >= j0[r]; }
 };
 
-// Tokens t0..t1-1 of row b, kv head kh: rows r = (t - t0) * G + g.
-template <bool VEC>
-void tile_task(const Problem& p, int64_t b, int64_t t0, int64_t t1, int64_t kh, TileScratch& sc) {
-  ScopedFtz ftz;
+inline float* tile_out(const Problem& p, const Tile& tl, int64_t r) {
+  return p.out + ((tl.b * p.T + tl.t0 + r / p.G) * p.H + tl.kh * p.G + r % p.G) * p.D;
+}
+
+// The tile's rows and keys, q rounded to f16 (scaled first if prescaled); rows without a
+// visible key get their zero output here. False: no row sees a key.
+bool tile_setup(const Problem& p, int64_t b, int64_t t0, int64_t t1, int64_t kh, Tile& tl) {
   const int64_t D = p.D, G = p.G, R = (t1 - t0) * G;
-  sc.j0.resize(R);
-  sc.j1.resize(R);
-  int64_t J0 = p.S, J1 = -1;  // the union of the rows' visible keys
+  tl.b = b, tl.kh = kh, tl.t0 = t0, tl.t1 = t1, tl.R = R;
+  tl.j0.resize(R);
+  tl.j1.resize(R);
+  int64_t J0 = p.S, J1 = -1;
   for (int64_t t = t0; t < t1; ++t) {
     int64_t j0, j1;
     visible(p, b, t, j0, j1);
-    for (int64_t g = 0; g < G; ++g) sc.j0[(t - t0) * G + g] = j0, sc.j1[(t - t0) * G + g] = j1;
+    for (int64_t g = 0; g < G; ++g) tl.j0[(t - t0) * G + g] = j0, tl.j1[(t - t0) * G + g] = j1;
     if (j1 >= j0) J0 = std::min(J0, j0), J1 = std::max(J1, j1);
   }
-  const auto out_row = [&](int64_t r) {
-    return p.out + ((b * p.T + t0 + r / G) * p.H + kh * G + r % G) * D;
-  };
-  for (int64_t r = 0; r < R; ++r)  // no visible key: p = 0 everywhere, a zero output
-    if (sc.j1[r] < sc.j0[r]) std::fill(out_row(r), out_row(r) + D, 0.0f);
-  if (J1 < J0) return;
-  const int64_t C0 = J0 / L16, C1 = J1 / L16, base = C0 * L16, W = (C1 - C0 + 1) * L16;
-  // q rounded to f16 (scaled first if prescaled)
-  sc.q.resize(R * D);
+  for (int64_t r = 0; r < R; ++r)  // p = 0 everywhere: a zero output
+    if (!tl.seen(r)) std::fill(tile_out(p, tl, r), tile_out(p, tl, r) + D, 0.0f);
+  if (J1 < J0) return false;
+  tl.C0 = J0 / L16, tl.C1 = J1 / L16, tl.base = tl.C0 * L16, tl.W = (tl.C1 - tl.C0 + 1) * L16;
+  tl.q.resize(R * D);
   for (int64_t t = t0; t < t1; ++t) {
     const float* qsrc = p.q + ((b * p.T + t) * p.H + kh * G) * D;
-    float* qd = sc.q.data() + (t - t0) * G * D;
+    float* qd = tl.q.data() + (t - t0) * G * D;
     for (int64_t x = 0; x < G * D; ++x) qd[x] = round_f16(p.prescaled ? qsrc[x] * p.kq_scale : qsrc[x]);
   }
-  const float kq_scale = p.prescaled ? 1.0f : p.kq_scale;
-  // scores s[r][j - base], chunk by chunk: K's 16 rows transposed once for every row
-  sc.s.resize(R * W);
+  tl.s.resize(R * tl.W);
+  tl.vrows.resize(tl.W);
+  return true;
+}
+
+struct TileScratch {
+  std::vector<float> kt, acc, sums, h, l;
+  std::vector<const uint16_t*> kr;
+};
+
+// Scores s[r][j - base] over the chunks c0..c1 (K's 16 rows of a chunk converted and
+// transposed once for every row), and those chunks' V rows.
+template <bool VEC>
+void tile_scores(const Problem& p, Tile& tl, int64_t c0, int64_t c1, TileScratch& sc) {
+  ScopedFtz ftz;
+  const int64_t D = p.D;
   sc.kt.resize(D * L16);
-  sc.kr.resize(L16);
-  const f16v vscale = splat16(kq_scale);
-  for (int64_t c = C0; c <= C1; ++c) {
-    for (int64_t i = 0; i < L16; ++i) sc.kr[i] = row_of(p, p.k, b, c * L16 + i, kh);
-    transpose_keys(sc.kr.data(), D, p.kbf16, sc.kt.data());
-    for (int64_t r = 0; r < R; ++r) {
-      if (c < sc.j0[r] / L16 || c > sc.j1[r] / L16 || sc.j1[r] < sc.j0[r]) continue;
-      const float* q = sc.q.data() + r * D;
+  sc.kr.resize(2 * L16);
+  const f16v scale = splat16(p.prescaled ? 1.0f : p.kq_scale);
+  const auto rows = [&](int64_t c, const uint16_t** kr) {
+    for (int64_t i = 0; i < L16; ++i) kr[i] = row_of(p, p.k, tl.b, c * L16 + i, tl.kh);
+  };
+  rows(c0, sc.kr.data());
+  for (int64_t c = c0; c <= c1; ++c) {
+    const uint16_t** kr = sc.kr.data() + (c - c0) % 2 * L16;
+    if (c < c1) {  // the next chunk's K rows requested now (rows apart: no prefetcher sees them)
+      const uint16_t** next = sc.kr.data() + (c - c0 + 1) % 2 * L16;
+      rows(c + 1, next);
+      for (int64_t i = 0; i < L16; ++i)
+        for (int64_t d = 0; d < D; d += 32) __builtin_prefetch(next[i] + d);
+    }
+    for (int64_t i = 0; i < L16; ++i)
+      tl.vrows[(c - tl.C0) * L16 + i] = row_of(p, p.v, tl.b, c * L16 + i, tl.kh);
+    transpose_keys(kr, D, p.kbf16, sc.kt.data());
+    for (int64_t r = 0; r < tl.R; ++r) {
+      if (!tl.seen(r) || c < tl.j0[r] / L16 || c > tl.j1[r] / L16) continue;
+      const float* q = tl.q.data() + r * D;
       const f16v dot = p.kbf16 ? scores16<VEC, false>(q, sc.kt.data(), D)
                                : scores16<VEC, true>(q, sc.kt.data(), D);
-      store16(sc.s.data() + r * W + (c - C0) * L16, dot * vscale);
+      store16(tl.s.data() + r * tl.W + (c - tl.C0) * L16, dot * scale);
     }
   }
-  // probabilities, zero for the keys a row does not see
-  for (int64_t r = 0; r < R; ++r) {
-    float* x = sc.s.data() + r * W;
-    if (sc.j1[r] < sc.j0[r]) {
-      std::fill(x, x + W, 0.0f);
+}
+
+// Row r's probabilities, zero for the keys it does not see.
+void tile_softmax(const Problem& p, Tile& tl, int64_t r, TileScratch& sc) {
+  ScopedFtz ftz;
+  float* x = tl.s.data() + r * tl.W;
+  if (!tl.seen(r)) {
+    std::fill(x, x + tl.W, 0.0f);
+    return;
+  }
+  softmax_row(x, tl.base, tl.j0[r], tl.j1[r], p.S / L16, sc.sums, sc.h, sc.l);
+  std::fill(x, x + (tl.j0[r] / L16 - tl.C0) * L16, 0.0f);
+  std::fill(x + (tl.j1[r] / L16 + 1 - tl.C0) * L16, x + tl.W, 0.0f);
+}
+
+// P.V for outputs dlo..dhi of every row, in groups of rows, each over its rows' chunks.
+template <bool VEC>
+void tile_pv(const Problem& p, const Tile& tl, int64_t dlo, int64_t dhi, TileScratch& sc) {
+  ScopedFtz ftz;
+  constexpr int64_t NA = VEC ? 4 : 1, RG = VEC ? STREAM_ROWS : PV_ROWS;
+  const int64_t D = p.D;
+  sc.acc.resize(RG * NA * L16 * D);
+  for (int64_t r0 = 0; r0 < tl.R; r0 += RG) {
+    const int64_t rg = std::min(RG, tl.R - r0);
+    int64_t g0 = tl.C1, g1 = tl.C0 - 1;
+    for (int64_t r = r0; r < r0 + rg; ++r)
+      if (tl.seen(r)) g0 = std::min(g0, tl.j0[r] / L16), g1 = std::max(g1, tl.j1[r] / L16);
+    if (g1 < g0) continue;
+    const float* pr = tl.s.data() + r0 * tl.W;
+    const auto vr = tl.vrows.data();
+    float* acc = sc.acc.data();
+    if (VEC) {
+      float* out[STREAM_ROWS];
+      for (int64_t r = r0; r < r0 + rg; ++r) out[r - r0] = tl.seen(r) ? tile_out(p, tl, r) : nullptr;
+      if (p.vbf16) pv_stream_group<false>(rg, pr, tl.W, tl.base, g0, g1, vr, dlo, dhi, true, acc, out);
+      else pv_stream_group<true>(rg, pr, tl.W, tl.base, g0, g1, vr, dlo, dhi, false, acc, out);
       continue;
     }
-    softmax_row(x, base, sc.j0[r], sc.j1[r], p.S / L16, sc.sums, sc.h, sc.l);
-    std::fill(x, x + (sc.j0[r] / L16 - C0) * L16, 0.0f);
-    std::fill(x + (sc.j1[r] / L16 + 1 - C0) * L16, x + W, 0.0f);
-  }
-  // P.V in groups of rows, each over its rows' chunks
-  constexpr int64_t NA = VEC ? 4 : 1;
-  constexpr int64_t RG = PV_ROWS / NA;
-  sc.vrows.resize(W);
-  for (int64_t j = 0; j < W; ++j) sc.vrows[j] = row_of(p, p.v, b, base + j, kh);
-  sc.acc.resize(RG * NA * L16 * D);
-  for (int64_t r0 = 0; r0 < R; r0 += RG) {
-    const int64_t rg = std::min(RG, R - r0);
-    int64_t g0 = C1, g1 = C0 - 1;
-    for (int64_t r = r0; r < r0 + rg; ++r)
-      if (sc.j1[r] >= sc.j0[r]) g0 = std::min(g0, sc.j0[r] / L16), g1 = std::max(g1, sc.j1[r] / L16);
-    if (g1 < g0) continue;
-    const float* pr = sc.s.data() + r0 * W;
     if (p.vbf16)
-      pv_group<NA, false>(rg, pr, W, base, g0, g1, sc.vrows.data(), D, true, sc.acc.data());
+      pv_group<1, false>(rg, pr, tl.W, tl.base, g0, g1, vr, D, dlo, dhi, true, acc);
     else
-      pv_group<NA, true>(rg, pr, W, base, g0, g1, sc.vrows.data(), D, false, sc.acc.data());
+      pv_group<1, true>(rg, pr, tl.W, tl.base, g0, g1, vr, D, dlo, dhi, false, acc);
     for (int64_t r = r0; r < r0 + rg; ++r)
-      if (sc.j1[r] >= sc.j0[r]) reduce_lanes(sc.acc.data() + (r - r0) * NA * L16 * D, NA, D, out_row(r));
+      if (tl.seen(r))
+        reduce_lanes(sc.acc.data() + (r - r0) * NA * L16 * D, NA, D, tile_out(p, tl, r), dlo, dhi);
   }
+}
+
+// The tiles: a kv head's blocks of TB tokens (TB x G ~ TILE_ROWS rows), adjacent in the
+// order so that the threads share that head's keys. Many tiles: one task each. Fewer than
+// twice the threads (decoding a row or few): each stage split over the threads -- the
+// scores by key ranges, the softmax by rows, P.V by 16 outputs (every lane's sums and
+// their reduction are elementwise in d) -- in three passes.
+template <bool VEC>
+void run_tiles(xla::ffi::ThreadPool& pool, const Problem& p) {
+  const int64_t TB = std::max<int64_t>(1, TILE_ROWS / p.G), nb = (p.T + TB - 1) / TB;
+  const int64_t n = p.B * p.K * nb, threads = std::max<int64_t>(1, pool.num_threads());
+  const auto bounds = [&](int64_t i, int64_t& b, int64_t& kh, int64_t& t0, int64_t& t1) {
+    b = i / (p.K * nb), kh = i / nb % p.K, t0 = i % nb * TB, t1 = std::min(p.T, t0 + TB);
+  };
+  if (n >= 2 * threads) {
+    parallel_for(pool, n, [&](int64_t i) {
+      thread_local Tile tl;
+      thread_local TileScratch sc;
+      int64_t b, kh, t0, t1;
+      bounds(i, b, kh, t0, t1);
+      if (!tile_setup(p, b, t0, t1, kh, tl)) return;
+      tile_scores<VEC>(p, tl, tl.C0, tl.C1, sc);
+      for (int64_t r = 0; r < tl.R; ++r) tile_softmax(p, tl, r, sc);
+      tile_pv<VEC>(p, tl, 0, p.D, sc);
+    });
+    return;
+  }
+  std::vector<Tile> tiles(n);
+  std::vector<int64_t> live;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t b, kh, t0, t1;
+    bounds(i, b, kh, t0, t1);
+    if (tile_setup(p, b, t0, t1, kh, tiles[i])) live.push_back(i);
+  }
+  const int64_t nl = live.size();
+  if (nl == 0) return;
+  const int64_t parts = (4 * threads + nl - 1) / nl;  // key ranges a tile
+  parallel_for(pool, nl * parts, [&](int64_t i) {
+    thread_local TileScratch sc;
+    Tile& tl = tiles[live[i / parts]];
+    const int64_t nc = tl.C1 - tl.C0 + 1, part = i % parts;
+    const int64_t c0 = tl.C0 + nc * part / parts, c1 = tl.C0 + nc * (part + 1) / parts - 1;
+    if (c1 >= c0) tile_scores<VEC>(p, tl, c0, c1, sc);
+  });
+  int64_t R = 0;  // rows a tile, at most (the last block of tokens may have fewer)
+  for (int64_t i : live) R = std::max(R, tiles[i].R);
+  parallel_for(pool, nl * R, [&](int64_t i) {
+    thread_local TileScratch sc;
+    Tile& tl = tiles[live[i / R]];
+    if (i % R < tl.R) tile_softmax(p, tl, i % R, sc);
+  });
+  const int64_t dstep = VEC ? 2 * L16 : L16, nd = p.D / dstep;  // one token: whole lines
+  parallel_for(pool, nl * nd, [&](int64_t i) {
+    thread_local TileScratch sc;
+    const int64_t d0 = i % nd * dstep;
+    tile_pv<VEC>(p, tiles[live[i / nd]], d0, d0 + dstep, sc);
+  });
 }
 
 ffi::Error GgmlAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
@@ -583,14 +725,8 @@ ffi::Error GgmlAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Any
   if (n == 0 || p.D == 0) return ffi::Error::Success();
   const bool vec = p.T == 1;  // one token: ggml_vec_dot_f16's order; more: tinyBLAS's
   if (p.D % (vec ? 64 : L16) == 0) {
-    const int64_t TB = std::max<int64_t>(1, TILE_ROWS / p.G), nb = (p.T + TB - 1) / TB;
-    parallel_for(pool, p.B * p.K * nb, [&](int64_t idx) {  // a kv head's blocks adjacent
-      thread_local TileScratch sc;
-      const int64_t b = idx / (p.K * nb), kh = idx / nb % p.K, t0 = idx % nb * TB;
-      const int64_t t1 = std::min(p.T, t0 + TB);
-      if (vec) tile_task<true>(p, b, t0, t1, kh, sc);
-      else tile_task<false>(p, b, t0, t1, kh, sc);
-    });
+    if (vec) run_tiles<true>(pool, p);
+    else run_tiles<false>(pool, p);
     return ffi::Error::Success();
   }
   parallel_for(pool, n, [&](int64_t idx) {
