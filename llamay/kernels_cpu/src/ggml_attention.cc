@@ -395,37 +395,91 @@ inline f16v scores16(const float* q, const float* kt, int64_t D) {
   return (w[0] + w[2]) + (w[1] + w[3]);
 }
 
-// P.V for RG rows (their probabilities p[r][j - base], rows `stride` apart) over the key
-// chunks c0..c1 (vrows[j - base]: key j's V row), outputs dlo..dhi 16 at a time:
-// acc[r][a][lane][D] with a = chunk % NA (NA = 4 for one token, as ggml_vec_dot_f16; 1
-// for a batch).
-template <int NA, int RG, bool FUSED>
-void pv_rows(const float* p, int64_t stride, int64_t base, int64_t c0, int64_t c1,
-             const uint16_t* const* vrows, int64_t D, int64_t dlo, int64_t dhi, bool vbf16,
-             float* acc) {
-  const int64_t n = c1 - c0 + 1;
+// A batch's (sgemm order) scores of RB rows (q, D apart) against KV 16-key chunks kt[kv]
+// [D][16], before kq_scale, into out[r][kv]: as scores16<false>, with the work blocked so
+// that each K vector serves RB rows and each q value KV chunks (scores16 loads a K vector
+// and a q value for every FMA). Lanes l and l + 8 go together, summed into reduce16's
+// first level at once; the other levels after, from u [RB][KV][8].
+template <int RB, int KV, bool FUSED>
+void scores_block(const float* q, const float* const* kt, int64_t D, f16v (*out)[KV]) {
+  f16v u[RB][KV][8];
+  for (int l = 0; l < 8; ++l) {
+    f16v a[RB][KV], b[RB][KV];
+    LLAMAY_UNROLL_ALL for (int r = 0; r < RB; ++r)
+      LLAMAY_UNROLL_ALL for (int k = 0; k < KV; ++k) {
+        a[r][k] = splat16(q[r * D + l]) * load16(kt[k] + L16 * l);
+        b[r][k] = splat16(q[r * D + l + 8]) * load16(kt[k] + L16 * (l + 8));
+      }
+    for (int64_t c = L16; c < D; c += L16) {
+      f16v ka[KV], kb[KV];
+      LLAMAY_UNROLL_ALL for (int k = 0; k < KV; ++k) {
+        ka[k] = load16(kt[k] + L16 * (c + l));
+        kb[k] = load16(kt[k] + L16 * (c + l + 8));
+      }
+      LLAMAY_UNROLL_ALL for (int r = 0; r < RB; ++r) {
+        const f16v qa = splat16(q[r * D + c + l]), qb = splat16(q[r * D + c + l + 8]);
+        LLAMAY_UNROLL_ALL for (int k = 0; k < KV; ++k) {
+          a[r][k] = madd<FUSED>(a[r][k], qa, ka[k]);
+          b[r][k] = madd<FUSED>(b[r][k], qb, kb[k]);
+        }
+      }
+    }
+    LLAMAY_UNROLL_ALL for (int r = 0; r < RB; ++r)
+      LLAMAY_UNROLL_ALL for (int k = 0; k < KV; ++k) u[r][k][l] = b[r][k] + a[r][k];
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int k = 0; k < KV; ++k) {
+      f16v w[4];
+      for (int l = 0; l < 4; ++l) w[l] = u[r][k][4 + l] + u[r][k][l];
+      out[r][k] = (w[0] + w[2]) + (w[1] + w[3]);
+    }
+}
+
+#if defined(__AVX512F__)
+constexpr int SCORE_ROWS = 4;  // 2 x 4 x 2 accumulators, 4 K and 2 q registers
+#else
+constexpr int SCORE_ROWS = 1;
+#endif
+
+// scores_block over rows r0..r0+rb (rb <= SCORE_ROWS) and KV chunks.
+template <int KV, bool FUSED, int RB = SCORE_ROWS>
+void scores_rows(int64_t rb, const float* q, const float* const* kt, int64_t D, f16v (*out)[KV]) {
+  if constexpr (RB > 1)
+    if (rb < RB) return scores_rows<KV, FUSED, RB - 1>(rb, q, kt, D, out);
+  scores_block<RB, KV, FUSED>(q, kt, D, out);
+}
+
+// P.V for a batch's RG rows (tinyBLAS's order: each lane's keys chunk after chunk) over
+// the key chunks c0..c1 (vr[k * 16 + lane]: the V row of chunk c0 + k's key `lane`),
+// outputs dlo..dhi 16 at a time, walking each lane's keys with every row's sum in a
+// register: acc[r][lane][D]. The probabilities laid out lane by lane, pt[lane][k][r] (rows
+// PV_ROWS apart), so that a step reads one line of them: P [R][W] read in this order
+// missed L1 for every row at every step.
+template <int RG, bool FUSED>
+void pv_rows(const float* pt, int64_t n, const uint16_t* const* vr, int64_t D, int64_t dlo,
+             int64_t dhi, bool vbf16, float* acc) {
   for (int64_t lane = 0; lane < L16; ++lane)
     for (int64_t d0 = dlo; d0 < dhi; d0 += L16) {
-      // step k: chunk c0 + k into a[.][k % NA], which is accumulator (c0 + k) % NA
-      const uint16_t* const* vr = vrows + (c0 * L16 + lane - base);
-      const float* pk = p + (c0 * L16 + lane - base);
-      f16v a[RG][NA];
-      LLAMAY_UNROLL_ALL for (int r = 0; r < RG; ++r)
-        LLAMAY_UNROLL_ALL for (int x = 0; x < NA; ++x) a[r][x] = splat16(0.0f);
-      const auto step = [&](int64_t k, int x) {
+      const float* pl = pt + lane * n * PV_ROWS;
+      f16v a[RG];
+      LLAMAY_UNROLL_ALL for (int r = 0; r < RG; ++r) a[r] = splat16(0.0f);
+      for (int64_t k = 0; k < n; ++k) {
         // this lane's keys are 16 rows apart (further in pages): the prefetchers miss them
-        if (k + PV_AHEAD < n) __builtin_prefetch(vr[(k + PV_AHEAD) * L16] + d0);
-        const f16v v = load_half16(vr[k * L16] + d0, vbf16);
+        if (k + PV_AHEAD < n) __builtin_prefetch(vr[(k + PV_AHEAD) * L16 + lane] + d0);
+        const f16v v = load_half16(vr[k * L16 + lane] + d0, vbf16);
         LLAMAY_UNROLL_ALL for (int r = 0; r < RG; ++r)
-          a[r][x] = madd<FUSED>(a[r][x], splat16(pk[r * stride + k * L16]), v);
-      };
-      int64_t k = 0;
-      for (; k + NA <= n; k += NA) LLAMAY_UNROLL_ALL for (int x = 0; x < NA; ++x) step(k + x, x);
-      LLAMAY_UNROLL_ALL for (int x = 0; x + 1 < NA; ++x) if (k + x < n) step(k + x, x);
-      for (int r = 0; r < RG; ++r)
-        for (int x = 0; x < NA; ++x)
-          store16(acc + ((r * NA + (c0 + x) % NA) * L16 + lane) * D + d0, a[r][x]);
+          a[r] = madd<FUSED>(a[r], splat16(pl[k * PV_ROWS + r]), v);
+      }
+      for (int r = 0; r < RG; ++r) store16(acc + (r * L16 + lane) * D + d0, a[r]);
     }
+}
+
+template <bool FUSED, int RG = (int)PV_ROWS>
+void pv_group(int64_t rg, const float* pt, int64_t n, const uint16_t* const* vr, int64_t D,
+              int64_t dlo, int64_t dhi, bool vbf16, float* acc) {
+  if constexpr (RG > 1)
+    if (rg < RG) return pv_group<FUSED, RG - 1>(rg, pt, n, vr, D, dlo, dhi, vbf16, acc);
+  pv_rows<RG, FUSED>(pt, n, vr, D, dlo, dhi, vbf16, acc);
 }
 
 // P.V for one token's RG rows (vec_dot's order: chunk c into accumulator c % 4) with the
@@ -469,16 +523,6 @@ void pv_stream_group(int64_t rg, const float* p, int64_t stride, int64_t base, i
     if (rg < RG)
       return pv_stream_group<FUSED, RG - 1>(rg, p, stride, base, c0, c1, vrows, dlo, dhi, vbf16, acc, out);
   pv_stream<RG, FUSED>(p, stride, base, c0, c1, vrows, dlo, dhi, vbf16, acc, out);
-}
-
-template <int NA, bool FUSED, int RG = (int)PV_ROWS / NA>
-void pv_group(int64_t rg, const float* p, int64_t stride, int64_t base, int64_t c0, int64_t c1,
-              const uint16_t* const* vrows, int64_t D, int64_t dlo, int64_t dhi, bool vbf16,
-              float* acc) {
-  if constexpr (RG > 1)
-    if (rg < RG)
-      return pv_group<NA, FUSED, RG - 1>(rg, p, stride, base, c0, c1, vrows, D, dlo, dhi, vbf16, acc);
-  pv_rows<NA, RG, FUSED>(p, stride, base, c0, c1, vrows, D, dlo, dhi, vbf16, acc);
 }
 
 // One tile: tokens t0..t1-1 of row b, kv head kh; rows r = (t - t0) * G + g. Its keys:
@@ -525,7 +569,7 @@ bool tile_setup(const Problem& p, int64_t b, int64_t t0, int64_t t1, int64_t kh,
 }
 
 struct TileScratch {
-  std::vector<float> kt, acc, sums, h, l;
+  std::vector<float> kt, acc, sums, h, l, pt;
   std::vector<const uint16_t*> kr;
 };
 
@@ -535,30 +579,62 @@ template <bool VEC>
 void tile_scores(const Problem& p, Tile& tl, int64_t c0, int64_t c1, TileScratch& sc) {
   ScopedFtz ftz;
   const int64_t D = p.D;
-  sc.kt.resize(D * L16);
-  sc.kr.resize(2 * L16);
+  constexpr int64_t KV = VEC ? 1 : 2;  // chunks a step (a batch: scores_block's)
+  sc.kt.resize(KV * D * L16);
+  sc.kr.resize(2 * KV * L16);
   const f16v scale = splat16(p.prescaled ? 1.0f : p.kq_scale);
   const auto rows = [&](int64_t c, const uint16_t** kr) {
-    for (int64_t i = 0; i < L16; ++i) kr[i] = row_of(p, p.k, tl.b, c * L16 + i, tl.kh);
+    for (int64_t i = 0; i < KV * L16 && c * L16 + i <= c1 * L16 + L16 - 1; ++i)
+      kr[i] = row_of(p, p.k, tl.b, c * L16 + i, tl.kh);
+  };
+  const auto sees = [&](int64_t r, int64_t c) {
+    return tl.seen(r) && c >= tl.j0[r] / L16 && c <= tl.j1[r] / L16;
   };
   rows(c0, sc.kr.data());
-  for (int64_t c = c0; c <= c1; ++c) {
-    const uint16_t** kr = sc.kr.data() + (c - c0) % 2 * L16;
-    if (c < c1) {  // the next chunk's K rows requested now (rows apart: no prefetcher sees them)
-      const uint16_t** next = sc.kr.data() + (c - c0 + 1) % 2 * L16;
-      rows(c + 1, next);
-      for (int64_t i = 0; i < L16; ++i)
+  for (int64_t c = c0; c <= c1; c += KV) {
+    const int64_t kv = std::min(KV, c1 - c + 1);
+    const uint16_t** kr = sc.kr.data() + (c - c0) / KV % 2 * KV * L16;
+    if (c + KV <= c1) {  // the next step's K rows requested now (rows apart: no prefetcher sees them)
+      const uint16_t** next = sc.kr.data() + ((c - c0) / KV + 1) % 2 * KV * L16;
+      rows(c + KV, next);
+      for (int64_t i = 0; i < std::min(KV, c1 - c - KV + 1) * L16; ++i)
         for (int64_t d = 0; d < D; d += 32) __builtin_prefetch(next[i] + d);
     }
-    for (int64_t i = 0; i < L16; ++i)
+    for (int64_t i = 0; i < kv * L16; ++i)
       tl.vrows[(c - tl.C0) * L16 + i] = row_of(p, p.v, tl.b, c * L16 + i, tl.kh);
-    transpose_keys(kr, D, p.kbf16, sc.kt.data());
-    for (int64_t r = 0; r < tl.R; ++r) {
-      if (!tl.seen(r) || c < tl.j0[r] / L16 || c > tl.j1[r] / L16) continue;
-      const float* q = tl.q.data() + r * D;
-      const f16v dot = p.kbf16 ? scores16<VEC, false>(q, sc.kt.data(), D)
-                               : scores16<VEC, true>(q, sc.kt.data(), D);
-      store16(tl.s.data() + r * tl.W + (c - tl.C0) * L16, dot * scale);
+    const float* kt[KV];
+    for (int64_t k = 0; k < kv; ++k) {
+      kt[k] = sc.kt.data() + k * D * L16;
+      transpose_keys(kr + k * L16, D, p.kbf16, sc.kt.data() + k * D * L16);
+    }
+    const auto put = [&](int64_t r, int64_t k, f16v dot) {
+      if (sees(r, c + k)) store16(tl.s.data() + r * tl.W + (c + k - tl.C0) * L16, dot * scale);
+    };
+    if constexpr (VEC) {
+      for (int64_t r = 0; r < tl.R; ++r)
+        if (sees(r, c))
+          put(r, 0, p.kbf16 ? scores16<true, false>(tl.q.data() + r * D, kt[0], D)
+                            : scores16<true, true>(tl.q.data() + r * D, kt[0], D));
+      continue;
+    }
+    for (int64_t r0 = 0; r0 < tl.R; r0 += SCORE_ROWS) {
+      const int64_t rb = std::min<int64_t>(SCORE_ROWS, tl.R - r0);
+      bool any = false;
+      for (int64_t r = r0; r < r0 + rb; ++r)
+        for (int64_t k = 0; k < kv; ++k) any |= sees(r, c + k);
+      if (!any) continue;
+      const float* q = tl.q.data() + r0 * D;
+      if (kv == 2) {
+        f16v out[SCORE_ROWS][2];
+        if (p.kbf16) scores_rows<2, false>(rb, q, kt, D, out);
+        else scores_rows<2, true>(rb, q, kt, D, out);
+        for (int64_t r = 0; r < rb; ++r) put(r0 + r, 0, out[r][0]), put(r0 + r, 1, out[r][1]);
+      } else {
+        f16v out[SCORE_ROWS][1];
+        if (p.kbf16) scores_rows<1, false>(rb, q, kt, D, out);
+        else scores_rows<1, true>(rb, q, kt, D, out);
+        for (int64_t r = 0; r < rb; ++r) put(r0 + r, 0, out[r][0]);
+      }
     }
   }
 }
@@ -599,10 +675,14 @@ void tile_pv(const Problem& p, const Tile& tl, int64_t dlo, int64_t dhi, TileScr
       else pv_stream_group<true>(rg, pr, tl.W, tl.base, g0, g1, vr, dlo, dhi, false, acc, out);
       continue;
     }
-    if (p.vbf16)
-      pv_group<1, false>(rg, pr, tl.W, tl.base, g0, g1, vr, D, dlo, dhi, true, acc);
-    else
-      pv_group<1, true>(rg, pr, tl.W, tl.base, g0, g1, vr, D, dlo, dhi, false, acc);
+    const int64_t n = g1 - g0 + 1, off = g0 * L16 - tl.base;
+    sc.pt.resize(L16 * n * PV_ROWS);
+    for (int64_t r = 0; r < rg; ++r)
+      for (int64_t k = 0; k < n; ++k)
+        for (int64_t lane = 0; lane < L16; ++lane)
+          sc.pt[(lane * n + k) * PV_ROWS + r] = pr[r * tl.W + off + k * L16 + lane];
+    if (p.vbf16) pv_group<false>(rg, sc.pt.data(), n, vr + off, D, dlo, dhi, true, acc);
+    else pv_group<true>(rg, sc.pt.data(), n, vr + off, D, dlo, dhi, false, acc);
     for (int64_t r = r0; r < r0 + rg; ++r)
       if (tl.seen(r))
         reduce_lanes(sc.acc.data() + (r - r0) * NA * L16 * D, NA, D, tile_out(p, tl, r), dlo, dhi);

@@ -197,9 +197,50 @@ inline __m256 v_expf8(__m256 x) {
 }
 #endif
 
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+#define LLAMAY_GF_AVX512 1
+// v_expf on 16 lanes: the same operations as v_expf8.
+inline __m512 v_expf16(__m512 x) {
+  const __m512 R = _mm512_set1_ps(EXP_R);
+  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), R);
+  const __m512 n = _mm512_sub_ps(z, R);
+  const __m512 b = _mm512_fnmadd_ps(
+      n, _mm512_set1_ps(LN2_LO), _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))));
+  const __m512 u = _mm512_mul_ps(b, b);
+  const __m512 hi = _mm512_fmadd_ps(_mm512_set1_ps(P5), b, _mm512_set1_ps(P3));
+  const __m512 mid = _mm512_fmadd_ps(_mm512_set1_ps(P2), b, _mm512_set1_ps(P1));
+  const __m512 lo = _mm512_fmadd_ps(_mm512_set1_ps(P0), b, _mm512_set1_ps(1.0f));
+  const __m512 j = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, u, mid), u, lo);
+  // ldexp_ftz(j, clamp(n, ±192))
+  const __m512i ni = _mm512_cvttps_epi32(
+      _mm512_min_ps(_mm512_max_ps(n, _mm512_set1_ps(-192.0f)), _mm512_set1_ps(192.0f)));
+  const __m512i ju = _mm512_castps_si512(j);
+  const __m512i sign = _mm512_and_si512(ju, _mm512_set1_epi32((int)0x80000000u));
+  const __m512i ne = _mm512_add_epi32(
+      _mm512_and_si512(_mm512_srli_epi32(ju, 23), _mm512_set1_epi32(0xFF)), ni);
+  const __m512i normal = _mm512_or_si512(
+      _mm512_or_si512(sign, _mm512_slli_epi32(ne, 23)),
+      _mm512_and_si512(ju, _mm512_set1_epi32(0x7FFFFF)));
+  const __m512i inf = _mm512_or_si512(sign, _mm512_set1_epi32(0x7F800000));
+  __m512i r = _mm512_mask_mov_epi32(sign, _mm512_cmpgt_epi32_mask(ne, _mm512_setzero_si512()), normal);
+  r = _mm512_mask_mov_epi32(inf, _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(0xFF), ne), r);
+  // |n| > 192: 0 below, inf above
+  const __m512 big = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                         _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  const __mmask16 far = _mm512_cmp_ps_mask(
+      _mm512_andnot_ps(_mm512_set1_ps(-0.0f), n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+  return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), far, big);
+}
+#endif
+
 // y[i] = v_expf(x[i] - sub) for i < n.
 inline void v_expf_n(const float* x, float sub, float* y, int64_t n) {
   int64_t i = 0;
+#ifdef LLAMAY_GF_AVX512
+  const __m512 vs16 = _mm512_set1_ps(sub);
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, v_expf16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vs16)));
+#endif
 #ifdef LLAMAY_GF_AVX2
   const __m256 vs = _mm256_set1_ps(sub);
   for (; i + 8 <= n; i += 8)
