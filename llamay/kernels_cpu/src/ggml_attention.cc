@@ -474,6 +474,26 @@ void pv_rows(const float* pt, int64_t n, const uint16_t* const* vr, int64_t D, i
     }
 }
 
+// pt[lane][k][r] = p[r * stride + k * 16 + lane] for rows r < rg (<= PV_ROWS; the rest
+// of each PV_ROWS padding) and chunks k < n: pv_rows's layout.
+inline void lanes_major(const float* p, int64_t stride, int64_t rg, int64_t n, float* pt) {
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  static_assert(PV_ROWS == L16, "a chunk's rows x lanes are one 16 x 16 transpose");
+  for (int64_t k = 0; k < n; ++k) {
+    __m512 m[16];
+    for (int64_t r = 0; r < L16; ++r)
+      m[r] = r < rg ? _mm512_loadu_ps(p + r * stride + k * L16) : _mm512_setzero_ps();
+    transpose16(m);
+    for (int64_t lane = 0; lane < L16; ++lane) _mm512_storeu_ps(pt + (lane * n + k) * L16, m[lane]);
+  }
+#else
+  for (int64_t r = 0; r < rg; ++r)
+    for (int64_t k = 0; k < n; ++k)
+      for (int64_t lane = 0; lane < L16; ++lane)
+        pt[(lane * n + k) * PV_ROWS + r] = p[r * stride + k * L16 + lane];
+#endif
+}
+
 template <bool FUSED, int RG = (int)PV_ROWS>
 void pv_group(int64_t rg, const float* pt, int64_t n, const uint16_t* const* vr, int64_t D,
               int64_t dlo, int64_t dhi, bool vbf16, float* acc) {
@@ -677,10 +697,7 @@ void tile_pv(const Problem& p, const Tile& tl, int64_t dlo, int64_t dhi, TileScr
     }
     const int64_t n = g1 - g0 + 1, off = g0 * L16 - tl.base;
     sc.pt.resize(L16 * n * PV_ROWS);
-    for (int64_t r = 0; r < rg; ++r)
-      for (int64_t k = 0; k < n; ++k)
-        for (int64_t lane = 0; lane < L16; ++lane)
-          sc.pt[(lane * n + k) * PV_ROWS + r] = pr[r * tl.W + off + k * L16 + lane];
+    lanes_major(pr + off, tl.W, rg, n, sc.pt.data());
     if (p.vbf16) pv_group<false>(rg, sc.pt.data(), n, vr + off, D, dlo, dhi, true, acc);
     else pv_group<true>(rg, sc.pt.data(), n, vr + off, D, dlo, dhi, false, acc);
     for (int64_t r = r0; r < r0 + rg; ++r)
