@@ -154,6 +154,23 @@ inline float max_of(const float* x, int64_t n) {
   return m[0];
 }
 
+// out[c] = reduce16(x + 16 c) for c < n: 16 chunks at a time transposed, reduce16's tree
+// then elementwise across them.
+inline void chunk_sums(const float* x, int64_t n, float* out) {
+  int64_t c = 0;
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  for (; c + 16 <= n; c += 16) {
+    __m512 m[16];
+    for (int i = 0; i < 16; ++i) m[i] = _mm512_loadu_ps(x + (c + i) * L16);
+    transpose16(m);  // m[l]: lane l of the 16 chunks
+    for (int l = 0; l < 8; ++l) m[l] = _mm512_add_ps(m[8 + l], m[l]);
+    for (int l = 0; l < 4; ++l) m[l] = _mm512_add_ps(m[4 + l], m[l]);
+    _mm512_storeu_ps(out + c, _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3])));
+  }
+#endif
+  for (; c < n; ++c) out[c] = reduce16(x + c * L16);
+}
+
 // One query row's softmax as ggml_soft_max_f32, in place: x[j - base] holds the scores
 // of the visible keys j0..j1 (base = a multiple of 16 at or below j0); it gets their
 // probabilities rounded to f16 and zeros for the rest of their 16-chunks. The max over the
@@ -171,7 +188,7 @@ inline void softmax_row(float* x, int64_t base, int64_t j0, int64_t j1, int64_t 
   std::fill(e, v, 0.0f);
   std::fill(v + n, e + (c1 - c0 + 1) * L16, 0.0f);
   sums.assign(nchunks, 0.0f);
-  for (int64_t c = c0; c <= c1; ++c) sums[c] = reduce16(e + (c - c0) * L16);
+  chunk_sums(e, c1 - c0 + 1, sums.data() + c0);
   float hi, lo;
   dsum(sums.data(), nchunks, h, l, hi, lo);
   const float inv = hi > 0.0f ? recip_pair(hi, lo) : 0.0f;
@@ -614,11 +631,14 @@ void tile_scores(const Problem& p, Tile& tl, int64_t c0, int64_t c1, TileScratch
   for (int64_t c = c0; c <= c1; c += KV) {
     const int64_t kv = std::min(KV, c1 - c + 1);
     const uint16_t** kr = sc.kr.data() + (c - c0) / KV % 2 * KV * L16;
-    if (c + KV <= c1) {  // the next step's K rows requested now (rows apart: no prefetcher sees them)
+    if (c + KV <= c1) {
       const uint16_t** next = sc.kr.data() + ((c - c0) / KV + 1) % 2 * KV * L16;
       rows(c + KV, next);
-      for (int64_t i = 0; i < std::min(KV, c1 - c - KV + 1) * L16; ++i)
-        for (int64_t d = 0; d < D; d += 32) __builtin_prefetch(next[i] + d);
+      // one token: the next chunk's K rows requested now (a step's few rows hide no
+      // latency; a batch's work between chunks does, and a burst of prefetches stalls it)
+      if (VEC)
+        for (int64_t i = 0; i < L16; ++i)
+          for (int64_t d = 0; d < D; d += 32) __builtin_prefetch(next[i] + d);
     }
     for (int64_t i = 0; i < kv * L16; ++i)
       tl.vrows[(c - tl.C0) * L16 + i] = row_of(p, p.v, tl.b, c * L16 + i, tl.kh);
