@@ -5,9 +5,12 @@ Reference and test oracle: `llamay.kernels.ggml_attention.attention` (after
 `gather_pages` for a paged pool), which emulates ggml's f16 K·q, softmax and P·V in
 f32 jnp, every rounding where ggml makes it. XLA runs that emulation as hundreds of
 small fusions per layer (~20 ms of SmolLM2's 25 ms decode step); the kernel
-(`src/ggml_attention.cc`) performs the same f32 operations in the same order, per query
-token and kv head, reading a dense cache or the page pool in place through the page
-table, skipping the keys a query cannot see (which add exact zeros in the emulation).
+(`src/ggml_attention.cc`) performs the same f32 operations in the same order, reading a
+dense cache or the page pool in place through the page table, skipping the keys a query
+cannot see (which add exact zeros in the emulation). It takes a kv head's query rows
+together (a decode step's G heads, a block of a prefill chunk's tokens) and vectorises
+each sum's lanes across keys, keeping every sum's order; a decode step with few rows is
+split over the threads by key ranges and output lines.
 
 Handled: f16 or bf16 K and V (each its own), a dense cache [B, S, K, D] (or the stacks
 [L, B, S, K, D] and `layer`), pages [P, ps, K, D] (or the pool [L, P, ps, K, D] and

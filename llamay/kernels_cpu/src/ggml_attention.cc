@@ -26,7 +26,10 @@
 //   P.V per output element over 16 lanes of keys, chunk after chunk (>= 2 tokens) or into
 //   4 accumulators by chunk index (one token), then reduced.
 // Keys a query cannot see contribute exact zeros to every sum in the emulation; they are
-// skipped here (only the sign of an all-zero result can differ). Subnormals are flushed
+// skipped here (only the sign of an all-zero result can differ). Two paths compute this:
+// the tiles (below: a kv head's rows together, each sum's lanes vectorised across keys),
+// which take whole-chunk dots (D % 16 == 0 for a batch, D % 64 == 0 for one token), and
+// per query token and kv head (`task`) otherwise. Subnormals are flushed
 // (FTZ/DAZ), as XLA's CPU runtime runs. Not here (the dispatcher keeps the emulation):
 // softcaps (the emulation takes XLA's tanh), f32 caches, quantised caches.
 #include <algorithm>
