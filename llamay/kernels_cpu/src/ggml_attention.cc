@@ -144,19 +144,6 @@ inline void reduce_lanes(float* acc, int64_t na, int64_t D, float* o, int64_t dl
     o[d] = (acc[d] + acc[2 * D + d]) + (acc[D + d] + acc[3 * D + d]);
 }
 
-// max(x[0..n)) ignoring NaNs, as a chain of std::max(m, x[i]) (16 chains: one is
-// latency-bound).
-inline float max_of(const float* x, int64_t n) {
-  float m[L16];
-  std::fill(m, m + L16, -std::numeric_limits<float>::infinity());
-  int64_t i = 0;
-  for (; i + L16 <= n; i += L16)
-    for (int64_t l = 0; l < L16; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
-  for (; i < n; ++i) m[0] = x[i] > m[0] ? x[i] : m[0];
-  for (int64_t l = 1; l < L16; ++l) m[0] = m[l] > m[0] ? m[l] : m[0];
-  return m[0];
-}
-
 // out[c] = reduce16(x + 16 c) for c < n: 16 chunks at a time transposed, reduce16's tree
 // then elementwise across them.
 inline void chunk_sums(const float* x, int64_t n, float* out) {

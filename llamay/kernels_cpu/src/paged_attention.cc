@@ -485,8 +485,7 @@ void chunk(const Problem& p, const Block& blk, int64_t k0, int64_t k1, float* m,
   }
   for (int64_t r = 0; r < nq; ++r) {
     float* sr = scores.data() + r * n;
-    float mx = NEG;
-    for (int64_t c = 0; c < n; ++c) mx = std::max(mx, sr[c]);
+    const float mx = max_of(sr, n);
     m[r] = mx;
     if (mx == NEG) continue;
     l[r] = exp_shifted(sr, mx, sr, n);

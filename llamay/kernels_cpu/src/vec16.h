@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
+#include <limits>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -112,6 +114,19 @@ inline void store16(float* p, f16v v) { std::memcpy(p, &v, 64); }
 inline f16v splat16(float x) {
   f16v z{};
   return x - z;
+}
+
+// max(x[0..n)) ignoring NaNs, as a chain of std::max(m, x[i]) (16 chains: one is
+// latency-bound).
+inline float max_of(const float* x, int64_t n) {
+  float m[16];
+  std::fill(m, m + 16, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int64_t l = 0; l < 16; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  for (; i < n; ++i) m[0] = x[i] > m[0] ? x[i] : m[0];
+  for (int64_t l = 1; l < 16; ++l) m[0] = m[l] > m[0] ? m[l] : m[0];
+  return m[0];
 }
 
 #if defined(__AVX2__) && !defined(__AVX512F__)
