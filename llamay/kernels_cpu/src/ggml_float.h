@@ -163,74 +163,50 @@ inline float v_expf(float x) {
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(LLAMAY_SCALAR)
 #define LLAMAY_GF_AVX2 1
-// v_expf on 8 lanes: the same operations as the scalar form above, lane by lane.
-inline __m256 v_expf8(__m256 x) {
-  const __m256 R = _mm256_set1_ps(EXP_R);
-  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), R);
-  const __m256 n = _mm256_sub_ps(z, R);
-  const __m256 b = _mm256_fnmadd_ps(
-      n, _mm256_set1_ps(LN2_LO), _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))));
-  const __m256 u = _mm256_mul_ps(b, b);
-  const __m256 hi = _mm256_fmadd_ps(_mm256_set1_ps(P5), b, _mm256_set1_ps(P3));
-  const __m256 mid = _mm256_fmadd_ps(_mm256_set1_ps(P2), b, _mm256_set1_ps(P1));
-  const __m256 lo = _mm256_fmadd_ps(_mm256_set1_ps(P0), b, _mm256_set1_ps(1.0f));
-  const __m256 j = _mm256_fmadd_ps(_mm256_fmadd_ps(hi, u, mid), u, lo);
-  // ldexp_ftz(j, clamp(n, ±192))
-  const __m256i ni = _mm256_cvttps_epi32(
-      _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0f)), _mm256_set1_ps(192.0f)));
-  const __m256i ju = _mm256_castps_si256(j);
-  const __m256i sign = _mm256_and_si256(ju, _mm256_set1_epi32((int)0x80000000u));
-  const __m256i ne = _mm256_add_epi32(
-      _mm256_and_si256(_mm256_srli_epi32(ju, 23), _mm256_set1_epi32(0xFF)), ni);
-  const __m256i normal = _mm256_or_si256(
-      _mm256_or_si256(sign, _mm256_slli_epi32(ne, 23)),
-      _mm256_and_si256(ju, _mm256_set1_epi32(0x7FFFFF)));
-  const __m256i inf = _mm256_or_si256(sign, _mm256_set1_epi32(0x7F800000));
-  __m256i r = _mm256_blendv_epi8(sign, normal, _mm256_cmpgt_epi32(ne, _mm256_setzero_si256()));
-  r = _mm256_blendv_epi8(inf, r, _mm256_cmpgt_epi32(_mm256_set1_epi32(0xFF), ne));
-  // |n| > 192: 0 below, inf above
-  const __m256 big = _mm256_and_ps(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_GT_OQ),
-                                   _mm256_set1_ps(std::numeric_limits<float>::infinity()));
-  const __m256 far = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), n),
-                                   _mm256_set1_ps(192.0f), _CMP_GT_OQ);
-  return _mm256_blendv_ps(_mm256_castsi256_ps(r), big, far);
-}
+#if defined(__AVX512F__)
+#define LLAMAY_GF_AVX512 1
+#endif
+typedef float gf8 __attribute__((vector_size(32)));
+typedef int32_t gi8 __attribute__((vector_size(32)));
+typedef float gf16 __attribute__((vector_size(64)));
+typedef int32_t gi16 __attribute__((vector_size(64)));
+
+// a * b + c rounded once, lane by lane (the FMA instruction of the vector's width).
+inline gf8 vfma(gf8 a, gf8 b, gf8 c) { return (gf8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+#ifdef LLAMAY_GF_AVX512
+inline gf16 vfma(gf16 a, gf16 b, gf16 c) { return (gf16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
 #endif
 
-#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
-#define LLAMAY_GF_AVX512 1
-// v_expf on 16 lanes: the same operations as v_expf8.
-inline __m512 v_expf16(__m512 x) {
-  const __m512 R = _mm512_set1_ps(EXP_R);
-  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), R);
-  const __m512 n = _mm512_sub_ps(z, R);
-  const __m512 b = _mm512_fnmadd_ps(
-      n, _mm512_set1_ps(LN2_LO), _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))));
-  const __m512 u = _mm512_mul_ps(b, b);
-  const __m512 hi = _mm512_fmadd_ps(_mm512_set1_ps(P5), b, _mm512_set1_ps(P3));
-  const __m512 mid = _mm512_fmadd_ps(_mm512_set1_ps(P2), b, _mm512_set1_ps(P1));
-  const __m512 lo = _mm512_fmadd_ps(_mm512_set1_ps(P0), b, _mm512_set1_ps(1.0f));
-  const __m512 j = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, u, mid), u, lo);
+// v_expf on a vector of lanes (F floats, I int32 of the same width): the same operations
+// as the scalar form above, lane by lane (min/max/blends as the intrinsics' definitions).
+template <class F, class I>
+inline F v_expf_lanes(F x) {
+  const auto c = [](float v) { return v - F{}; };  // v in every lane
+  const F n = vfma(x, c(LOG2E), c(EXP_R)) - c(EXP_R);
+  const F b = vfma(-n, c(LN2_LO), x - n * c(LN2_HI));
+  const F u = b * b;
+  const F hi = vfma(c(P5), b, c(P3)), mid = vfma(c(P2), b, c(P1)), lo = vfma(c(P0), b, c(1.0f));
+  const F j = vfma(vfma(hi, u, mid), u, lo);
   // ldexp_ftz(j, clamp(n, ±192))
-  const __m512i ni = _mm512_cvttps_epi32(
-      _mm512_min_ps(_mm512_max_ps(n, _mm512_set1_ps(-192.0f)), _mm512_set1_ps(192.0f)));
-  const __m512i ju = _mm512_castps_si512(j);
-  const __m512i sign = _mm512_and_si512(ju, _mm512_set1_epi32((int)0x80000000u));
-  const __m512i ne = _mm512_add_epi32(
-      _mm512_and_si512(_mm512_srli_epi32(ju, 23), _mm512_set1_epi32(0xFF)), ni);
-  const __m512i normal = _mm512_or_si512(
-      _mm512_or_si512(sign, _mm512_slli_epi32(ne, 23)),
-      _mm512_and_si512(ju, _mm512_set1_epi32(0x7FFFFF)));
-  const __m512i inf = _mm512_or_si512(sign, _mm512_set1_epi32(0x7F800000));
-  __m512i r = _mm512_mask_mov_epi32(sign, _mm512_cmpgt_epi32_mask(ne, _mm512_setzero_si512()), normal);
-  r = _mm512_mask_mov_epi32(inf, _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(0xFF), ne), r);
+  F nc = n > c(-192.0f) ? n : c(-192.0f);
+  nc = nc < c(192.0f) ? nc : c(192.0f);
+  const I ni = __builtin_convertvector(nc, I);  // truncation, as cvttps
+  const I ju = (I)j;
+  const I sign = ju & (I{} + (int32_t)0x80000000u);
+  const I ne = ((ju >> 23) & (I{} + 0xFF)) + ni;
+  const I normal = sign | (ne << 23) | (ju & (I{} + 0x7FFFFF));
+  I r = ne > I{} ? normal : sign;
+  r = (I{} + 0xFF) > ne ? r : (sign | (I{} + 0x7F800000));
   // |n| > 192: 0 below, inf above
-  const __m512 big = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_GT_OQ),
-                                         _mm512_set1_ps(std::numeric_limits<float>::infinity()));
-  const __mmask16 far = _mm512_cmp_ps_mask(
-      _mm512_andnot_ps(_mm512_set1_ps(-0.0f), n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
-  return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), far, big);
+  const F big = n > F{} ? c(std::numeric_limits<float>::infinity()) : F{};
+  const F an = (F)((I)n & (I{} + 0x7FFFFFFF));
+  return an > c(192.0f) ? big : (F)r;
 }
+
+inline __m256 v_expf8(__m256 x) { return (__m256)v_expf_lanes<gf8, gi8>((gf8)x); }
+#ifdef LLAMAY_GF_AVX512
+inline __m512 v_expf16(__m512 x) { return (__m512)v_expf_lanes<gf16, gi16>((gf16)x); }
+#endif
 #endif
 
 // y[i] = v_expf(x[i] - sub) for i < n.
