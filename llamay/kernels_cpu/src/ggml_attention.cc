@@ -313,18 +313,19 @@ void task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
 // once for all R rows (kt [D][16 keys]); a row's 16 lane sums are then 16 vectors over the
 // keys, built chunk after chunk (sgemm) or into 4 accumulators by chunk (vec_dot), and
 // reduce16's tree runs between those vectors, elementwise. The softmax per row as above.
-// P.V over a group of rows: each V row read once for the group, each lane's sum in a
-// register over its keys. Keys a row cannot see but its tile's other rows can enter with
-// p = 0: they add exact zeros, as in the emulation (which sums over the whole cache).
-// Taken when the emulation's dots are whole chunks: D % 16 == 0 for a batch (sgemm),
-// D % 64 == 0 for one token (vec_dot, no leftover products).
+// P.V over a group of rows, each V row read once for the group: a batch's each lane's
+// sum in a register over its keys (pv_rows), one token's with the keys in memory order
+// and the sums in L1 (pv_stream). Keys a row cannot see but its tile's other rows can
+// enter with p = 0: they add exact zeros, as in the emulation (which sums over the whole
+// cache). Taken when the emulation's dots are whole chunks: D % 16 == 0 for a batch
+// (sgemm), D % 64 == 0 for one token (vec_dot, no leftover products).
 constexpr int64_t TILE_ROWS = 16;  // query rows (tokens x G) a task aims at
-constexpr int64_t PV_AHEAD = 8;  // chunks ahead that P.V prefetches a lane's V rows
+constexpr int64_t PV_AHEAD = 8;  // chunks ahead that pv_rows prefetches a lane's V rows
 // Small loops over a tile's registers unrolled on every target (indices known: registers).
 #define LLAMAY_UNROLL_ALL _Pragma("GCC unroll 16")
-constexpr int64_t STREAM_ROWS = 4;  // rows of a one-token P.V group (pv_stream)
+constexpr int64_t STREAM_ROWS = 4;  // rows of a pv_stream group: 4 x 8 KB of sums
 #if defined(__AVX512F__)
-constexpr int64_t PV_ROWS = 16;  // rows of a P.V group: PV_ROWS x na <= 16 accumulators
+constexpr int64_t PV_ROWS = 16;  // rows of a pv_rows group: 16 accumulators, one pt line
 #else
 constexpr int64_t PV_ROWS = 4;
 #endif
