@@ -3,7 +3,9 @@ its oracle, the XLA emulation `llamay.kernels.ggml_attention.attention` (which m
 ggml's f16 dots, softmax and SIMD lane order, and itself holds the llama.cpp goldens),
 **bit for bit**: over a table of GQA ratios, head dims 64/128/256 (and odd ones), page
 sizes, contexts not multiples of the page, sliding windows, q prescaled or not, causal or
-not, f16 and bf16 caches, rows 1..9, query tokens 1..16 with padding queries, dense
+not, f16 and bf16 caches, rows 1..9, query tokens 1..40 with padding queries, 1..32
+query heads a kv head (the kernel's tiles: a kv head's rows together, several token
+blocks, groups of rows; and its per-token path where ggml's dots have leftovers), dense
 caches (one layer or the layer stack) and paged pools read through the table; score
 ranges wide enough that the softmax underflows and values small enough for f16
 subnormals. Also: the portable (scalar) build gives the same bits; calls the kernel does
