@@ -612,7 +612,7 @@ void tile_scores(const Problem& p, Tile& tl, int64_t c0, int64_t c1, TileScratch
   sc.kr.resize(2 * KV * L16);
   const f16v scale = splat16(p.prescaled ? 1.0f : p.kq_scale);
   const auto rows = [&](int64_t c, const uint16_t** kr) {
-    for (int64_t i = 0; i < KV * L16 && c * L16 + i <= c1 * L16 + L16 - 1; ++i)
+    for (int64_t i = 0; i < KV * L16 && c + i / L16 <= c1; ++i)  // chunks past c1 not read
       kr[i] = row_of(p, p.k, tl.b, c * L16 + i, tl.kh);
   };
   const auto sees = [&](int64_t r, int64_t c) {
@@ -742,8 +742,15 @@ void run_tiles(xla::ffi::ThreadPool& pool, const Problem& p) {
     });
     return;
   }
-  std::vector<Tile> tiles(n);
-  std::vector<int64_t> live;
+  // the calling thread's tiles, kept between calls: a decode step's scores (R x W floats
+  // a tile) are not allocated and zeroed anew every layer of every step. (Named through
+  // references: in the tasks below a thread_local's name would be the helper thread's.)
+  thread_local std::vector<Tile> kept_tiles;
+  thread_local std::vector<int64_t> kept_live;
+  std::vector<Tile>& tiles = kept_tiles;
+  std::vector<int64_t>& live = kept_live;
+  if ((int64_t)tiles.size() < n) tiles.resize(n);
+  live.clear();
   for (int64_t i = 0; i < n; ++i) {
     int64_t b, kh, t0, t1;
     bounds(i, b, kh, t0, t1);
