@@ -1,11 +1,13 @@
 """Scored tokens/s of batched log-likelihood scoring; one JSON line per batch size.
 
     .venv/bin/python -m bench.score [-m smollm2:135m] [-b 1 8 32] [-t 128] [-r 3]
-                                    [--numerics exact] [--mesh dp=2,tp=2]
+                                    [--scored N] [--numerics exact] [--mesh dp=2,tp=2]
 
-Each step scores `batch` rows of `tokens` random tokens (every target counted: a row of
-T tokens scores T - 1). Timings exclude compilation (one warm-up step per batch size,
-reported as `compile_s`); `tokens_per_s` uses the median of `-r` steps.
+Each step scores `batch` rows of `tokens` random tokens: every target (a row of T tokens
+scores T - 1), or with `--scored N` the last N of each row (a multiple-choice task's
+continuation after its context). Timings exclude compilation (one warm-up step per batch
+size, reported as `compile_s`); `tokens_per_s` counts the rows' tokens (T - 1 each) over
+the median of `-r` steps, `rows_per_s` the rows.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def main() -> None:
     ap.add_argument("-b", "--batch", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("-t", "--tokens", type=int, default=128, help="tokens per row")
     ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--scored", type=int, default=None, help="targets scored per row")
     ap.add_argument("--numerics", default="exact")
     ap.add_argument("--mesh", default=None)
     args = ap.parse_args()
@@ -39,10 +42,10 @@ def main() -> None:
     m = sharded_model(m, sizes if sizes["data"] * sizes["model"] > 1 else None)
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
+    scored = min(args.scored or args.tokens - 1, args.tokens - 1)
     for b in args.batch:
         rows = [
-            Row(tuple(rng.integers(100, 20000, args.tokens).tolist()), args.tokens - 1)
-            for _ in range(b)
+            Row(tuple(rng.integers(100, 20000, args.tokens).tolist()), scored) for _ in range(b)
         ]
 
         def step(rows=rows, b=b) -> float:
@@ -64,9 +67,10 @@ def main() -> None:
                     "devices": jax.device_count(),
                     "batch": b,
                     "tokens_per_row": args.tokens,
-                    "scored_tokens": b * (args.tokens - 1),
+                    "scored_per_row": scored,
                     "step_s": med,
                     "tokens_per_s": b * (args.tokens - 1) / med,
+                    "rows_per_s": b / med,
                     "compile_s": max(0.0, first - med),
                     "load_s": load_s,
                 }

@@ -82,6 +82,7 @@ def perplexity(
     first = ctx // 2
     n = len(chunks)
     positions = np.broadcast_to(np.arange(ctx, dtype=np.int32), (batch, ctx))
+    scored = np.broadcast_to(np.arange(first, ctx, dtype=np.int32), (batch, ctx - first))
     nll = np.zeros((n, ctx - 1 - first), np.float64)
     running: list[float] = []
     for start in range(0, n, batch):
@@ -91,7 +92,7 @@ def perplexity(
         targets = np.zeros((batch, ctx), np.int32)
         tokens[:k] = rows
         targets[:k, :-1] = rows[:, 1:]
-        lp, _ = run_step(model, tokens, positions, targets, head_from=first)
+        lp, _ = run_step(model, tokens, positions, targets, scored)
         nll[start : start + k] = -lp[:k, :-1]
         for i in range(start, start + k):
             running.append(math.exp(nll[: i + 1].mean()))

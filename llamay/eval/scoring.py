@@ -4,8 +4,9 @@ Requests become token rows `context + continuation` (the input is the row withou
 last token, the targets the row shifted by one), sorted longest first, packed `batch`
 rows at a time into a [batch, bucket(T)] array (power-of-two lengths, the last batch
 padded with empty rows), so a whole evaluation compiles a handful of shapes. One jitted
-step (`llamay.model.score.token_logprobs`) returns every target's log-probability and
-greedy flag; the host sums the continuation's.
+step (`llamay.model.score.token_logprobs`) returns the log-probability and greedy flag of
+each row's last K targets (K the batch's longest continuation, a power of two: only those
+go through the LM head); the host sums the continuation's.
 
 Text is split as lm-evaluation-harness does: trailing spaces of the context move to the
 continuation, the continuation's tokens are those of `context + continuation` after the
@@ -86,9 +87,10 @@ def batch_rows(model, batch: int) -> int:
     return -(-max(1, batch) // dp) * dp
 
 
-def run_step(model, tokens, positions, targets, head_from: int = 0):
-    """One jitted scoring step over host arrays [B, T] (on the model's mesh, if any):
-    (log-probabilities, greedy flags) as numpy [B, T - head_from]."""
+def run_step(model, tokens, positions, targets, scored):
+    """One jitted scoring step over host arrays: rows tokens/positions/targets [B, T] and
+    the positions scored in each, `scored` [B, K] (on the model's mesh, if any):
+    (log-probabilities, greedy flags) of those targets as numpy [B, K]."""
     from llamay.model.score import token_logprobs
     from llamay.model.sharding import fetch, put_batch
 
@@ -99,8 +101,8 @@ def run_step(model, tokens, positions, targets, head_from: int = 0):
         put_batch(tokens, mesh),
         put_batch(positions, mesh),
         put_batch(targets, mesh),
+        put_batch(scored, mesh),
         kv_dtype=model.runtime.kv_dtype,
-        head_from=head_from,
         mesh=mesh,
     )
     return fetch(lp), fetch(greedy)
@@ -121,19 +123,23 @@ def score_rows(
     done = 0
     for idx in _batches(order, batch):
         T = bucket(max(len(rows[i].tokens) - 1 for i in idx))
+        # the LM head runs on each row's last K positions only (its continuation's)
+        K = min(T, bucket(max(rows[i].n_scored for i in idx)))
         tokens = np.zeros((batch, T), np.int32)
         targets = np.zeros((batch, T), np.int32)
         positions = np.full((batch, T), T, np.int32)
+        scored = np.zeros((batch, K), np.int32)
         for r, i in enumerate(idx):
             t = rows[i].tokens
             n = len(t) - 1
             tokens[r, :n], targets[r, :n], positions[r, :n] = t[:-1], t[1:], np.arange(n)
-        lp, greedy = run_step(model, tokens, positions, targets)
+            scored[r] = np.maximum(np.arange(n - K, n), 0)
+        lp, greedy = run_step(model, tokens, positions, targets, scored)
         for r, i in enumerate(idx):
-            n, k = len(rows[i].tokens) - 1, rows[i].n_scored
+            k = rows[i].n_scored
             out[i] = (
-                float(lp[r, n - k : n].astype(np.float64).sum()),
-                bool(greedy[r, n - k : n].all()),
+                float(lp[r, K - k :].astype(np.float64).sum()),
+                bool(greedy[r, K - k :].all()),
             )
         done += len(idx)
         if progress:

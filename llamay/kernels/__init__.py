@@ -8,6 +8,8 @@ numerics (design principle 4).
   that read the same x (one native call for them all on CPU).
 - `attention(q, k, v, q_pos, page_table=..., ...)`: dense or paged, reference / Pallas /
   native (`attention` module's table).
+- `logprob_argmax(logits, picks)`: each row's log-softmax at a picked token and its
+  first argmax (scoring; native on CPU, `logprobs` module).
 - `LoraMatrix`: a weight with LoRA adapters beside it, unmerged (`lora` module).
 - `backend()`: what the environment and platform choose (`backend` module).
 - `weight_form(numerics)`: which form `llamay.model.bind` gives quantised matrices;
@@ -31,6 +33,7 @@ from llamay.kernels.backend import (
     gpu_kernels,
 )
 from llamay.kernels.forms import FORMS, native_weights, repack_weights, weight_form
+from llamay.kernels.logprobs import logprob_argmax, logprob_argmax_reference
 from llamay.kernels.lora import LoraMatrix
 from llamay.kernels.matmul import (
     MOSAIC_MAX_ROWS,
@@ -56,6 +59,8 @@ __all__ = [
     "device_kind",
     "gpu_kernels",
     "kernel_takes",
+    "logprob_argmax",
+    "logprob_argmax_reference",
     "matmul",
     "matmul_choice",
     "matmuls",

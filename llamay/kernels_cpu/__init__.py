@@ -18,6 +18,8 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
 - `ggml_swiglu(g, u)`, `ggml_rms_norm(x, w, eps)`, `ggml_rope(x, cos, sin, kind)`: those
   llamacpp-numerics layers
   (`ggml_elementwise.py`), bit for bit `llamay.arch.ggml_ops`'.
+- `logprob_argmax(logits, picks)`: each row's log-softmax at a picked token and its first
+  argmax, one pass over the vocabulary (`logprobs.py`; scoring and perplexity).
 """
 
 from llamay.kernels_cpu.plug import (
@@ -26,6 +28,7 @@ from llamay.kernels_cpu.plug import (
     ggml_rms_norm,
     ggml_rope,
     ggml_swiglu,
+    logprob_argmax,
     matmul,
     matmuls,
     paged_attention,
@@ -37,6 +40,7 @@ __all__ = [
     "ggml_rms_norm",
     "ggml_rope",
     "ggml_swiglu",
+    "logprob_argmax",
     "matmul",
     "matmuls",
     "paged_attention",

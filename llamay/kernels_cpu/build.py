@@ -48,6 +48,7 @@ SOURCES = {
     "paged_attention.cc": ("-ffp-contract=fast",),
     "ggml_attention.cc": ("-ffp-contract=off",),
     "ggml_elementwise.cc": ("-ffp-contract=off",),
+    "logprobs.cc": ("-ffp-contract=off",),
 }
 HEADERS = ("blocks.h", "ggml_float.h", "operands.h", "parallel.h", "vec16.h")
 #: Headers written at build time (into the build directory, on the include path).
@@ -65,6 +66,7 @@ HANDLERS = (
     "LlamayGgmlSwiglu",
     "LlamayGgmlRmsNorm",
     "LlamayGgmlRope",
+    "LlamayLogprobArgmax",
 )
 
 log = logging.getLogger("llamay.kernels_cpu")

@@ -1,6 +1,6 @@
 """The plug point the dispatcher (`llamay.kernels`) asks at trace time: `available`,
 `matmul`, `paged_attention`, `ggml_attention`, `ggml_swiglu`, `ggml_rms_norm`,
-`ggml_rope` (the package docstring says what each returns)."""
+`ggml_rope`, `logprob_argmax` (the package docstring says what each returns)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from llamay.kernels_cpu.attention import paged_attention_native
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.ggml_attention import ggml_attention_native
 from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, rope_native, swiglu_native
+from llamay.kernels_cpu.logprobs import logprob_argmax_native
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
 from llamay.kernels_cpu.qmatmuls import qmatmuls_native, takes
 from llamay.quant import MixedQTensor
@@ -120,3 +121,10 @@ def ggml_rope(x, cos, sin, kind: str) -> jax.Array | None:
     """numerics="llamacpp" RoPE natively (bit for bit `llamay.arch.ggml_ops.apply_rope`),
     or None (not on CPU, not built, other shapes)."""
     return rope_native(x, cos, sin, kind) if jax.default_backend() == "cpu" else None
+
+
+def logprob_argmax(logits, picks) -> tuple[jax.Array, jax.Array] | None:
+    """(log_softmax(logits)[..., picks], first argmax) natively, as
+    `llamay.kernels.logprobs.logprob_argmax_reference` computes them, or None (not on
+    CPU, not built, not f32 logits with int32 picks)."""
+    return logprob_argmax_native(logits, picks) if jax.default_backend() == "cpu" else None

@@ -6,8 +6,10 @@ scratch buffer made inside the step, sized to the row bucket `T`.
 
 - `batch_logits`: logits at every position [B, T, V] (tests, small batches).
 - `token_logprobs`: log p(targets[b, t] | tokens[b, :t+1]) and whether that target is the
-  argmax, for positions `head_from ..` of every row: the LM head runs in chunks under
-  `lax.map` so [B, T, V] logits never exist at once (perplexity, lm-eval scoring).
+  argmax, for the scored positions t of each row only (a continuation's, the second half
+  of a perplexity chunk): the LM head runs on those, in chunks under `lax.map` so
+  [B, K, V] logits never exist at once, each chunk's reduction over the vocabulary one
+  pass (`llamay.kernels.logprob_argmax`) (perplexity, lm-eval scoring).
 
 With a `mesh` (`llamay.model.sharding`), the scratch cache is laid out along it (batch
 over "data", kv heads over "model" where they divide); weights and inputs carry their own
@@ -22,11 +24,14 @@ import jax
 import jax.numpy as jnp
 
 from llamay.arch import architecture_of
+from llamay.kernels import logprob_argmax
 from llamay.kv import new_dense_kv
 from llamay.model.forward import forward
 
-# Tokens whose logits one head chunk materialises (B · chunk ≤ this).
-HEAD_CHUNK_TOKENS = 4096
+# Logits one head chunk materialises (B · chunk · vocab · 4 bytes ≤ this): small enough to
+# stay in cache between the head's matmul and the reduction over them (Gemma 3's 262,144
+# tokens: 64 rows a chunk).
+HEAD_CHUNK_BYTES = 64 << 20
 
 
 def _scratch_kv(cfg, batch: int, slots: int, kv_dtype, mesh):
@@ -52,35 +57,37 @@ def batch_logits(cfg, weights, tokens, positions, kv_dtype=jnp.float32, mesh=Non
     return architecture_of(cfg).head(cfg, weights, x)
 
 
-def head_chunk(n: int, batch: int) -> int:
-    """The largest power of two dividing n with batch · chunk <= HEAD_CHUNK_TOKENS (>= 1)."""
+def head_chunk(n: int, batch: int, vocab: int) -> int:
+    """The largest power of two dividing n with batch · chunk · vocab f32 logits within
+    HEAD_CHUNK_BYTES (>= 1)."""
+    rows = max(HEAD_CHUNK_BYTES // (4 * max(1, vocab)), batch)
     c = 1
-    while n % (2 * c) == 0 and batch * 2 * c <= max(HEAD_CHUNK_TOKENS, batch):
+    while n % (2 * c) == 0 and batch * 2 * c <= rows:
         c *= 2
     return c
 
 
-@partial(jax.jit, static_argnames=("cfg", "kv_dtype", "head_from", "mesh"))
+@partial(jax.jit, static_argnames=("cfg", "kv_dtype", "mesh"))
 def token_logprobs(
-    cfg, weights, tokens, positions, targets, kv_dtype=jnp.float32, head_from: int = 0, mesh=None
+    cfg, weights, tokens, positions, targets, scored, kv_dtype=jnp.float32, mesh=None
 ):
-    """For rows tokens/positions/targets [B, T]: (log-probability of targets[b, t] after
-    tokens[b, :t+1] [B, T - head_from] f32, whether targets[b, t] is the argmax (bool))."""
+    """For rows tokens/positions/targets [B, T] and `scored` [B, K] (the positions of each
+    row whose targets count, in 0..T-1): (log-probability of targets[b, s] after
+    tokens[b, :s+1] [B, K] f32, whether targets[b, s] is the argmax (bool)), s = scored[b, k].
+    Only the scored positions go through the LM head."""
     arch = architecture_of(cfg)
-    x = _hidden(cfg, weights, tokens, positions, kv_dtype, mesh)[:, head_from:]
-    tg = targets[:, head_from:]
-    B, T, E = x.shape
-    c = head_chunk(T, B)
-    xs = x.reshape(B, T // c, c, E).transpose(1, 0, 2, 3)
-    ts = tg.reshape(B, T // c, c).transpose(1, 0, 2)
+    x = _hidden(cfg, weights, tokens, positions, kv_dtype, mesh)
+    x = jnp.take_along_axis(x, scored[..., None], axis=1)
+    tg = jnp.take_along_axis(targets, scored, axis=1)
+    B, K, E = x.shape
+    c = head_chunk(K, B, cfg.vocab)
+    xs = x.reshape(B, K // c, c, E).transpose(1, 0, 2, 3)
+    ts = tg.reshape(B, K // c, c).transpose(1, 0, 2)
 
     def one(args):
         xc, tc = args
-        logits = arch.head(cfg, weights, xc).astype(jnp.float32)
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-        greedy = jnp.argmax(logits, axis=-1) == tc
-        return picked - lse, greedy
+        lp, first = logprob_argmax(arch.head(cfg, weights, xc), tc)
+        return lp, first == tc
 
     lp, greedy = jax.lax.map(one, (xs, ts))
-    return lp.transpose(1, 0, 2).reshape(B, T), greedy.transpose(1, 0, 2).reshape(B, T)
+    return lp.transpose(1, 0, 2).reshape(B, K), greedy.transpose(1, 0, 2).reshape(B, K)

@@ -107,10 +107,13 @@ def test_rolling_equals_one_pass_when_it_fits(tiny_llama_model, log_softmax):
 
 
 def test_head_chunk():
-    assert head_chunk(512, 1) == 512
-    assert head_chunk(256, 32) == 128
-    assert head_chunk(48, 1) == 16
-    assert head_chunk(7, 4) == 1
+    # HEAD_CHUNK_BYTES of f32 logits: 524 rows of 32,000, 64 of 262,144
+    assert head_chunk(512, 1, 32000) == 512
+    assert head_chunk(256, 32, 32000) == 16
+    assert head_chunk(256, 1, 262144) == 64
+    assert head_chunk(48, 1, 1000) == 16
+    assert head_chunk(7, 4, 1000) == 1
+    assert head_chunk(8, 4, 10**9) == 1  # one row per batch row at least
 
 
 def test_one_compile_per_bucket(tiny_llama_model):

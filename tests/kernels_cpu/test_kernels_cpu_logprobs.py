@@ -1,0 +1,93 @@
+"""The native scoring reduction (`llamay.kernels_cpu.logprobs`: each row's log-softmax at
+a picked token and the first index of its maximum) against an oracle independent of it
+and of XLA: numpy's log-softmax in float64 and `np.argmax` (the first occurrence), over
+vocabularies of SmolLM2's and Gemma 3's sizes and the edges of the 16-lane loop (1, 15,
+16, 17, 33 logits), ties between lanes and within one, rows of -inf (a masked
+vocabulary), picks outside the row (clamped); the scalar build agrees; the dispatcher
+takes the kernel on CPU and the XLA reference under LLAMAY_CPU_KERNELS=xla, both equal
+to the oracle."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from llamay.kernels import logprob_argmax, logprob_argmax_reference
+from llamay.kernels_cpu import build
+from llamay.kernels_cpu.logprobs import logprob_argmax_native
+
+pytestmark = pytest.mark.usefixtures("native_kernels")
+
+
+def oracle(x: np.ndarray, picks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    ls = x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+    k = np.clip(picks, 0, x.shape[-1] - 1)
+    return np.take_along_axis(ls, k[..., None], -1)[..., 0], x.argmax(-1)
+
+
+def _case(rng, shape, scale=4.0):
+    x = (rng.standard_normal(shape) * scale).astype(np.float32)
+    picks = rng.integers(0, shape[-1], shape[:-1]).astype(np.int32)
+    return x, picks
+
+
+def _check(x, picks, variant="native"):
+    lp, first = logprob_argmax_native(jnp.asarray(x), jnp.asarray(picks), variant=variant)
+    want_lp, want_first = oracle(x, picks)
+    np.testing.assert_array_equal(np.asarray(first), want_first)
+    # f32 logits: the log-probabilities to f32 rounding of the float64 values
+    np.testing.assert_allclose(np.asarray(lp), want_lp, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("variant", ["native", "scalar"])
+@pytest.mark.parametrize(
+    "shape", [(1, 1), (3, 15), (4, 16), (2, 17), (5, 33), (7, 1000), (2, 3, 49152), (2, 262144)]
+)
+def test_equals_float64_log_softmax(shape, variant):
+    rng = np.random.default_rng(shape[-1])
+    _check(*_case(rng, shape), variant=variant)
+
+
+@pytest.mark.parametrize("variant", ["native", "scalar"])
+def test_ties_take_the_first_index(variant):
+    rng = np.random.default_rng(1)
+    x, picks = _case(rng, (6, 100))
+    top = x.max() + 1.0
+    x[0, [37, 5, 90]] = top  # lanes 5 and 5 of different vectors: the least index wins
+    x[1, [21, 20]] = top  # adjacent lanes of one vector
+    x[2, [99, 98]] = top  # in the tail past the last full vector
+    x[3, [16, 0]] = top  # lane 0 of two vectors
+    x[4, :] = 2.5  # all equal
+    x[5, [64, 48, 17]] = top
+    picks[:] = [5, 20, 98, 0, 0, 17]
+    _check(x, picks, variant=variant)
+
+
+@pytest.mark.parametrize("variant", ["native", "scalar"])
+def test_masked_vocabulary_and_clamped_picks(variant):
+    rng = np.random.default_rng(2)
+    x, picks = _case(rng, (3, 70))
+    x[:, 10:60] = -np.inf  # a masked span: exp(-inf) adds nothing
+    picks[:] = [-3, 69, 500]  # clamped to 0 and V - 1
+    _check(x, picks, variant=variant)
+
+
+def test_dispatcher_native_and_reference_equal_the_oracle(monkeypatch):
+    rng = np.random.default_rng(3)
+    x, picks = _case(rng, (4, 8, 3000))
+    want_lp, want_first = oracle(x, picks)
+    for env, kernel in (("native", True), ("xla", False)):
+        monkeypatch.setenv(build.ENV, env)
+        step = jax.jit(lambda *a: logprob_argmax(*a))  # a fresh trace under each setting
+        args = (jnp.asarray(x), jnp.asarray(picks))
+        assert ("LlamayLogprobArgmax" in step.lower(*args).as_text()) == kernel
+        lp, first = step(*args)
+        np.testing.assert_array_equal(np.asarray(first), want_first)
+        np.testing.assert_allclose(np.asarray(lp), want_lp, rtol=2e-6, atol=2e-6)
+    lp, first = logprob_argmax_reference(jnp.asarray(x), jnp.asarray(picks))
+    np.testing.assert_array_equal(np.asarray(first), want_first)
+    np.testing.assert_allclose(np.asarray(lp), want_lp, rtol=2e-6, atol=2e-6)
