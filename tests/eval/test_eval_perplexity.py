@@ -56,3 +56,17 @@ def test_smollm2_perplexity_matches_llamacpp(smollm2_model, fixtures_dir):
     assert r.scored_per_chunk == gold["scored_per_chunk"]
     assert r.ppl == pytest.approx(gold["ppl"], rel=5e-3)
     np.testing.assert_allclose(r.running_ppl, gold["running_ppl"], rtol=5e-3)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_smollm2_perplexity_in_llamacpp_numerics_is_llamacpps(smollm2_path, fixtures_dir):
+    """llama.cpp's logits (numerics="llamacpp") scored as its tool scores them (the sum
+    of exponentials in double): its perplexity to float rounding, chunk by chunk."""
+    import llamay
+
+    d = fixtures_dir / "llamacpp" / "perplexity"
+    gold = json.loads((d / "smollm2-135m-instruct-q4_1.GPL-3.ctx512.json").read_text())
+    m = llamay.load(smollm2_path, numerics="llamacpp")
+    r = perplexity(m, (d / gold["text"]).read_text(), ctx=gold["n_ctx"], batch=4)
+    np.testing.assert_allclose(r.running_ppl, gold["running_ppl"], rtol=1e-7)
