@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the peer the benches compare against (never a llamay dependency), once per machine:
 # llama.cpp as vendored in llama-cpp-python 0.3.36's source release, one cmake build that
-# gives both benches what they run:
+# gives the benches what they run:
 #   ~/.cache/llamay/llama-server/build/bin/llama-server   (bench/llamaserver_compare.py)
+#   ~/.cache/llamay/llama-server/build/bin/llama-perplexity (bench/perplexity_compare.py)
 #   ~/.cache/llamay/llamacpp-venv with llama_cpp importable (bench/llamacpp_compare.py,
 #     tests/quant/test_quant_families_bench.py, tests/quant/test_quant_types_llamacpp.py)
 # About 12 min on 2 cores. GGML_NATIVE=ON (the host's ISA), except on CPUs with AMX, where
@@ -37,7 +38,7 @@ cmake -S "llama_cpp_python-$VERSION/vendor/llama.cpp" -B build "${generator[@]}"
   -DCMAKE_BUILD_TYPE=Release "${isa[@]}" -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF \
   -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF
-nice -n 5 cmake --build build --target llama llama-server -j"$(nproc)"
+nice -n 5 cmake --build build --target llama llama-server llama-perplexity -j"$(nproc)"
 
 # the Python binding over the same shared libraries
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
