@@ -17,7 +17,7 @@ import dataclasses
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -35,7 +35,7 @@ from llamay.model import bind, logits_step
 from llamay.model import embed as embedding
 from llamay.runtime import enable_compilation_cache
 from llamay.sample import Sampler
-from llamay.tok import IncrementalDecoder, Tokenizer
+from llamay.tok import IncrementalDecoder, StopStrings, Tokenizer
 
 NUMERICS = ("exact", "llamacpp")
 # The KV cache of each numerics: llama.cpp's default cache is F16, and attention
@@ -95,6 +95,7 @@ class Model:
         self.runtime = Runtime(self.config, self.weights, self.n_ctx, kv_spec)
         # how embed() pools by default: the GGUF's <arch>.pooling_type (none when absent)
         self.pooling = embedding.pooling_of(self.gguf.metadata)
+        self.parallel = ENGINE_SLOTS  # sequences the engine decodes together
         self._engine = None
         self._engine_lock = threading.Lock()
 
@@ -167,7 +168,7 @@ class Model:
                 whole = self.n_ctx + 1  # a request may reserve one position past the end
                 self._engine = BatchEngine(
                     self,
-                    slots=ENGINE_SLOTS,
+                    slots=self.parallel,
                     page_size=ENGINE_PAGE,
                     chunk=ENGINE_CHUNK,
                     n_pages=pages(min(whole, ENGINE_START_TOKENS)),
@@ -176,6 +177,16 @@ class Model:
                     decode_steps=default_decode_steps(),
                 )
             return self._engine
+
+    def use_parallel(self, n: int) -> Model:
+        """Decode up to `n` sequences together in the engine (llama.cpp's --parallel;
+        default 4): concurrent `generate` calls share its steps. Returns self."""
+        if n < 1:
+            raise RequestError(f"parallel must be at least 1, not {n}")
+        if n != self.parallel:
+            self.close()  # the next engine has n slots
+            self.parallel = n
+        return self
 
     def use_draft(self, draft, draft_max=None, draft_min=None, p_min=None) -> Model:
         """Speculative decoding for this model's engine (`llamay.engine.speculative`):
@@ -453,7 +464,7 @@ class Model:
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         max_tokens: int = 128,
         temperature: float = 0.8,
         top_k: int = 40,
@@ -472,11 +483,15 @@ class Model:
         closed_objects: bool = True,
         images=None,
         lora=None,
+        stop: Sequence[str] | None = None,
         **sampling,
     ) -> str | Iterator[str]:
-        """Continue `prompt` (special-token text parsed, BOS per the model, as llama.cpp's
-        CLI does). Returns the text, or an iterator of text pieces when `stream` (closing
-        it early cancels the request). Runs on `self.engine`.
+        """Continue `prompt`: text (special-token text parsed, BOS per the model, as
+        llama.cpp's CLI does) or token ids as they are. Returns the text, or an iterator of
+        text pieces when `stream` (closing it early cancels the request). Runs on
+        `self.engine`: calls from several threads decode together (`use_parallel`).
+        `stop`: strings that end the text before them (not included), as llama-server's
+        and OpenAI's `stop`.
 
         Structured output: one of `json_schema`, `grammar` (GBNF), `regex`, `choices`,
         `json` (`format`, `closed_objects`: as in `constraint()`). Other llama.cpp sampler
@@ -505,12 +520,16 @@ class Model:
         spans = ()
         if images is not None:
             ids, spans = self._image_prompt(prompt, images)
-        else:
+        elif isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=True, parse_special=True)
+        else:
+            ids = [int(t) for t in prompt]
+            if not ids:
+                raise RequestError("the prompt is empty (no tokens to condition on)")
         engine = self.engine
         request = Request(ids, max_tokens, sampler, constraint=con, lora=lora, images=spans)
         handle = engine.submit(request)
-        pieces = self._stream_text(engine, handle)
+        pieces = self._stream_text(engine, handle, StopStrings(stop))
         if stream:
             return pieces
         out = []
@@ -534,21 +553,26 @@ class Model:
         p = multimodal.layout(self.tokenizer, self.projector, prompt, images)
         return p.ids, p.images
 
-    def _stream_text(self, engine, handle: Handle) -> Iterator[str]:
+    def _stream_text(self, engine, handle: Handle, stops: StopStrings) -> Iterator[str]:
         dec = IncrementalDecoder(self.tokenizer)
+        pending = ""  # decoded text not yet emitted: it could begin a stop string
         try:
             for ev in handle:
-                piece = dec.feed(ev.token_id)
-                if piece:
-                    yield piece
+                pending += dec.feed(ev.token_id)
+                out, hit = stops.cut(pending, final=False)
+                pending = pending[len(out) :]
+                if out:
+                    yield out
+                if hit:  # the text ends here; the request need not run on
+                    return
         finally:
-            if not handle.done:  # the caller stopped reading: free the slot now
+            if not handle.done:  # the caller stopped reading (or a stop string): free the slot
                 engine.cancel(handle)
-        tail = dec.flush()
-        if tail:
-            yield tail
+        out, hit = stops.cut(pending + dec.flush(), final=True)
+        if out:
+            yield out
         con = handle.request.constraint
-        if con is not None and not con.accepting:
+        if not hit and con is not None and not con.accepting:
             raise ConstraintIncompleteError(
                 f"the output stopped ({handle.finish_reason}) after "
                 f"{handle.usage.completion_tokens} tokens before the constraint was "

@@ -13,7 +13,8 @@ llamay.eval.lm_eval_adapter` before `lm_eval.simple_evaluate(model="llamay", ...
 pass `LlamayLM(...)` as the model.
 
 model_args: `model` (a .gguf path or store name), `numerics` (exact | llamacpp),
-`batch_size`, `max_length` (tokens per scored row; default the model's context),
+`batch_size` (rows per scoring step, and generations decoding together), `max_length`
+(tokens per scored row; default the model's context),
 `n_ctx`, `dp` / `tp` (a device mesh, see `llamay.model.sharding`), `distributed`
 (multi-host: `jax.distributed.initialize()` first).
 """
@@ -97,11 +98,16 @@ class LlamayLM(LM):
         )
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        return [self._generate(*r.args[:2]) for r in requests]
+        """Each request's continuation up to its `until` strings, `batch_size` of them
+        decoding together in the model's engine (continuous batching: a finished one's
+        slot takes the next at once)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        m = self.model.use_parallel(self.batch_size)
+        with ThreadPoolExecutor(max_workers=m.parallel) as pool:
+            return list(pool.map(lambda r: self._generate(*r.args[:2]), requests))
 
     def _generate(self, context: str, gen_kwargs: dict | None) -> str:
-        from llamay.sample import GREEDY, Sampler
-
         kw = dict(gen_kwargs or {})
         until = kw.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
@@ -109,23 +115,14 @@ class LlamayLM(LM):
         temperature = float(kw.pop("temperature", 0.0))
         if not _bool(kw.pop("do_sample", temperature > 0)):
             temperature = 0.0
-        sampler = GREEDY if temperature <= 0 else Sampler(temperature=temperature)
+        sampling = {k: kw[k] for k in ("top_k", "top_p", "min_p", "seed") if k in kw}
         m = self.model
         ids = m.tokenize(context, add_special=True, parse_special=True)
         n_ctx = m.n_ctx
         if self.max_length:
             n_ctx = min(n_ctx, self.max_length)
         ids = ids[-max(1, n_ctx - max_tokens - 1) :]
-        dec = m.tokenizer.incremental_decoder()
-        text = ""
-        for tok in m.generation(ids, max_tokens, sampler):
-            text += dec.feed(tok) or ""
-            cut = min((text.find(s) for s in until if s in text), default=-1)
-            if cut >= 0:
-                return text[:cut]
-        text += dec.flush() or ""
-        cut = min((text.find(s) for s in until if s in text), default=-1)
-        return text[:cut] if cut >= 0 else text
+        return m.generate(ids, max_tokens, temperature=temperature, stop=until, **sampling)
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ from llamay.sample import Sampler
 from llamay.serve.errors import ApiError, error_body, to_http_status
 from llamay.serve.models import Loaded
 from llamay.serve.sampling import fit_sampler
-from llamay.tok import IncrementalDecoder
+from llamay.tok import IncrementalDecoder, StopStrings
 
 
 class OpenModel(BaseModel):
@@ -70,17 +70,6 @@ def encode_prompt(lm: Loaded, text: str) -> list[int]:
             "--ctx)"
         )
     return lm.model.tokenize(text, add_special=True, parse_special=True)
-
-
-def _held_back(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of `text` could begin one of `stops`."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
 
 
 class TextGen:
@@ -122,7 +111,7 @@ class TextGen:
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = min(max_tokens, room)
         self.sampler = fit_sampler(sampler, lm.model.tokenizer.vocab_size, n_ctx)
-        self.stop = [s for s in (stop or []) if s]
+        self.stop = StopStrings(stop)
         self.constraint = constraint
         self.stop_ids = stop_ids
         self.start = start
@@ -134,12 +123,16 @@ class TextGen:
         self._logprobs_taken = 0
         self.text = ""
         self.finish_reason: str | None = None
-        self.stop_sequence: str | None = None
         self.cached_tokens = 0
         self.handle = None
         self.t_start = time.perf_counter()
         self.t_first: float | None = None
         self.t_end: float | None = None
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self.stop.hit
 
     @property
     def prompt_tokens(self) -> int:
@@ -207,7 +200,7 @@ class TextGen:
                 if ev.logprob is not None:
                     self.token_logprobs.append((ev.logprob, list(ev.top_logprobs)))
                 pending += dec.feed(ev.token_id)
-                out, hit = self._cut(pending, final=False)
+                out, hit = self.stop.cut(pending, final=False)
                 pending = pending[len(out) :]
                 if out:
                     self.text += out
@@ -217,7 +210,7 @@ class TextGen:
                     engine.cancel(handle)
                     return
             pending += dec.flush()
-            out, hit = self._cut(pending, final=True)
+            out, hit = self.stop.cut(pending, final=True)
             if out:
                 self.text += out
                 yield out
@@ -243,20 +236,6 @@ class TextGen:
         rows = self.logprob_rows()[self._logprobs_taken :]
         self._logprobs_taken += len(rows)
         return rows
-
-    def _cut(self, pending: str, final: bool) -> tuple[str, bool]:
-        """(text that may be emitted now, whether a stop string was found)."""
-        if not self.stop:
-            return pending, False
-        hits = [(pending.find(s), s) for s in self.stop if s in pending]
-        if hits:
-            i, s = min(hits)
-            self.stop_sequence = s
-            return pending[:i], True
-        if final:
-            return pending, False
-        keep = _held_back(pending, self.stop)
-        return pending[: len(pending) - keep], False
 
     async def collect(self, request=None) -> str:
         """All the text. When `request`'s client goes away first (a non-streaming client

@@ -10,7 +10,7 @@ Modules: `vocab` (llama.cpp's load rules), `pretokenize` (regexes per
 """
 
 from llamay.tok.chat import BUILTIN_TEMPLATES, builtin_template_for, render_chat
-from llamay.tok.detok import IncrementalDecoder
+from llamay.tok.detok import IncrementalDecoder, StopStrings
 from llamay.tok.pretokenize import PRE_TYPES
 from llamay.tok.tokenizer import Tokenizer
 from llamay.tok.vocab import Vocab
@@ -19,6 +19,7 @@ __all__ = [
     "BUILTIN_TEMPLATES",
     "IncrementalDecoder",
     "PRE_TYPES",
+    "StopStrings",
     "Tokenizer",
     "Vocab",
     "builtin_template_for",

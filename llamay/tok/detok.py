@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Sequence
 
 from llamay.tok.vocab import (
     ATTR_BYTE,
@@ -153,3 +154,37 @@ class IncrementalDecoder:
 
     def reset(self) -> None:
         self._utf8.reset()
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of `text` could begin one of `stops`."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+class StopStrings:
+    """Stop strings over streamed text, as llama-server and OpenAI apply them: the text
+    ends before the first occurrence of any of `stops`, which is never emitted, and a
+    tail that could begin one is held back until the next piece tells."""
+
+    def __init__(self, stops: Sequence[str] | None) -> None:
+        self.stops = [s for s in (stops or []) if s]
+        self.hit: str | None = None  # the stop string found, once found
+
+    def cut(self, pending: str, final: bool) -> tuple[str, bool]:
+        """(the part of `pending` that may be emitted now, whether a stop string was
+        found in it); `final`: no more text follows (nothing held back)."""
+        if not self.stops:
+            return pending, False
+        hits = [(pending.find(s), s) for s in self.stops if s in pending]
+        if hits:
+            i, self.hit = min(hits)
+            return pending[:i], True
+        if final:
+            return pending, False
+        return pending[: len(pending) - held_back(pending, self.stops)], False

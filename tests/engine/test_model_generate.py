@@ -1,7 +1,9 @@
 """`Model.generate` runs on the model's BatchEngine: its text equals the unpaged
 reference path (`Model.generation`, dense KV) with every sampler feature, closing a
-stream cancels the request, concurrent callers share the batch, and the pool grows
-for a request longer than it started with."""
+stream cancels the request, concurrent callers share the batch (up to `use_parallel`
+slots), the pool grows for a request longer than it started with; token-id prompts are
+taken as they are, and `stop` strings end the text before them as llama-server's `stop`
+does (the reference's text cut at the first one, the request's slot freed)."""
 
 from __future__ import annotations
 
@@ -69,6 +71,50 @@ def test_concurrent_callers_share_the_engine(tiny):
     for t in threads:
         t.join()
     assert got == want
+
+
+def test_token_ids_prompt(tiny):
+    ids = tiny.tokenize("Once upon a time, the", add_special=True, parse_special=True)
+    want = reference(tiny, "Once upon a time, the", 10, temperature=0.0)
+    assert tiny.generate(ids, max_tokens=10, temperature=0.0) == want
+    with pytest.raises(llamay.errors.RequestError, match="empty"):
+        tiny.generate([], max_tokens=4)
+
+
+def test_stop_strings_cut_the_text(tiny):
+    prompt = "Numbers: 1, 2,"
+    full = reference(tiny, prompt, 24, temperature=0.0)
+    assert len(full) > 8
+    for stop in ([full[5:7]], [full[6:9], full[3:5]], [full[-2:]], ["\x00never"]):
+        at = min((full.find(s) for s in stop if s in full), default=len(full))
+        want = full[:at]
+        assert tiny.generate(prompt, max_tokens=24, temperature=0.0, stop=stop) == want
+        streamed = tiny.generate(prompt, max_tokens=24, temperature=0.0, stop=stop, stream=True)
+        assert "".join(streamed) == want
+    stats = tiny.engine.stats()
+    assert stats["active"] == 0 and stats["pages_held"] == 0  # the stopped ones freed
+
+
+def test_use_parallel_sizes_the_engine(tiny):
+    prompts = [f"Item {i}:" for i in range(6)]
+    want = [reference(tiny, p, 6, temperature=0.0) for p in prompts]
+    try:
+        assert tiny.use_parallel(6) is tiny and len(tiny.engine.slots) == 6
+        got = [None] * len(prompts)
+
+        def run(i):
+            got[i] = tiny.generate(prompts[i], max_tokens=6, temperature=0.0)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == want
+        with pytest.raises(llamay.errors.RequestError, match="parallel"):
+            tiny.use_parallel(0)
+    finally:
+        tiny.use_parallel(4)
 
 
 def test_close_stops_the_engine_and_the_model_stays_usable():

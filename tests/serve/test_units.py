@@ -8,10 +8,10 @@ import json
 import pytest
 
 from llamay import errors as E
-from llamay.serve.core import _held_back
 from llamay.serve.errors import ApiError, error_body, family_of, to_http_status
 from llamay.serve.ollama import keep_alive_seconds
 from llamay.serve.tools import call_schema, parse_calls, pick
+from llamay.tok.detok import held_back
 
 
 @pytest.mark.parametrize(
@@ -26,7 +26,7 @@ from llamay.serve.tools import call_schema, parse_calls, pick
     ],
 )
 def test_held_back(text, stops, n):
-    assert _held_back(text, stops) == n
+    assert held_back(text, stops) == n
 
 
 def test_parse_calls():
