@@ -1,11 +1,14 @@
 """Scored tokens/s of batched log-likelihood scoring; one JSON line per batch size.
 
     .venv/bin/python -m bench.score [-m smollm2:135m] [-b 1 8 32] [-t 128] [-r 3]
-                                    [--scored N] [--numerics exact] [--mesh dp=2,tp=2]
+                                    [--scored N | --choices N] [--numerics exact]
+                                    [--mesh dp=2,tp=2]
 
 Each step scores `batch` rows of `tokens` random tokens: every target (a row of T tokens
 scores T - 1), or with `--scored N` the last N of each row (a multiple-choice task's
-continuation after its context). Timings exclude compilation (one warm-up step per batch
+continuation after its context), or with `--choices N` each row becomes N rows that
+differ in their last token only (N one-token answers after one context, as MMLU's).
+Timings exclude compilation (one warm-up step per batch
 size, reported as `compile_s`); `tokens_per_s` counts the rows' tokens (T - 1 each) over
 the median of `-r` steps, `rows_per_s` the rows.
 """
@@ -28,6 +31,7 @@ def main() -> None:
     ap.add_argument("-t", "--tokens", type=int, default=128, help="tokens per row")
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--scored", type=int, default=None, help="targets scored per row")
+    ap.add_argument("--choices", type=int, default=1, help="one-token answers per context")
     ap.add_argument("--numerics", default="exact")
     ap.add_argument("--mesh", default=None)
     args = ap.parse_args()
@@ -47,6 +51,8 @@ def main() -> None:
         rows = [
             Row(tuple(rng.integers(100, 20000, args.tokens).tolist()), scored) for _ in range(b)
         ]
+        if args.choices > 1:  # the same context, a different last token each
+            rows = [Row(r.tokens[:-1] + (300 + c,), 1) for r in rows for c in range(args.choices)]
 
         def step(rows=rows, b=b) -> float:
             t = time.perf_counter()
@@ -67,10 +73,11 @@ def main() -> None:
                     "devices": jax.device_count(),
                     "batch": b,
                     "tokens_per_row": args.tokens,
-                    "scored_per_row": scored,
+                    "scored_per_row": 1 if args.choices > 1 else scored,
+                    "choices": args.choices,
                     "step_s": med,
                     "tokens_per_s": b * (args.tokens - 1) / med,
-                    "rows_per_s": b / med,
+                    "rows_per_s": len(rows) / med,
                     "compile_s": max(0.0, first - med),
                     "load_s": load_s,
                 }

@@ -89,11 +89,11 @@ def perplexity(
         rows = chunks[start : start + batch]
         k = len(rows)
         tokens = np.zeros((batch, ctx), np.int32)
-        targets = np.zeros((batch, ctx), np.int32)
+        picks = np.zeros((batch, ctx - first, 1), np.int32)  # each position's next token
         tokens[:k] = rows
-        targets[:k, :-1] = rows[:, 1:]
-        lp, _ = run_step(model, tokens, positions, targets, scored)
-        nll[start : start + k] = -lp[:k, :-1]
+        picks[:k, :-1, 0] = rows[:, first + 1 :]
+        lp, _ = run_step(model, tokens, positions, scored, picks)
+        nll[start : start + k] = -lp[:k, :-1, 0]
         for i in range(start, start + k):
             running.append(math.exp(nll[: i + 1].mean()))
         if progress:

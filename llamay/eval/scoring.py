@@ -6,7 +6,9 @@ rows at a time into a [batch, bucket(T)] array (power-of-two lengths, the last b
 padded with empty rows), so a whole evaluation compiles a handful of shapes. One jitted
 step (`llamay.model.score.token_logprobs`) returns the log-probability and greedy flag of
 each row's last K targets (K the batch's longest continuation, a power of two: only those
-go through the LM head); the host sums the continuation's.
+go through the LM head); the host sums the continuation's. Requests whose rows share
+their input (all but the last token: one-token answers after one context, as MMLU's
+" A" / " B" / " C" / " D") run as one row with their last tokens picked side by side.
 
 Text is split as lm-evaluation-harness does: trailing spaces of the context move to the
 continuation, the continuation's tokens are those of `context + continuation` after the
@@ -87,10 +89,11 @@ def batch_rows(model, batch: int) -> int:
     return -(-max(1, batch) // dp) * dp
 
 
-def run_step(model, tokens, positions, targets, scored):
-    """One jitted scoring step over host arrays: rows tokens/positions/targets [B, T] and
-    the positions scored in each, `scored` [B, K] (on the model's mesh, if any):
-    (log-probabilities, greedy flags) of those targets as numpy [B, K]."""
+def run_step(model, tokens, positions, scored, picks):
+    """One jitted scoring step over host arrays: rows tokens/positions [B, T], the
+    positions scored in each, `scored` [B, K], and the tokens scored there, `picks`
+    [B, K, J] (on the model's mesh, if any): (log-probabilities, greedy flags) of those
+    tokens as numpy [B, K, J]."""
     from llamay.model.score import token_logprobs
     from llamay.model.sharding import fetch, put_batch
 
@@ -100,8 +103,8 @@ def run_step(model, tokens, positions, targets, scored):
         model.weights,
         put_batch(tokens, mesh),
         put_batch(positions, mesh),
-        put_batch(targets, mesh),
         put_batch(scored, mesh),
+        put_batch(picks, mesh),
         kv_dtype=model.runtime.kv_dtype,
         mesh=mesh,
     )
@@ -118,30 +121,40 @@ def score_rows(
     if not model.config.causal:
         raise RequestError(f"{model.config.arch} is an encoder; only decoders score text")
     batch = batch_rows(model, batch)
-    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].tokens))
+    # rows with the same input (all but the last token: a multiple-choice task's one-token
+    # answers after one context) run as one row, their last tokens picked side by side
+    members: dict[tuple[int, ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        members.setdefault(row.tokens[:-1], []).append(i)
+    inputs = list(members)
+    order = sorted(range(len(inputs)), key=lambda g: -len(inputs[g]))
     out: list[tuple[float, bool]] = [(0.0, False)] * len(rows)
     done = 0
     for idx in _batches(order, batch):
-        T = bucket(max(len(rows[i].tokens) - 1 for i in idx))
+        groups = [(inputs[g], members[inputs[g]]) for g in idx]
+        T = bucket(max(len(x) for x, _ in groups))
         # the LM head runs on each row's last K positions only (its continuation's)
-        K = min(T, bucket(max(rows[i].n_scored for i in idx)))
+        K = min(T, bucket(max(rows[i].n_scored for _, m in groups for i in m)))
+        J = bucket(max(len(m) for _, m in groups), minimum=1)
         tokens = np.zeros((batch, T), np.int32)
-        targets = np.zeros((batch, T), np.int32)
         positions = np.full((batch, T), T, np.int32)
         scored = np.zeros((batch, K), np.int32)
-        for r, i in enumerate(idx):
-            t = rows[i].tokens
-            n = len(t) - 1
-            tokens[r, :n], targets[r, :n], positions[r, :n] = t[:-1], t[1:], np.arange(n)
+        picks = np.zeros((batch, K, J), np.int32)
+        for r, (x, m) in enumerate(groups):
+            n = len(x)
+            tokens[r, :n], positions[r, :n] = x, np.arange(n)
             scored[r] = np.maximum(np.arange(n - K, n), 0)
-        lp, greedy = run_step(model, tokens, positions, targets, scored)
-        for r, i in enumerate(idx):
-            k = rows[i].n_scored
-            out[i] = (
-                float(lp[r, K - k :].astype(np.float64).sum()),
-                bool(greedy[r, K - k :].all()),
-            )
-        done += len(idx)
+            for j in range(J):  # the spare picks repeat the group's last member's
+                picks[r, :, j] = np.asarray(rows[m[min(j, len(m) - 1)]].tokens[1:])[scored[r]]
+        lp, greedy = run_step(model, tokens, positions, scored, picks)
+        for r, (_, m) in enumerate(groups):
+            for j, i in enumerate(m):
+                k = rows[i].n_scored
+                out[i] = (
+                    float(lp[r, K - k :, j].astype(np.float64).sum()),
+                    bool(greedy[r, K - k :, j].all()),
+                )
+            done += len(m)
         if progress:
             progress(done, len(rows))
     return out

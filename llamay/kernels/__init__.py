@@ -8,7 +8,7 @@ numerics (design principle 4).
   that read the same x (one native call for them all on CPU).
 - `attention(q, k, v, q_pos, page_table=..., ...)`: dense or paged, reference / Pallas /
   native (`attention` module's table).
-- `logprob_argmax(logits, picks)`: each row's log-softmax at a picked token and its
+- `logprob_argmax(logits, picks)`: each row's log-softmax at its picked tokens and its
   first argmax (scoring; native on CPU, `logprobs` module).
 - `LoraMatrix`: a weight with LoRA adapters beside it, unmerged (`lora` module).
 - `backend()`: what the environment and platform choose (`backend` module).

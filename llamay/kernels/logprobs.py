@@ -1,6 +1,7 @@
 """Scoring's reduction over the vocabulary: `logprob_argmax(logits, picks)` gives each
-row's log-softmax at a picked token and the first index of the row's maximum (whether
-the pick is the greedy token). On CPU one native pass over each row
+row's log-softmax at J picked tokens (picks [..., J]: the target, or a multiple-choice
+task's answers after one context) and the first index of the row's maximum (whether a
+pick is the greedy token). On CPU one native pass over each row
 (`llamay.kernels_cpu.logprob_argmax`: its sum of exponentials in double, as llama.cpp's
 perplexity tool forms it); elsewhere, and as the test oracle's twin, the XLA reference."""
 
@@ -14,10 +15,11 @@ from llamay.kernels.backend import backend
 
 
 def logprob_argmax_reference(logits: jax.Array, picks: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(log_softmax(logits)[..., picks] f32, argmax(logits) int32) over the last axis."""
+    """(log_softmax(logits) at picks [..., J] f32, argmax(logits) [...] int32) over the
+    last axis."""
     logits = logits.astype(jnp.float32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, picks[..., None], axis=-1, mode="clip")[..., 0]
+    lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    picked = jnp.take_along_axis(logits, picks, axis=-1, mode="clip")
     return picked - lse, jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 

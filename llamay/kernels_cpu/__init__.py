@@ -18,7 +18,7 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
 - `ggml_swiglu(g, u)`, `ggml_rms_norm(x, w, eps)`, `ggml_rope(x, cos, sin, kind)`: those
   llamacpp-numerics layers
   (`ggml_elementwise.py`), bit for bit `llamay.arch.ggml_ops`'.
-- `logprob_argmax(logits, picks)`: each row's log-softmax at a picked token and its first
+- `logprob_argmax(logits, picks)`: each row's log-softmax at its picked tokens and its first
   argmax, one pass over the vocabulary (`logprobs.py`; scoring and perplexity).
 """
 

@@ -124,7 +124,7 @@ def ggml_rope(x, cos, sin, kind: str) -> jax.Array | None:
 
 
 def logprob_argmax(logits, picks) -> tuple[jax.Array, jax.Array] | None:
-    """(log_softmax(logits)[..., picks], first argmax) natively, as
+    """(log_softmax(logits) at picks [..., J], first argmax) natively, as
     `llamay.kernels.logprobs.logprob_argmax_reference` computes them, or None (not on
-    CPU, not built, not f32 logits with int32 picks)."""
+    CPU, not built, not f32 logits with int32 picks [..., J])."""
     return logprob_argmax_native(logits, picks) if jax.default_backend() == "cpu" else None

@@ -5,9 +5,10 @@ position `T`, which `write_kv` drops, so they never enter the cache). The KV cac
 scratch buffer made inside the step, sized to the row bucket `T`.
 
 - `batch_logits`: logits at every position [B, T, V] (tests, small batches).
-- `token_logprobs`: log p(targets[b, t] | tokens[b, :t+1]) and whether that target is the
-  argmax, for the scored positions t of each row only (a continuation's, the second half
-  of a perplexity chunk): the LM head runs on those, in chunks under `lax.map` so
+- `token_logprobs`: log p(token | tokens[b, :t+1]) and whether that token is the argmax,
+  for the scored positions t of each row only (a continuation's, the second half of a
+  perplexity chunk) and J tokens at each (the next one, or several answers after one
+  context): the LM head runs on those, in chunks under `lax.map` so
   [B, K, V] logits never exist at once, each chunk's reduction over the vocabulary one
   pass (`llamay.kernels.logprob_argmax`) (perplexity, lm-eval scoring).
 
@@ -68,26 +69,26 @@ def head_chunk(n: int, batch: int, vocab: int) -> int:
 
 
 @partial(jax.jit, static_argnames=("cfg", "kv_dtype", "mesh"))
-def token_logprobs(
-    cfg, weights, tokens, positions, targets, scored, kv_dtype=jnp.float32, mesh=None
-):
-    """For rows tokens/positions/targets [B, T] and `scored` [B, K] (the positions of each
-    row whose targets count, in 0..T-1): (log-probability of targets[b, s] after
-    tokens[b, :s+1] [B, K] f32, whether targets[b, s] is the argmax (bool)), s = scored[b, k].
-    Only the scored positions go through the LM head."""
+def token_logprobs(cfg, weights, tokens, positions, scored, picks, kv_dtype=jnp.float32, mesh=None):
+    """For rows tokens/positions [B, T], the positions of each row that are scored,
+    `scored` [B, K] (in 0..T-1), and the tokens scored there, `picks` [B, K, J] (J per
+    position: the next token, or one multiple-choice answer's each after one shared
+    context): (log p(picks[b, k, j] | tokens[b, :s+1]) [B, K, J] f32, whether that token
+    is the argmax [B, K, J] bool), s = scored[b, k]. Only the scored positions go through
+    the LM head."""
     arch = architecture_of(cfg)
     x = _hidden(cfg, weights, tokens, positions, kv_dtype, mesh)
     x = jnp.take_along_axis(x, scored[..., None], axis=1)
-    tg = jnp.take_along_axis(targets, scored, axis=1)
     B, K, E = x.shape
+    J = picks.shape[-1]
     c = head_chunk(K, B, cfg.vocab)
     xs = x.reshape(B, K // c, c, E).transpose(1, 0, 2, 3)
-    ts = tg.reshape(B, K // c, c).transpose(1, 0, 2)
+    ps = picks.reshape(B, K // c, c, J).transpose(1, 0, 2, 3)
 
     def one(args):
-        xc, tc = args
-        lp, first = logprob_argmax(arch.head(cfg, weights, xc), tc)
-        return lp, first == tc
+        xc, pc = args
+        lp, first = logprob_argmax(arch.head(cfg, weights, xc), pc)
+        return lp, first[..., None] == pc
 
-    lp, greedy = jax.lax.map(one, (xs, ts))
-    return lp.transpose(1, 0, 2).reshape(B, K), greedy.transpose(1, 0, 2).reshape(B, K)
+    lp, greedy = jax.lax.map(one, (xs, ps))
+    return lp.transpose(1, 0, 2, 3).reshape(B, K, J), greedy.transpose(1, 0, 2, 3).reshape(B, K, J)

@@ -35,6 +35,33 @@ def test_score_equals_logits(tiny_llama_model, batch):
         assert greedy == ref_greedy
 
 
+def test_one_token_answers_after_one_context_run_as_one_row(tiny_llama_model, monkeypatch):
+    """MMLU's shape: four one-token answers after one context are one row of the step,
+    each answer's log-probability and greedy flag still its own."""
+    from llamay.eval import scoring
+
+    m = tiny_llama_model
+    ctx = "Question: which letter? Answer:"
+    answers = [" A", " B", " C", " D"]
+    assert all(len(m.tokenize(a, add_special=False)) == 1 for a in answers)
+    steps = []
+    real = scoring.run_step
+
+    def spy(model, tokens, positions, scored, picks):
+        steps.append((int((positions < tokens.shape[1]).any(axis=1).sum()), picks.shape[-1]))
+        return real(model, tokens, positions, scored, picks)
+
+    monkeypatch.setattr(scoring, "run_step", spy)
+    got = score(m, [ctx] * 4 + ["Other:"], answers + [" A"], batch=8)
+    assert steps == [(2, 4)]  # two rows: the shared context's and the other one
+    for (lp, greedy), a, c in zip(got, answers + [" A"], [ctx] * 4 + ["Other:"], strict=True):
+        ref_lp, ref_greedy = reference(m, *encode_pair(m, c, a))
+        assert lp == pytest.approx(ref_lp, abs=1e-3)
+        assert greedy == ref_greedy
+    best = int(np.argmax(m.logits(encode_pair(m, ctx, " A")[0])[-1]))
+    assert [g for _, g in got[:4]] == [m.tokenize(a, add_special=False)[0] == best for a in answers]
+
+
 def test_model_methods(tiny_llama_model):
     m = tiny_llama_model
     assert m.score(CONTEXTS[:2], CONTINUATIONS[:2]) == score(m, CONTEXTS[:2], CONTINUATIONS[:2])

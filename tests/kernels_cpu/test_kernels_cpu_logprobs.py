@@ -1,5 +1,5 @@
 """The native scoring reduction (`llamay.kernels_cpu.logprobs`: each row's log-softmax at
-a picked token and the first index of its maximum) against an oracle independent of it
+J picked tokens and the first index of its maximum) against an oracle independent of it
 and of XLA: numpy's log-softmax in float64 and `np.argmax` (the first occurrence), over
 vocabularies of SmolLM2's and Gemma 3's sizes and the edges of the 16-lane loop (1, 15,
 16, 17, 33 logits), ties between lanes and within one, rows of -inf (a masked
@@ -26,12 +26,12 @@ def oracle(x: np.ndarray, picks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     m = x.max(-1, keepdims=True)
     ls = x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
     k = np.clip(picks, 0, x.shape[-1] - 1)
-    return np.take_along_axis(ls, k[..., None], -1)[..., 0], x.argmax(-1)
+    return np.take_along_axis(ls, k, -1), x.argmax(-1)
 
 
-def _case(rng, shape, scale=4.0):
+def _case(rng, shape, scale=4.0, picks_per_row=1):
     x = (rng.standard_normal(shape) * scale).astype(np.float32)
-    picks = rng.integers(0, shape[-1], shape[:-1]).astype(np.int32)
+    picks = rng.integers(0, shape[-1], (*shape[:-1], picks_per_row)).astype(np.int32)
     return x, picks
 
 
@@ -50,6 +50,7 @@ def _check(x, picks, variant="native"):
 def test_equals_float64_log_softmax(shape, variant):
     rng = np.random.default_rng(shape[-1])
     _check(*_case(rng, shape), variant=variant)
+    _check(*_case(rng, shape, picks_per_row=4), variant=variant)  # several answers a row
 
 
 @pytest.mark.parametrize("variant", ["native", "scalar"])
@@ -63,7 +64,7 @@ def test_ties_take_the_first_index(variant):
     x[3, [16, 0]] = top  # lane 0 of two vectors
     x[4, :] = 2.5  # all equal
     x[5, [64, 48, 17]] = top
-    picks[:] = [5, 20, 98, 0, 0, 17]
+    picks[:, 0] = [5, 20, 98, 0, 0, 17]
     _check(x, picks, variant=variant)
 
 
@@ -72,13 +73,13 @@ def test_masked_vocabulary_and_clamped_picks(variant):
     rng = np.random.default_rng(2)
     x, picks = _case(rng, (3, 70))
     x[:, 10:60] = -np.inf  # a masked span: exp(-inf) adds nothing
-    picks[:] = [-3, 69, 500]  # clamped to 0 and V - 1
+    picks[:, 0] = [-3, 69, 500]  # clamped to 0 and V - 1
     _check(x, picks, variant=variant)
 
 
 def test_dispatcher_native_and_reference_equal_the_oracle(monkeypatch):
     rng = np.random.default_rng(3)
-    x, picks = _case(rng, (4, 8, 3000))
+    x, picks = _case(rng, (4, 8, 3000), picks_per_row=3)
     want_lp, want_first = oracle(x, picks)
     for env, kernel in (("native", True), ("xla", False)):
         monkeypatch.setenv(build.ENV, env)

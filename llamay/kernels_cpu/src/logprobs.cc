@@ -2,8 +2,9 @@
 // row with the row kept in L2 for a second (XLA CPU runs the reductions as separate,
 // single-threaded loops, and argmax as a scalar variadic reduce: ~190 ms for Gemma 3's
 // 256 x 262144 logits of one perplexity chunk, a quarter of the chunk):
-//   logits x [N, V] f32 and picks t [N] int32 ->
-//   lp [N] f32     x[t] - m - log Σ_i exp(x[i] - m), m the row's maximum; the sum in
+//   logits x [N, V] f32 and picks t [N, J] int32 (J tokens a row: a multiple-choice
+//   task's answers after one shared context) ->
+//   lp [N, J] f32  x[t] - m - log Σ_i exp(x[i] - m), m the row's maximum; the sum in
 //                  double, as llama.cpp's perplexity tool forms it (exp: ggml's v_expf)
 //   first [N] i32  the first index of the row's maximum (jnp.argmax's tie rule)
 // A pick outside [0, V) is clamped into it.
@@ -81,8 +82,10 @@ ffi::Error LogprobArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
   auto dims = logits.dimensions();
   if (dims.size() == 0) return ffi::Error::InvalidArgument("LlamayLogprobArgmax: a scalar");
   const int64_t V = dims.back(), N = V ? logits.element_count() / V : 0;
-  if ((int64_t)picks.element_count() != N)
-    return ffi::Error::InvalidArgument("LlamayLogprobArgmax: one pick per row of logits");
+  auto pdims = picks.dimensions();
+  const int64_t J = pdims.size() ? pdims.back() : 0;
+  if (J == 0 || (int64_t)picks.element_count() != N * J)
+    return ffi::Error::InvalidArgument("LlamayLogprobArgmax: picks [rows of logits, J]");
   if (V == 0 || V > std::numeric_limits<int32_t>::max())
     return ffi::Error::InvalidArgument("LlamayLogprobArgmax: rows of 1 to 2^31 - 1 logits");
   const float* x = logits.typed_data();
@@ -95,8 +98,11 @@ ffi::Error LogprobArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
     int32_t at;
     max_first(row, V, m, at);
     const double lse = (double)m + std::log(sum_exp(row, V, m));
-    const int64_t k = t[r] < 0 ? 0 : t[r] >= V ? V - 1 : t[r];
-    out[r] = (float)((double)row[k] - lse);
+    for (int64_t j = 0; j < J; ++j) {
+      const int32_t pick = t[r * J + j];
+      const int64_t k = pick < 0 ? 0 : pick >= V ? V - 1 : pick;
+      out[r * J + j] = (float)((double)row[k] - lse);
+    }
     arg[r] = at;
   });
   return ffi::Error::Success();
