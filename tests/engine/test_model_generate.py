@@ -57,20 +57,25 @@ def test_closing_a_stream_cancels_it(tiny):
     assert stats["active"] == 0 and stats["pages_held"] == 0
 
 
-def test_concurrent_callers_share_the_engine(tiny):
-    prompts = ["The cat", "A dog and a", "Numbers: 1, 2,"]
-    want = [reference(tiny, p, 8, temperature=0.0) for p in prompts]
+def concurrently(m, prompts: list[str], n: int) -> list[str]:
+    """`m.generate` of each prompt (n tokens, greedy), each call from its own thread."""
     got = [None] * len(prompts)
 
     def run(i):
-        got[i] = tiny.generate(prompts[i], max_tokens=8, temperature=0.0)
+        got[i] = m.generate(prompts[i], max_tokens=n, temperature=0.0)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert got == want
+    return got
+
+
+def test_concurrent_callers_share_the_engine(tiny):
+    prompts = ["The cat", "A dog and a", "Numbers: 1, 2,"]
+    want = [reference(tiny, p, 8, temperature=0.0) for p in prompts]
+    assert concurrently(tiny, prompts, 8) == want
 
 
 def test_token_ids_prompt(tiny):
@@ -100,17 +105,7 @@ def test_use_parallel_sizes_the_engine(tiny):
     want = [reference(tiny, p, 6, temperature=0.0) for p in prompts]
     try:
         assert tiny.use_parallel(6) is tiny and len(tiny.engine.slots) == 6
-        got = [None] * len(prompts)
-
-        def run(i):
-            got[i] = tiny.generate(prompts[i], max_tokens=6, temperature=0.0)
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert got == want
+        assert concurrently(tiny, prompts, 6) == want
         with pytest.raises(llamay.errors.RequestError, match="parallel"):
             tiny.use_parallel(0)
     finally:
