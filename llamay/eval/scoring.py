@@ -1,14 +1,13 @@
 """Log-likelihood scoring: `score` (context → continuation) and `loglikelihood_rolling`.
 
 Requests become token rows `context + continuation` (the input is the row without its
-last token, the targets the row shifted by one), sorted longest first, packed `batch`
-rows at a time into a [batch, bucket(T)] array (power-of-two lengths, the last batch
-padded with empty rows), so a whole evaluation compiles a handful of shapes. One jitted
-step (`llamay.model.score.token_logprobs`) returns the log-probability and greedy flag of
-each row's last K targets (K the batch's longest continuation, a power of two: only those
-go through the LM head); the host sums the continuation's. Requests whose rows share
-their input (all but the last token: one-token answers after one context, as MMLU's
-" A" / " B" / " C" / " D") run as one row with their last tokens picked side by side.
+last token, the targets the row shifted by one). Rows with the same input run as one
+row with their last tokens picked side by side (one-token answers after one context, as
+MMLU's " A" / " B" / " C" / " D"); rows whose inputs share the part before their scored
+positions (a context and its several endings, as HellaSwag's) run that prefix once, its
+KV copied to each ending's row (`llamay.model.score.prefix_logprobs`). Steps hold `batch`
+rows in power-of-two shapes (prefix length, scored length, rows per prefix), so a whole
+evaluation compiles a handful of programs; only scored positions go through the LM head.
 
 Text is split as lm-evaluation-harness does: trailing spaces of the context move to the
 continuation, the continuation's tokens are those of `context + continuation` after the
@@ -76,11 +75,6 @@ def rows_of(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_length: in
     return rows
 
 
-def _batches(order: list[int], batch: int):
-    for i in range(0, len(order), batch):
-        yield order[i : i + batch]
-
-
 def batch_rows(model, batch: int) -> int:
     """`batch` rounded up to a multiple of the model's data-parallel size."""
     from llamay.model.sharding import data_size
@@ -111,6 +105,50 @@ def run_step(model, tokens, positions, scored, picks):
     return fetch(lp), fetch(greedy)
 
 
+def run_prefix_step(model, prefix, prefix_pos, suffix, suffix_pos, picks):
+    """One jitted step of rows grouped by a shared prefix (`llamay.model.score.
+    prefix_logprobs`; host arrays, on the model's mesh if any): (log-probabilities,
+    greedy flags) as numpy [G, R, K, J]."""
+    from llamay.model.score import prefix_logprobs
+    from llamay.model.sharding import fetch, put_batch
+
+    mesh = getattr(model, "mesh", None)
+    arrays = (prefix, prefix_pos, suffix, suffix_pos, picks)
+    lp, greedy = prefix_logprobs(
+        model.config,
+        model.weights,
+        *(put_batch(a, mesh) for a in arrays),
+        kv_dtype=model.runtime.kv_dtype,
+        mesh=mesh,
+    )
+    return fetch(lp), fetch(greedy)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """Rows with one input (all but their last token): one row of a step, their last
+    tokens picked side by side (a multiple-choice task's one-token answers)."""
+
+    inputs: tuple[int, ...]
+    members: tuple[int, ...]  # indices into the rows
+    k: int  # positions scored: the members' most
+
+
+def _work(rows: Sequence[Row], batch: int) -> list[tuple[tuple[int, ...], list[_Unit]]]:
+    """(prefix, units continuing it) pieces of at most `batch` units: rows grouped by
+    their input, those by the part of it before their scored positions (a context shared
+    by several endings); the widest groups first, then the longest."""
+    members: dict[tuple[int, ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        members.setdefault(row.tokens[:-1], []).append(i)
+    groups: dict[tuple[int, ...], list[_Unit]] = {}
+    for x, m in members.items():
+        k = max(rows[i].n_scored for i in m)
+        groups.setdefault(x[: len(x) - k], []).append(_Unit(x, tuple(m), k))
+    work = [(p, us[i : i + batch]) for p, us in groups.items() for i in range(0, len(us), batch)]
+    return sorted(work, key=lambda w: (-len(w[1]), -len(w[0]) - max(u.k for u in w[1])))
+
+
 def score_rows(
     model,
     rows: Sequence[Row],
@@ -121,40 +159,39 @@ def score_rows(
     if not model.config.causal:
         raise RequestError(f"{model.config.arch} is an encoder; only decoders score text")
     batch = batch_rows(model, batch)
-    # rows with the same input (all but the last token: a multiple-choice task's one-token
-    # answers after one context) run as one row, their last tokens picked side by side
-    members: dict[tuple[int, ...], list[int]] = {}
-    for i, row in enumerate(rows):
-        members.setdefault(row.tokens[:-1], []).append(i)
-    inputs = list(members)
-    order = sorted(range(len(inputs)), key=lambda g: -len(inputs[g]))
+    work = _work(rows, batch)
     out: list[tuple[float, bool]] = [(0.0, False)] * len(rows)
-    done = 0
-    for idx in _batches(order, batch):
-        groups = [(inputs[g], members[inputs[g]]) for g in idx]
-        T = bucket(max(len(x) for x, _ in groups))
-        # the LM head runs on each row's last K positions only (its continuation's)
-        K = min(T, bucket(max(rows[i].n_scored for _, m in groups for i in m)))
-        J = bucket(max(len(m) for _, m in groups), minimum=1)
-        tokens = np.zeros((batch, T), np.int32)
-        positions = np.full((batch, T), T, np.int32)
-        scored = np.zeros((batch, K), np.int32)
-        picks = np.zeros((batch, K, J), np.int32)
-        for r, (x, m) in enumerate(groups):
-            n = len(x)
-            tokens[r, :n], positions[r, :n] = x, np.arange(n)
-            scored[r] = np.maximum(np.arange(n - K, n), 0)
-            for j in range(J):  # the spare picks repeat the group's last member's
-                picks[r, :, j] = np.asarray(rows[m[min(j, len(m) - 1)]].tokens[1:])[scored[r]]
-        lp, greedy = run_step(model, tokens, positions, scored, picks)
-        for r, (_, m) in enumerate(groups):
-            for j, i in enumerate(m):
-                k = rows[i].n_scored
-                out[i] = (
-                    float(lp[r, K - k :, j].astype(np.float64).sum()),
-                    bool(greedy[r, K - k :, j].all()),
-                )
-            done += len(m)
+    done = at = 0
+    while at < len(work):
+        R = bucket(len(work[at][1]), minimum=1)  # rows per prefix (the widest first)
+        G = batch_rows(model, max(1, batch // R))  # prefixes per step
+        step, at = work[at : at + G], at + G
+        # power-of-two shapes: a handful of programs for a whole evaluation
+        P = bucket(max(len(p) for p, _ in step))
+        K = bucket(max(u.k for _, us in step for u in us))
+        J = bucket(max(len(u.members) for _, us in step for u in us), minimum=1)
+        pad = P + K  # the position of padding: past the cache, dropped
+        prefix, prefix_pos = np.zeros((G, P), np.int32), np.full((G, P), pad, np.int32)
+        suffix, suffix_pos = np.zeros((G, R, K), np.int32), np.full((G, R, K), pad, np.int32)
+        picks = np.zeros((G, R, K, J), np.int32)
+        for g, (p, us) in enumerate(step):
+            n = len(p)
+            prefix[g, :n], prefix_pos[g, :n] = p, np.arange(n)
+            for r, u in enumerate(us):
+                suffix[g, r, : u.k], suffix_pos[g, r, : u.k] = u.inputs[n:], np.arange(n, n + u.k)
+                for j in range(J):  # spare picks repeat the unit's last member's
+                    t = rows[u.members[min(j, len(u.members) - 1)]].tokens
+                    picks[g, r, : u.k, j] = t[n + 1 : n + 1 + u.k]
+        lp, greedy = run_prefix_step(model, prefix, prefix_pos, suffix, suffix_pos, picks)
+        for g, (_, us) in enumerate(step):
+            for r, u in enumerate(us):
+                for j, i in enumerate(u.members):
+                    k = rows[i].n_scored
+                    out[i] = (
+                        float(lp[g, r, u.k - k : u.k, j].astype(np.float64).sum()),
+                        bool(greedy[g, r, u.k - k : u.k, j].all()),
+                    )
+                done += len(u.members)
         if progress:
             progress(done, len(rows))
     return out

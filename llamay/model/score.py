@@ -5,6 +5,8 @@ position `T`, which `write_kv` drops, so they never enter the cache). The KV cac
 scratch buffer made inside the step, sized to the row bucket `T`.
 
 - `batch_logits`: logits at every position [B, T, V] (tests, small batches).
+- `prefix_logprobs`: the same for rows grouped by a shared prefix, each prefix run once
+  and its KV copied to its rows (lm-eval scoring: a context's endings).
 - `token_logprobs`: log p(token | tokens[b, :t+1]) and whether that token is the argmax,
   for the scored positions t of each row only (a continuation's, the second half of a
   perplexity chunk) and J tokens at each (the next one, or several answers after one
@@ -76,9 +78,36 @@ def token_logprobs(cfg, weights, tokens, positions, scored, picks, kv_dtype=jnp.
     context): (log p(picks[b, k, j] | tokens[b, :s+1]) [B, K, J] f32, whether that token
     is the argmax [B, K, J] bool), s = scored[b, k]. Only the scored positions go through
     the LM head."""
-    arch = architecture_of(cfg)
     x = _hidden(cfg, weights, tokens, positions, kv_dtype, mesh)
-    x = jnp.take_along_axis(x, scored[..., None], axis=1)
+    return _head_logprobs(cfg, weights, jnp.take_along_axis(x, scored[..., None], axis=1), picks)
+
+
+@partial(jax.jit, static_argnames=("cfg", "kv_dtype", "mesh"))
+def prefix_logprobs(
+    cfg, weights, prefix, prefix_pos, suffix, suffix_pos, picks, kv_dtype=jnp.float32, mesh=None
+):
+    """Rows that share a prefix, the prefix run once: prefix/prefix_pos [G, P] (each
+    group's shared tokens), suffix/suffix_pos [G, R, K] (R rows continuing each prefix at
+    the positions after it) and picks [G, R, K, J] (the tokens scored after each suffix
+    position) -> (log-probabilities [G, R, K, J] f32, greedy flags [G, R, K, J]). Padding:
+    position P + K. The prefix's KV is computed for the G groups, copied to their R rows,
+    and only suffix positions go through the LM head (a multiple-choice task's endings
+    after one context: the context once, not once per ending)."""
+    G, R, K = suffix.shape
+    J = picks.shape[-1]
+    kv = _scratch_kv(cfg, G, prefix.shape[1] + K, kv_dtype, mesh)
+    _, kv, _ = forward(cfg, weights, kv, prefix, prefix_pos)
+    kv = jax.tree.map(lambda a: jnp.repeat(a, R, axis=1), kv)  # [L, G * R, slots, ...]
+    x, _, _ = forward(cfg, weights, kv, suffix.reshape(G * R, K), suffix_pos.reshape(G * R, K))
+    lp, greedy = _head_logprobs(cfg, weights, x, picks.reshape(G * R, K, J))
+    return lp.reshape(G, R, K, J), greedy.reshape(G, R, K, J)
+
+
+def _head_logprobs(cfg, weights, x, picks):
+    """The LM head over hidden states x [B, K, E], in chunks of at most HEAD_CHUNK_BYTES
+    of logits, each reduced at once to (log-probabilities of picks [B, K, J], whether
+    each is the argmax)."""
+    arch = architecture_of(cfg)
     B, K, E = x.shape
     J = picks.shape[-1]
     c = head_chunk(K, B, cfg.vocab)

@@ -9,7 +9,7 @@ from fixture_data import tiny_model_file
 from llamay.errors import RequestError
 from llamay.eval import encode_pair, loglikelihood_rolling, rolling_windows, score
 from llamay.eval.scoring import Row, prefix_token, score_rows
-from llamay.model.score import head_chunk, token_logprobs
+from llamay.model.score import head_chunk, prefix_logprobs
 
 CONTEXTS = ["The capital of France is", "Once upon a time", "", "A B C ", "x"]
 CONTINUATIONS = [" Paris", " there was a princess", "Hello world", "D", " y z" * 12]
@@ -35,31 +35,69 @@ def test_score_equals_logits(tiny_llama_model, batch):
         assert greedy == ref_greedy
 
 
-def test_one_token_answers_after_one_context_run_as_one_row(tiny_llama_model, monkeypatch):
-    """MMLU's shape: four one-token answers after one context are one row of the step,
-    each answer's log-probability and greedy flag still its own."""
+@pytest.fixture
+def steps(monkeypatch):
+    """The steps `score_rows` runs: (prefixes with rows, rows per prefix, picks a row)."""
     from llamay.eval import scoring
 
+    seen = []
+    real = scoring.run_prefix_step
+
+    def spy(model, prefix, prefix_pos, suffix, suffix_pos, picks):
+        pad = prefix.shape[1] + suffix.shape[2]
+        used = int((suffix_pos < pad).any(axis=(1, 2)).sum())
+        seen.append((used, suffix.shape[1], picks.shape[-1]))
+        return real(model, prefix, prefix_pos, suffix, suffix_pos, picks)
+
+    monkeypatch.setattr(scoring, "run_prefix_step", spy)
+    return seen
+
+
+def check_against_reference(m, contexts, continuations, got):
+    for (lp, greedy), c, x in zip(got, contexts, continuations, strict=True):
+        ref_lp, ref_greedy = reference(m, *encode_pair(m, c, x))
+        assert lp == pytest.approx(ref_lp, abs=1e-3)
+        assert greedy == ref_greedy
+
+
+def test_one_token_answers_after_one_context_run_as_one_row(tiny_llama_model, steps):
+    """MMLU's shape: four one-token answers after one context are one row of the step,
+    each answer's log-probability and greedy flag still its own."""
     m = tiny_llama_model
     ctx = "Question: which letter? Answer:"
     answers = [" A", " B", " C", " D"]
     assert all(len(m.tokenize(a, add_special=False)) == 1 for a in answers)
-    steps = []
-    real = scoring.run_step
-
-    def spy(model, tokens, positions, scored, picks):
-        steps.append((int((positions < tokens.shape[1]).any(axis=1).sum()), picks.shape[-1]))
-        return real(model, tokens, positions, scored, picks)
-
-    monkeypatch.setattr(scoring, "run_step", spy)
-    got = score(m, [ctx] * 4 + ["Other:"], answers + [" A"], batch=8)
-    assert steps == [(2, 4)]  # two rows: the shared context's and the other one
-    for (lp, greedy), a, c in zip(got, answers + [" A"], [ctx] * 4 + ["Other:"], strict=True):
-        ref_lp, ref_greedy = reference(m, *encode_pair(m, c, a))
-        assert lp == pytest.approx(ref_lp, abs=1e-3)
-        assert greedy == ref_greedy
+    contexts, continuations = [ctx] * 4 + ["Other:"], answers + [" A"]
+    got = score(m, contexts, continuations, batch=8)
+    assert steps == [(2, 1, 4)]  # two prefixes of one row each, four picks a row
+    check_against_reference(m, contexts, continuations, got)
     best = int(np.argmax(m.logits(encode_pair(m, ctx, " A")[0])[-1]))
     assert [g for _, g in got[:4]] == [m.tokenize(a, add_special=False)[0] == best for a in answers]
+
+
+def test_endings_after_one_context_share_its_prefix(tiny_llama_model, steps):
+    """HellaSwag's shape: multi-token endings after one context run the context once (one
+    prefix, a row per ending), each ending's log-likelihood as if scored alone."""
+    m = tiny_llama_model
+    ctx = "A man is sitting on a roof. He"
+    endings = [" is using wrap to wrap a pair of skis.", " starts pulling up roofing.",
+               " is ripping level tiles off.", " holds a rubiks cube."]  # fmt: skip
+    got = score(m, [ctx] * 4, endings, batch=8)
+    assert steps == [(1, 4, 1)]
+    check_against_reference(m, [ctx] * 4, endings, got)
+    steps.clear()
+    # with other requests beside them, and a batch smaller than the endings
+    contexts, continuations = [ctx] * 4 + CONTEXTS, endings + CONTINUATIONS
+    got = score(m, contexts, continuations, batch=2)
+    check_against_reference(m, contexts, continuations, got)
+    assert max(r for _, r, _ in steps) == 2  # the four endings in two pieces of two
+    steps.clear()
+    # two contexts' endings in one step: each row continues its own context's KV
+    other = "The recipe calls for flour, then"
+    contexts, continuations = [ctx] * 4 + [other] * 4, endings + endings[::-1]
+    got = score(m, contexts, continuations, batch=8)
+    assert steps == [(2, 4, 1)]
+    check_against_reference(m, contexts, continuations, got)
 
 
 def test_model_methods(tiny_llama_model):
@@ -146,10 +184,10 @@ def test_head_chunk():
 def test_one_compile_per_bucket(tiny_llama_model):
     m = tiny_llama_model
     score(m, ["a b c"], [" d"], batch=2)
-    before = token_logprobs._cache_size()
+    before = prefix_logprobs._cache_size()
     score(m, ["a b c d e f"], [" g h"], batch=2)  # same [2, 16] bucket
     score(m, ["x"], [" y"], batch=2)
-    assert token_logprobs._cache_size() == before
+    assert prefix_logprobs._cache_size() == before
     np.testing.assert_equal(before >= 1, True)
 
 
