@@ -555,12 +555,9 @@ class Model:
 
     def _stream_text(self, engine, handle: Handle, stops: StopStrings) -> Iterator[str]:
         dec = IncrementalDecoder(self.tokenizer)
-        pending = ""  # decoded text not yet emitted: it could begin a stop string
         try:
             for ev in handle:
-                pending += dec.feed(ev.token_id)
-                out, hit = stops.cut(pending, final=False)
-                pending = pending[len(out) :]
+                out, hit = stops.feed(dec.feed(ev.token_id))
                 if out:
                     yield out
                 if hit:  # the text ends here; the request need not run on
@@ -568,7 +565,7 @@ class Model:
         finally:
             if not handle.done:  # the caller stopped reading (or a stop string): free the slot
                 engine.cancel(handle)
-        out, hit = stops.cut(pending + dec.flush(), final=True)
+        out, hit = stops.feed(dec.flush(), final=True)
         if out:
             yield out
         con = handle.request.constraint

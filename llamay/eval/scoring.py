@@ -83,45 +83,36 @@ def batch_rows(model, batch: int) -> int:
     return -(-max(1, batch) // dp) * dp
 
 
-def run_step(model, tokens, positions, scored, picks):
-    """One jitted scoring step over host arrays: rows tokens/positions [B, T], the
-    positions scored in each, `scored` [B, K], and the tokens scored there, `picks`
-    [B, K, J] (on the model's mesh, if any): (log-probabilities, greedy flags) of those
-    tokens as numpy [B, K, J]."""
-    from llamay.model.score import token_logprobs
+def _on_mesh(model, step, *arrays):
+    """`step(cfg, weights, *arrays)` (a jitted scoring step) over host arrays [B, ...],
+    on the model's mesh if any (rows along "data"): its two outputs as numpy arrays."""
     from llamay.model.sharding import fetch, put_batch
 
     mesh = getattr(model, "mesh", None)
-    lp, greedy = token_logprobs(
-        model.config,
-        model.weights,
-        put_batch(tokens, mesh),
-        put_batch(positions, mesh),
-        put_batch(scored, mesh),
-        put_batch(picks, mesh),
-        kv_dtype=model.runtime.kv_dtype,
-        mesh=mesh,
+    args = (put_batch(a, mesh) for a in arrays)
+    lp, greedy = step(
+        model.config, model.weights, *args, kv_dtype=model.runtime.kv_dtype, mesh=mesh
     )
     return fetch(lp), fetch(greedy)
+
+
+def run_step(model, tokens, positions, scored, picks):
+    """One jitted scoring step (`llamay.model.score.token_logprobs`) over host arrays:
+    rows tokens/positions [B, T], the positions scored in each, `scored` [B, K], and the
+    tokens scored there, `picks` [B, K, J]: (log-probabilities, greedy flags) of those
+    tokens as numpy [B, K, J]."""
+    from llamay.model.score import token_logprobs
+
+    return _on_mesh(model, token_logprobs, tokens, positions, scored, picks)
 
 
 def run_prefix_step(model, prefix, prefix_pos, suffix, suffix_pos, picks):
     """One jitted step of rows grouped by a shared prefix (`llamay.model.score.
-    prefix_logprobs`; host arrays, on the model's mesh if any): (log-probabilities,
-    greedy flags) as numpy [G, R, K, J]."""
+    prefix_logprobs`) over host arrays: (log-probabilities, greedy flags) as numpy
+    [G, R, K, J]."""
     from llamay.model.score import prefix_logprobs
-    from llamay.model.sharding import fetch, put_batch
 
-    mesh = getattr(model, "mesh", None)
-    arrays = (prefix, prefix_pos, suffix, suffix_pos, picks)
-    lp, greedy = prefix_logprobs(
-        model.config,
-        model.weights,
-        *(put_batch(a, mesh) for a in arrays),
-        kv_dtype=model.runtime.kv_dtype,
-        mesh=mesh,
-    )
-    return fetch(lp), fetch(greedy)
+    return _on_mesh(model, prefix_logprobs, prefix, prefix_pos, suffix, suffix_pos, picks)
 
 
 @dataclass(frozen=True)

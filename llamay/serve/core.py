@@ -191,7 +191,6 @@ class TextGen:
             raise
         self.handle = handle
         dec = IncrementalDecoder(tok)
-        pending = ""
         try:
             async for ev in handle:
                 if self.t_first is None:
@@ -199,9 +198,7 @@ class TextGen:
                 self.token_ids.append(ev.token_id)
                 if ev.logprob is not None:
                     self.token_logprobs.append((ev.logprob, list(ev.top_logprobs)))
-                pending += dec.feed(ev.token_id)
-                out, hit = self.stop.cut(pending, final=False)
-                pending = pending[len(out) :]
+                out, hit = self.stop.feed(dec.feed(ev.token_id))
                 if out:
                     self.text += out
                     yield out
@@ -209,8 +206,7 @@ class TextGen:
                     self.finish_reason = "stop"
                     engine.cancel(handle)
                     return
-            pending += dec.flush()
-            out, hit = self.stop.cut(pending, final=True)
+            out, hit = self.stop.feed(dec.flush(), final=True)
             if out:
                 self.text += out
                 yield out

@@ -175,16 +175,20 @@ class StopStrings:
     def __init__(self, stops: Sequence[str] | None) -> None:
         self.stops = [s for s in (stops or []) if s]
         self.hit: str | None = None  # the stop string found, once found
+        self._pending = ""  # text received, not yet emitted
 
-    def cut(self, pending: str, final: bool) -> tuple[str, bool]:
-        """(the part of `pending` that may be emitted now, whether a stop string was
-        found in it); `final`: no more text follows (nothing held back)."""
+    def feed(self, piece: str, final: bool = False) -> tuple[str, bool]:
+        """(the text that may be emitted now, whether a stop string ended it) after
+        `piece`; `final`: no more text follows (nothing is held back)."""
+        pending = self._pending + piece
         if not self.stops:
+            self._pending = ""
             return pending, False
         hits = [(pending.find(s), s) for s in self.stops if s in pending]
         if hits:
             i, self.hit = min(hits)
+            self._pending = ""
             return pending[:i], True
-        if final:
-            return pending, False
-        return pending[: len(pending) - held_back(pending, self.stops)], False
+        keep = 0 if final else held_back(pending, self.stops)
+        self._pending = pending[len(pending) - keep :]
+        return pending[: len(pending) - keep], False
