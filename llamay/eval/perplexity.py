@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llamay.errors import RequestError
-from llamay.eval.scoring import batch_rows, run_step
+from llamay.eval.scoring import batch_rows, run_prefix_step
 
 
 @dataclass
@@ -81,19 +81,21 @@ def perplexity(
     batch = batch_rows(model, batch)
     first = ctx // 2
     n = len(chunks)
-    positions = np.broadcast_to(np.arange(ctx, dtype=np.int32), (batch, ctx))
-    scored = np.broadcast_to(np.arange(first, ctx, dtype=np.int32), (batch, ctx - first))
+    # the unscored first half is each chunk's prefix, the second half its one row after it
+    prefix_pos = np.broadcast_to(np.arange(first, dtype=np.int32), (batch, first))
+    suffix_pos = np.broadcast_to(np.arange(first, ctx, dtype=np.int32), (batch, 1, ctx - first))
     nll = np.zeros((n, ctx - 1 - first), np.float64)
     running: list[float] = []
     for start in range(0, n, batch):
         rows = chunks[start : start + batch]
         k = len(rows)
         tokens = np.zeros((batch, ctx), np.int32)
-        picks = np.zeros((batch, ctx - first, 1), np.int32)  # each position's next token
+        picks = np.zeros((batch, 1, ctx - first, 1), np.int32)  # each position's next token
         tokens[:k] = rows
-        picks[:k, :-1, 0] = rows[:, first + 1 :]
-        lp, _ = run_step(model, tokens, positions, scored, picks)
-        nll[start : start + k] = -lp[:k, :-1, 0]
+        picks[:k, 0, :-1, 0] = rows[:, first + 1 :]
+        prefix, suffix = tokens[:, :first], tokens[:, None, first:]
+        lp, _ = run_prefix_step(model, prefix, prefix_pos, suffix, suffix_pos, picks)
+        nll[start : start + k] = -lp[:k, 0, :-1, 0]
         for i in range(start, start + k):
             running.append(math.exp(nll[: i + 1].mean()))
         if progress:

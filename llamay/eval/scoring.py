@@ -96,16 +96,6 @@ def _on_mesh(model, step, *arrays):
     return fetch(lp), fetch(greedy)
 
 
-def run_step(model, tokens, positions, scored, picks):
-    """One jitted scoring step (`llamay.model.score.token_logprobs`) over host arrays:
-    rows tokens/positions [B, T], the positions scored in each, `scored` [B, K], and the
-    tokens scored there, `picks` [B, K, J]: (log-probabilities, greedy flags) of those
-    tokens as numpy [B, K, J]."""
-    from llamay.model.score import token_logprobs
-
-    return _on_mesh(model, token_logprobs, tokens, positions, scored, picks)
-
-
 def run_prefix_step(model, prefix, prefix_pos, suffix, suffix_pos, picks):
     """One jitted step of rows grouped by a shared prefix (`llamay.model.score.
     prefix_logprobs`) over host arrays: (log-probabilities, greedy flags) as numpy

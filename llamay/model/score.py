@@ -5,14 +5,13 @@ position `T`, which `write_kv` drops, so they never enter the cache). The KV cac
 scratch buffer made inside the step, sized to the row bucket `T`.
 
 - `batch_logits`: logits at every position [B, T, V] (tests, small batches).
-- `prefix_logprobs`: the same for rows grouped by a shared prefix, each prefix run once
-  and its KV copied to its rows (lm-eval scoring: a context's endings).
-- `token_logprobs`: log p(token | tokens[b, :t+1]) and whether that token is the argmax,
-  for the scored positions t of each row only (a continuation's, the second half of a
-  perplexity chunk) and J tokens at each (the next one, or several answers after one
-  context): the LM head runs on those, in chunks under `lax.map` so
-  [B, K, V] logits never exist at once, each chunk's reduction over the vocabulary one
-  pass (`llamay.kernels.logprob_argmax`) (perplexity, lm-eval scoring).
+- `prefix_logprobs`: log p(token | the row so far) and whether that token is the argmax,
+  for rows grouped by a shared prefix: each prefix runs once and its KV is copied to its
+  rows (a context's endings; a perplexity chunk's unscored first half), which run only
+  their scored positions, J tokens picked at each (the next one, or several one-token
+  answers after one context). The LM head runs on those positions only, in chunks under
+  `lax.map` so [B, K, V] logits never exist at once, each chunk's reduction over the
+  vocabulary one pass (`llamay.kernels.logprob_argmax`) (perplexity, lm-eval scoring).
 
 With a `mesh` (`llamay.model.sharding`), the scratch cache is laid out along it (batch
 over "data", kv heads over "model" where they divide); weights and inputs carry their own
@@ -68,18 +67,6 @@ def head_chunk(n: int, batch: int, vocab: int) -> int:
     while n % (2 * c) == 0 and batch * 2 * c <= rows:
         c *= 2
     return c
-
-
-@partial(jax.jit, static_argnames=("cfg", "kv_dtype", "mesh"))
-def token_logprobs(cfg, weights, tokens, positions, scored, picks, kv_dtype=jnp.float32, mesh=None):
-    """For rows tokens/positions [B, T], the positions of each row that are scored,
-    `scored` [B, K] (in 0..T-1), and the tokens scored there, `picks` [B, K, J] (J per
-    position: the next token, or one multiple-choice answer's each after one shared
-    context): (log p(picks[b, k, j] | tokens[b, :s+1]) [B, K, J] f32, whether that token
-    is the argmax [B, K, J] bool), s = scored[b, k]. Only the scored positions go through
-    the LM head."""
-    x = _hidden(cfg, weights, tokens, positions, kv_dtype, mesh)
-    return _head_logprobs(cfg, weights, jnp.take_along_axis(x, scored[..., None], axis=1), picks)
 
 
 @partial(jax.jit, static_argnames=("cfg", "kv_dtype", "mesh"))
