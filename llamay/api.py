@@ -33,7 +33,7 @@ from llamay.kv import bucket, new_dense_kv
 from llamay.kv.types import kv_pair, kv_type
 from llamay.model import bind, logits_step
 from llamay.model import embed as embedding
-from llamay.runtime import enable_compilation_cache
+from llamay.runtime import enable_compilation_cache, physical_cores
 from llamay.sample import Sampler
 from llamay.tok import IncrementalDecoder, StopStrings, Tokenizer
 
@@ -74,6 +74,8 @@ class Model:
         kv_dtype=None,
         cache_type_k: str | None = None,
         cache_type_v: str | None = None,
+        flash_attn: bool = False,
+        ggml_threads: int | None = None,
     ):
         if numerics not in NUMERICS:
             raise RequestError(f"numerics must be one of {NUMERICS}, not {numerics!r}")
@@ -83,7 +85,12 @@ class Model:
         self.numerics = numerics
         self.gguf = GGUFFile(self.path)
         self.arch = get_architecture(self.gguf.architecture)
-        self.config = dataclasses.replace(self.arch.config(self.gguf.metadata), numerics=numerics)
+        self.config = dataclasses.replace(
+            self.arch.config(self.gguf.metadata), numerics=numerics, flash_attn=bool(flash_attn),
+            ggml_threads=physical_cores() if ggml_threads is None else int(ggml_threads),
+        )  # fmt: skip
+        if self.config.ggml_threads < 1:
+            raise RequestError(f"ggml_threads must be at least 1, not {ggml_threads}")
         check_tensors(self.config, self.arch, self.gguf.tensors, str(self.path))
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
         self.base_weights = bind(self.gguf, self.arch, self.config.n_layers, numerics)
@@ -197,7 +204,9 @@ class Model:
 
         if draft is not None and not isinstance(draft, Speculation):
             if not isinstance(draft, Model) and draft != "ngram":
-                draft = load(draft, numerics=self.numerics, n_ctx=self.n_ctx, progress=False)
+                c = self.config
+                draft = load(draft, numerics=self.numerics, n_ctx=self.n_ctx, progress=False,
+                             flash_attn=c.flash_attn, ggml_threads=c.ggml_threads)  # fmt: skip
             draft = Speculation(
                 draft,
                 DRAFT_MAX if draft_max is None else draft_max,
@@ -594,6 +603,8 @@ def load(
     kv_dtype=None,
     cache_type_k: str | None = None,
     cache_type_v: str | None = None,
+    flash_attn: bool = False,
+    ggml_threads: int | None = None,
 ) -> Model:
     """Load a model from a `.gguf` path or a store name (fetched on first use; a name
     llamay's store and catalogue lack may be a local Ollama store's). `lora`: llama.cpp
@@ -603,7 +614,13 @@ def load(
     tokenizer (`Model.use_draft`).
     `kv_dtype`: the KV cache type (f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0: llama.cpp's
     `-ctk/-ctv` types; or a (K, V) pair), or `cache_type_k` / `cache_type_v` one each;
-    by default f32 (exact) or f16 (llamacpp). See `llamay.kv.types`."""
+    by default f32 (exact) or f16 (llamacpp). See `llamay.kv.types`.
+    `flash_attn`: llama.cpp's `-fa on`; llamacpp numerics then round as its flash
+    attention does (its tools' default, `-fa auto`, is on for CPU; llama-cpp-python's is off;
+    a quantised cache always takes it), exact numerics are the same either way.
+    `ggml_threads`: the thread count of the llama.cpp run reproduced (`-t`; by default this
+    machine's cores, llama.cpp's default): its flash attention of one token over >= 512
+    cells splits the cells by it, and rounds accordingly."""
     from llamay.ollama import find_blob
     from llamay.store import resolve
     from llamay.store.entries import adapter_paths, projector_path
@@ -623,6 +640,8 @@ def load(
         kv_dtype=kv_dtype,
         cache_type_k=cache_type_k,
         cache_type_v=cache_type_v,
+        flash_attn=flash_attn,
+        ggml_threads=ggml_threads,
     )
     # speculative decoding: "ngram", a draft model's path or name, a Model, a Speculation
     model = model if draft is None else model.use_draft(draft)

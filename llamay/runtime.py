@@ -66,3 +66,21 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
     _done = True
+
+
+def physical_cores() -> int:
+    """The cores this process may run on, SMT siblings counted once: llama.cpp's default
+    thread count on Linux (common_cpu_get_num_math); the CPU count elsewhere."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        try:
+            with open(topo + "physical_package_id") as f, open(topo + "core_id") as g:
+                cores.add((f.read().strip(), g.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))

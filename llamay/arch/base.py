@@ -131,6 +131,10 @@ class Config:
     expert_ffn: int = 0
     pooling: str = "none"  # <arch>.pooling_type: "none" | "mean" | "cls" | "last" | "rank"
     numerics: str = "exact"  # "exact" | "llamacpp" (as llama.cpp's CPU backend rounds)
+    # llamacpp numerics: llama.cpp's -fa on (its flash attention's rounding), and the thread
+    # count of the run reproduced (its split path, one token over >= 512 cells, rounds by it)
+    flash_attn: bool = False
+    ggml_threads: int = 1
     impl: Architecture | None = None  # a research variant of the family (see module doc)
 
     @property

@@ -140,6 +140,8 @@ def self_attention(cfg: Config, lw: dict, h, positions, k_cache, v_cache, layer)
         causal=cfg.causal,
         numerics=cfg.numerics,
         q_prescaled=cfg.arch in ggml_ops.Q_PRESCALED,
+        flash_attn=cfg.flash_attn,
+        threads=cfg.ggml_threads,
     )
     return hadamard(o, rot_v), k_cache, v_cache
 

@@ -74,6 +74,8 @@ def attention(
     causal: bool = True,
     numerics: str = "exact",
     q_prescaled: bool = False,
+    flash_attn: bool = False,
+    threads: int = 1,
 ) -> jax.Array:
     """Attention of q [B, T, H, D] at positions q_pos [B, T] -> [B, T, H, D] f32.
 
@@ -84,12 +86,14 @@ def attention(
     `layer`, read through page_table [B, M] (entry m of row b: the page holding positions
     m·ps .. m·ps+ps-1). Masks and scaling as `attention_reference`; numerics "llamacpp"
     (an f16 cache) as ggml computes it, `q_prescaled` saying whether llama.cpp's graph
-    scales q before q·K (equal in exact math)."""
+    scales q before q·K (equal in exact math), `flash_attn` and `threads` choosing llama.cpp's
+    flash attention and its split path's chunks (`ggml_attention.flash_attention`)."""
     kw = dict(scale=scale, window=window, softcap=softcap, causal=causal, numerics=numerics,
               q_prescaled=q_prescaled)  # fmt: skip
+    fa = dict(flash_attn=flash_attn, threads=threads) if numerics == "llamacpp" else {}
     be = backend()
     quantised = kv_cache.is_quantised(k) or kv_cache.is_quantised(v)
-    if numerics == "llamacpp" and be.native and not quantised:
+    if numerics == "llamacpp" and be.native and not quantised and not flash_attn:
         y = kernels_cpu.ggml_attention(q, k, v, q_pos, page_table, layer, **kw)
         if y is not None:
             return y
@@ -111,8 +115,8 @@ def attention(
             softcap=softcap or None, platform=be.platform, interpret=be.interpret,
         )  # fmt: skip
     if page_table is not None:
-        return paged_reference(q, k, v, page_table, q_pos, layer, **kw)
-    return dense_reference(q, k, v, q_pos, **kw)
+        return paged_reference(q, k, v, page_table, q_pos, layer, **kw, **fa)
+    return dense_reference(q, k, v, q_pos, **kw, **fa)
 
 
 def dense_pages(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -139,13 +143,15 @@ def attention_choice(q: jax.Array, *, paged: bool, causal: bool = True, numerics
 
 
 def dense_reference(
-    q, k_cache, v_cache, q_pos, *, numerics: str = "exact", q_prescaled: bool = False, **kw
-) -> jax.Array:
+    q, k_cache, v_cache, q_pos, *, numerics: str = "exact", q_prescaled: bool = False,
+    flash_attn: bool = False, threads: int = 1, **kw,
+) -> jax.Array:  # fmt: skip
     """Attention over a dense cache in either numerics (the keywords of `attention`); a
     quantised cache is read as llama.cpp's flash attention reads it (llamacpp) or
     dequantised (exact)."""
     if numerics == "llamacpp":
-        return ggml_attention.attention(q, k_cache, v_cache, q_pos, q_prescaled=q_prescaled, **kw)
+        return ggml_attention.attention(q, k_cache, v_cache, q_pos, q_prescaled=q_prescaled,
+                                        flash_attn=flash_attn, threads=threads, **kw)  # fmt: skip
     D = q.shape[-1]
     k_cache, v_cache = kv_cache.decode(k_cache, D), kv_cache.decode(v_cache, D)
     return attention_reference(q, k_cache, v_cache, q_pos, **kw)

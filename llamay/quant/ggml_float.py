@@ -203,7 +203,7 @@ def _chunks(a: jax.Array, b: jax.Array, width: int, start: int = 0, stop: int | 
         yield a[..., lo : lo + width], b[..., lo : lo + width]
 
 
-def _double_sum(parts: list[jax.Array]) -> jax.Array:
+def double_sum(parts: list[jax.Array]) -> jax.Array:
     """RN of the exact sum of the f32 terms in `parts` (each [..., m], leading dims
     broadcasting): ggml adds these in double, then rounds once."""
     lead = jnp.broadcast_shapes(*(p.shape[:-1] for p in parts))
@@ -237,7 +237,7 @@ def dot_f16_vec(a: jax.Array, b: jax.Array) -> jax.Array:
             return red
         parts.append(red[..., None])
     parts.append(a[..., main:] * b[..., main:])
-    return _double_sum(parts)
+    return double_sum(parts)
 
 
 def _dpbf16(acc, ca: jax.Array, cb: jax.Array) -> jax.Array:
@@ -268,7 +268,7 @@ def dot_bf16_vec(a: jax.Array, b: jax.Array) -> jax.Array:
     parts = [] if c1 is None else [reduce16(c1)[..., None], reduce16(c2)[..., None]]
     if k > main:
         parts.append(a[..., main:] * b[..., main:])
-    return _double_sum(parts)
+    return double_sum(parts)
 
 
 def dot_f32_sgemm(a: jax.Array, b: jax.Array) -> jax.Array:

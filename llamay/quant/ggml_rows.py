@@ -76,7 +76,12 @@ def choose(
 
 def real_count(x: jax.Array) -> jax.Array | int:
     """How many of x's rows are real: the step's traced count (`real_rows`) or all."""
-    n = math.prod(x.shape[:-1])
+    return step_rows(math.prod(x.shape[:-1]))
+
+
+def step_rows(n: int) -> jax.Array | int:
+    """How many of a step's n token rows are real (llama.cpp's batch size, which chooses
+    its flash attention's path too): the traced count (`real_rows`) or n."""
     real = _REAL.get()
     return real[0] if real is not None and real[1] == n else n
 
