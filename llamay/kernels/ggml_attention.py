@@ -252,9 +252,9 @@ def flash_attention(q, k_cache, v_cache, q_pos, *, scale, window=None, softcap=N
 
 def _split_chunk(q_pos: jax.Array, S: int, rows, threads: int) -> jax.Array:
     """[B]: the cells of each row's chunk on the split path (a step of one token, `rows`,
-    over n_kv >= 512 cells: ceil(n_kv / threads)), else more than the cache (one chunk: one_chunk). n_kv
-    is llama.cpp's for a row whose cells hold positions 0..last (at least 256, the used
-    cells rounded up to 256)."""
+    over n_kv >= 512 cells: ceil(n_kv / threads)), else more than the cache (one chunk:
+    one_chunk). n_kv is llama.cpp's for a row whose cells hold positions 0..last (at
+    least 256, the used cells rounded up to 256)."""
     last = jnp.max(jnp.where(q_pos < S, q_pos, -1), axis=1)  # [B]
     n_kv = jnp.maximum(KV_CELL_PAD, -(-(last + 1) // KV_CELL_PAD) * KV_CELL_PAD)
     split = (rows == 1) & (n_kv >= FA_SPLIT_MIN_CELLS)
