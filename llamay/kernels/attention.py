@@ -15,7 +15,9 @@ page tables, the implementation chosen at trace time from the backend
     paged   exact      anything else                    "paged-reference" (`kernels_pallas.
                                                         paged_attention.paged_attention_reference`)
     any     llamacpp   CPU auto, f16/bf16 cache,        "native-ggml" (`kernels_cpu.
-                       no softcap                       ggml_attention`: bit for bit the
+                       no softcap                       ggml_attention`; flash_attn: an f16
+                                                        cache's `ggml_flash_attention`): bit
+                                                        for bit the
                                                         rows below, a dense cache or the
                                                         pages read in place); on None
                                                         (not built, S % 16, f32 cache) the
@@ -55,7 +57,7 @@ from llamay.kernels_pallas.paged_attention import (
     paged_attention_pallas,
     paged_attention_reference,
 )
-from llamay.quant import kv_cache
+from llamay.quant import ggml_rows, kv_cache
 
 MAX_PAGED_QUERY_TOKENS = 16
 
@@ -93,8 +95,13 @@ def attention(
     fa = dict(flash_attn=flash_attn, threads=threads) if numerics == "llamacpp" else {}
     be = backend()
     quantised = kv_cache.is_quantised(k) or kv_cache.is_quantised(v)
-    if numerics == "llamacpp" and be.native and not quantised and not flash_attn:
-        y = kernels_cpu.ggml_attention(q, k, v, q_pos, page_table, layer, **kw)
+    if numerics == "llamacpp" and be.native and not quantised:
+        if flash_attn:  # the path follows the step's real token count, as the emulation's
+            rows = ggml_rows.step_rows(q.shape[0] * q.shape[1])
+            y = kernels_cpu.ggml_flash_attention(q, k, v, q_pos, page_table, layer, **kw,
+                                                 rows=rows, threads=threads)  # fmt: skip
+        else:
+            y = kernels_cpu.ggml_attention(q, k, v, q_pos, page_table, layer, **kw)
         if y is not None:
             return y
     if be.native:  # any KV type, dense or paged (None: not built, or a call it does not take)

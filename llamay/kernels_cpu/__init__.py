@@ -14,7 +14,9 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
   `llamay.kernels.paged_reference`.
 - `ggml_attention(q, k, v, q_pos, page_table=None, layer=None, **kw)`: numerics="llamacpp"
   attention over a dense cache or pages read in place (`ggml_attention.py`), bit for bit
-  `llamay.kernels.ggml_attention.attention`.
+  `llamay.kernels.ggml_attention.attention`; `ggml_flash_attention(...)` the same with
+  llama.cpp's flash attention (-fa on) over an f16 cache, bit for bit
+  `llamay.kernels.ggml_attention.flash_attention`.
 - `ggml_swiglu(g, u)`, `ggml_rms_norm(x, w, eps)`, `ggml_rope(x, cos, sin, kind)`: those
   llamacpp-numerics layers
   (`ggml_elementwise.py`), bit for bit `llamay.arch.ggml_ops`'.
@@ -25,6 +27,7 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
 from llamay.kernels_cpu.plug import (
     available,
     ggml_attention,
+    ggml_flash_attention,
     ggml_rms_norm,
     ggml_rope,
     ggml_swiglu,
@@ -37,6 +40,7 @@ from llamay.kernels_cpu.plug import (
 __all__ = [
     "available",
     "ggml_attention",
+    "ggml_flash_attention",
     "ggml_rms_norm",
     "ggml_rope",
     "ggml_swiglu",

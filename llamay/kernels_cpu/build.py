@@ -47,10 +47,11 @@ SOURCES = {
     "qmatmul_exact.cc": ("-ffp-contract=fast",),
     "paged_attention.cc": ("-ffp-contract=fast",),
     "ggml_attention.cc": ("-ffp-contract=off",),
+    "ggml_flash_attention.cc": ("-ffp-contract=off",),
     "ggml_elementwise.cc": ("-ffp-contract=off",),
     "logprobs.cc": ("-ffp-contract=off",),
 }
-HEADERS = ("blocks.h", "ggml_float.h", "operands.h", "parallel.h", "vec16.h")
+HEADERS = ("blocks.h", "ggml_cache.h", "ggml_float.h", "operands.h", "parallel.h", "vec16.h")
 #: Headers written at build time (into the build directory, on the include path).
 GENERATED = ("iq_tables.h",)
 HANDLERS = (
@@ -63,6 +64,7 @@ HANDLERS = (
     "LlamayQmmIQ",
     "LlamayPagedAttention",
     "LlamayGgmlAttention",
+    "LlamayGgmlFlashAttention",
     "LlamayGgmlSwiglu",
     "LlamayGgmlRmsNorm",
     "LlamayGgmlRope",

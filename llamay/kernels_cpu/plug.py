@@ -8,7 +8,7 @@ import jax
 
 from llamay.kernels_cpu.attention import paged_attention_native
 from llamay.kernels_cpu.build import targets
-from llamay.kernels_cpu.ggml_attention import ggml_attention_native
+from llamay.kernels_cpu.ggml_attention import ggml_attention_native, ggml_flash_attention_native
 from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, rope_native, swiglu_native
 from llamay.kernels_cpu.logprobs import logprob_argmax_native
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
@@ -103,6 +103,16 @@ def ggml_attention(q, k, v, q_pos, page_table=None, layer=None, **kw) -> jax.Arr
     if jax.default_backend() != "cpu":
         return None
     return ggml_attention_native(q, k, v, q_pos, page_table, layer, **kw)
+
+
+def ggml_flash_attention(q, k, v, q_pos, page_table=None, layer=None, **kw) -> jax.Array | None:
+    """numerics="llamacpp" attention with llama.cpp's flash attention by the native kernel
+    (`ggml_attention.ggml_flash_attention_native`: bit for bit `llamay.kernels.
+    ggml_attention.flash_attention`); None when it does not apply (softcaps, a cache not
+    f16, not on CPU) or is not built."""
+    if jax.default_backend() != "cpu":
+        return None
+    return ggml_flash_attention_native(q, k, v, q_pos, page_table, layer, **kw)
 
 
 def ggml_swiglu(g, u) -> jax.Array | None:
