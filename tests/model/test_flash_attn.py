@@ -1,0 +1,126 @@
+"""numerics="llamacpp" with flash_attn=True against llama.cpp's own flash attention (-fa on,
+its tools' default) over an F16 cache: tests/fixtures/flash-attn (make_flash_attn.py there:
+llama-cpp-python 0.3.36, 2 threads) and the perplexity goldens (`*.fa.json`).
+
+Each model has three runs, one per path of ggml's flash attention (a 5-token prompt: one
+pass per row; 131 tokens: the tiled path; 568: a 512-token ubatch tiled, 56 tokens one pass
+a row, then decoding over n_kv >= 512 cells: the split path, by llama.cpp's 2 threads).
+Measured: every probed logit equal to llama.cpp's (0 difference) and every generated
+position's top-10 log-probabilities within 2e-6 (f32 rounding of the log-softmax) for the
+tiny llama, qwen3, gemma3, phi3 and both real models; flash attention off moves them by
+0.1-0.2, one thread instead of two the split path's by 1.2. The tiny gemma2 takes its attention
+softcap's tanh from XLA (no libm's tanhf to reproduce): within 0.03 there.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from fixture_data import fixture, tiny_model_file
+
+import llamay
+from llamay import kernels
+from llamay.eval import perplexity
+from llamay.sample import Sampler
+
+PROBE_TOL = {"gemma2": 0.05}  # else 2e-6: the probes measured equal
+LOGPROB_TOL = {"gemma2": 0.05}  # else 1e-5: measured <= 2e-6
+TINY = ["llama", "qwen3", "gemma3", "phi3", "gemma2"]
+
+
+def goldens() -> dict:
+    return json.loads(fixture("flash-attn", "flash-attn.json").read_text())
+
+
+def load(path, threads: int = 2):
+    return llamay.load(path, numerics="llamacpp", flash_attn=True, ggml_threads=threads,
+                       n_ctx=1024)  # fmt: skip
+
+
+def generated_logprob_error(m, run) -> tuple[list[int], float]:
+    """The greedy continuation and the largest deviation of its top-10 log-probabilities
+    from llama.cpp's (its logits minus their log-sum-exp)."""
+    gen = m.generation(
+        run["prompt_ids"], len(run["greedy_ids"]), Sampler(temperature=0, n_probs=10)
+    )
+    got = list(gen)
+    worst = 0.0
+    rows = zip(gen.logprobs, run["generated_top10_ids"], run["generated_top10_logits"],
+               run["generated_lse"], strict=False)  # fmt: skip
+    for (_, top), ids, logits, lse in rows:
+        mine = dict(top)
+        worst = max(
+            [
+                worst,
+                *(abs(mine[i] - (x - lse)) for i, x in zip(ids, logits, strict=True) if i in mine),
+            ]
+        )
+    return got, worst
+
+
+def check_run(m, run, probe_tol: float, logprob_tol: float, name: str):
+    ids = run["prompt_ids"]
+    # one step of at most 512 tokens: llama.cpp's first ubatch (so the probes before 512)
+    logits = m.logits(ids[:512])
+    for p, top, want in zip(run["probe_positions"], run["probe_top10_ids"],
+                            run["probe_top10_logits"], strict=True):  # fmt: skip
+        if p < 512:
+            np.testing.assert_allclose(
+                logits[p][top], want, rtol=0, atol=probe_tol, err_msg=f"{name} @{p}"
+            )
+    got, worst = generated_logprob_error(m, run)
+    print(f"{name}: {len(ids)}-token prompt, {len(got)} tokens, logprob max |d| {worst:.2e}")
+    assert got == run["greedy_ids"][: len(got)] and len(run["greedy_ids"]) - len(got) <= 1
+    assert worst <= logprob_tol
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_models_equal_llamacpp_flash_attention(name):
+    m = load(tiny_model_file(name))
+    for run_name, run in goldens()["models"][f"tiny-{name}"]["runs"].items():
+        check_run(
+            m, run, PROBE_TOL.get(name, 2e-6), LOGPROB_TOL.get(name, 1e-5), f"{name} {run_name}"
+        )
+
+
+def test_the_split_path_rounds_by_llamacpps_thread_count():
+    """Decoding over >= 512 cells splits them by thread: the 2-thread goldens differ from
+    a 1-thread reproduction (which is one pass per row) by far more than rounding noise."""
+    run = goldens()["models"]["tiny-llama"]["runs"]["split"]
+    _, worst = generated_logprob_error(load(tiny_model_file("llama"), threads=1), run)
+    assert worst > 1e-3
+
+
+def test_the_emulation_equals_llamacpp_flash_attention(monkeypatch):
+    """The XLA emulation itself (what GPUs/TPUs run; on CPU the native kernel, its bit-for-bit
+    twin, tested in tests/kernels_cpu): the tiny qwen3's three paths."""
+    monkeypatch.setenv(kernels.ENV, "reference")
+    jax.clear_caches()
+    m = load(tiny_model_file("qwen3"))
+    for run_name, run in goldens()["models"]["tiny-qwen3"]["runs"].items():
+        check_run(m, run, 2e-6, 1e-5, f"qwen3 emulated {run_name}")
+    jax.clear_caches()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_real_models_equal_llamacpp_flash_attention(model, smollm2_path, gemma3_path):
+    m = load(smollm2_path if model == "smollm2" else gemma3_path)
+    for run_name, run in goldens()["models"][model]["runs"].items():
+        check_run(m, run, 2e-6, 1e-5, f"{model} {run_name}")
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"])
+def test_perplexity_equals_llamacpps_with_flash_attention(model, smollm2_path, gemma3_path):
+    """llama.cpp's perplexity over GPL-3 at ctx 512 with flash attention on, chunk by chunk
+    (measured: within 1.4e-8 relative, the sum of exponentials' rounding)."""
+    d = fixture("llamacpp", "perplexity")
+    gold = json.loads((d / f"{model}.GPL-3.ctx512.fa.json").read_text())
+    m = load(smollm2_path if model.startswith("smollm2") else gemma3_path)
+    r = perplexity(m, (d / gold["text"]).read_text(), ctx=gold["n_ctx"], batch=4)
+    np.testing.assert_allclose(r.running_ppl, gold["running_ppl"], rtol=1e-7)
