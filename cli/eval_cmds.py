@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from llamay.errors import LlamayError
+from llamay_cli.serve_cmds import FlashAttnOpt
 
 eval_app = typer.Typer(
     no_args_is_help=True,
@@ -37,7 +38,8 @@ def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def load_model(model: str, numerics: str, n_ctx: int | None, mesh: str | None, distributed: bool):
+def load_model(model: str, numerics: str, n_ctx: int | None, mesh: str | None, distributed: bool,
+               flash_attn: str = "off"):  # fmt: skip
     """A model, sharded over `mesh` if given (after distributed init if asked)."""
     import llamay
     from llamay.model.sharding import initialize_distributed, parse_mesh, sharded_model
@@ -45,7 +47,7 @@ def load_model(model: str, numerics: str, n_ctx: int | None, mesh: str | None, d
     if distributed:
         initialize_distributed()
     sizes = parse_mesh(mesh)
-    m = llamay.load(model, numerics=numerics, n_ctx=n_ctx)
+    m = llamay.load(model, numerics=numerics, n_ctx=n_ctx, flash_attn=flash_attn)
     return sharded_model(m, sizes if sizes["data"] * sizes["model"] > 1 else None)
 
 
@@ -59,6 +61,7 @@ def perplexity(
     batch: Annotated[int, typer.Option("--batch", "-b", min=1, help="Chunks per step.")] = 1,
     chunks: Annotated[int | None, typer.Option("--chunks", min=1, help="At most N chunks.")] = None,
     numerics: Annotated[str, typer.Option("--numerics", help="exact or llamacpp.")] = "exact",
+    flash_attn: FlashAttnOpt = "off",
     mesh: MeshOpt = None,
     distributed: DistributedOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -70,7 +73,7 @@ def perplexity(
     from llamay.eval import perplexity as run_perplexity
 
     try:
-        m = load_model(model, numerics, max(ctx, 1), mesh, distributed)
+        m = load_model(model, numerics, max(ctx, 1), mesh, distributed, flash_attn)
         text = file.read_text(encoding="utf-8", errors="replace")
         bar = tqdm(total=None, unit="chunk", file=sys.stderr, disable=as_json)
 
@@ -88,7 +91,9 @@ def perplexity(
         raise typer.Exit(code=1) from None
     scored = r.n_chunks * r.scored_per_chunk
     if as_json:
-        print(json.dumps({**r.to_json(), "ctx": ctx, "numerics": numerics, "seconds": seconds}))
+        fa = m.config.flash_attn
+        print(json.dumps({**r.to_json(), "ctx": ctx, "numerics": numerics, "flash_attn": fa,
+                          "seconds": seconds}))  # fmt: skip
         return
     print(f"[{', '.join(f'{i + 1}]{p:.4f}' for i, p in enumerate(r.running_ppl))}")
     print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.uncertainty:.5f}")

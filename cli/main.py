@@ -20,6 +20,7 @@ from llamay_cli import eval_cmds, ocr, serve_cmds, store_cmds, warmup_cmds
 from llamay_cli.serve_cmds import (
     CacheTypeKOpt,
     CacheTypeVOpt,
+    FlashAttnOpt,
     ImageOpt,
     MmprojOpt,
     image_prompt,
@@ -268,6 +269,7 @@ def bench(
     batch: Annotated[str, typer.Option("--batch", "-b", help="Comma-separated sizes.")] = "1",
     repetitions: Annotated[int, typer.Option("--repetitions", "-r", min=1)] = 3,
     numerics: Annotated[str, typer.Option("--numerics")] = "exact",
+    flash_attn: FlashAttnOpt = "off",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     cache_type_k: CacheTypeKOpt = None,
     cache_type_v: CacheTypeVOpt = None,
@@ -293,9 +295,8 @@ def bench(
     except ValueError:
         raise typer.BadParameter(f"--batch must be positive integers, got {batch!r}") from None
     try:
-        m = llamay.load(
-            model, numerics=numerics, cache_type_k=cache_type_k, cache_type_v=cache_type_v
-        )
+        m = llamay.load(model, numerics=numerics, cache_type_k=cache_type_k,
+                        cache_type_v=cache_type_v, flash_attn=flash_attn)  # fmt: skip
         results = run_bench(m, model, prompt_tokens, gen_tokens, batches, repetitions, depth)
     except LlamayError as exc:
         raise _fail(exc) from None

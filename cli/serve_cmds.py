@@ -33,6 +33,16 @@ CacheTypeVOpt = Annotated[
         "--cache-type-v", "-ctv", help="KV cache type for V (the types of --cache-type-k)."
     ),
 ]
+FlashAttnOpt = Annotated[
+    str,
+    typer.Option(
+        "--flash-attn",
+        "-fa",
+        help="on, off or auto (on): with --numerics llamacpp, round as llama.cpp's flash "
+        "attention does (its tools' default, auto, is on for CPU); exact numerics are the "
+        "same either way.",
+    ),
+]
 # the one-shot commands' images (`generate`, `run`)
 MmprojOpt = Annotated[
     Path | None,

@@ -47,6 +47,19 @@ KV_DTYPES = {"exact": jnp.float32, "llamacpp": jnp.float16}
 ENGINE_SLOTS, ENGINE_PAGE, ENGINE_CHUNK, ENGINE_START_TOKENS = 4, 16, 256, 2048
 
 
+def flash_attn_flag(value: bool | str) -> bool:
+    """llama.cpp's -fa value as a bool: on / off / auto (on: llama.cpp's choice on CPU),
+    also true / false / 1 / 0 and bools."""
+    if isinstance(value, bool):
+        return value
+    v = str(value).strip().lower()
+    if v in ("on", "auto", "true", "1", "yes"):
+        return True
+    if v in ("off", "false", "0", "no"):
+        return False
+    raise RequestError(f"flash_attn must be on, off or auto, not {value!r}")
+
+
 def cache_types(numerics: str, kv_dtype=None, cache_type_k=None, cache_type_v=None):
     """The KV cache spec of a model (`llamay.kv.types`): the numerics' default
     (`KV_DTYPES`) unless `kv_dtype` (one type, or a (K, V) pair) or llama.cpp's
@@ -74,7 +87,7 @@ class Model:
         kv_dtype=None,
         cache_type_k: str | None = None,
         cache_type_v: str | None = None,
-        flash_attn: bool = False,
+        flash_attn: bool | str = False,
         ggml_threads: int | None = None,
     ):
         if numerics not in NUMERICS:
@@ -86,7 +99,8 @@ class Model:
         self.gguf = GGUFFile(self.path)
         self.arch = get_architecture(self.gguf.architecture)
         self.config = dataclasses.replace(
-            self.arch.config(self.gguf.metadata), numerics=numerics, flash_attn=bool(flash_attn),
+            self.arch.config(self.gguf.metadata), numerics=numerics,
+            flash_attn=flash_attn_flag(flash_attn),
             ggml_threads=physical_cores() if ggml_threads is None else int(ggml_threads),
         )  # fmt: skip
         if self.config.ggml_threads < 1:
@@ -603,7 +617,7 @@ def load(
     kv_dtype=None,
     cache_type_k: str | None = None,
     cache_type_v: str | None = None,
-    flash_attn: bool = False,
+    flash_attn: bool | str = False,
     ggml_threads: int | None = None,
 ) -> Model:
     """Load a model from a `.gguf` path or a store name (fetched on first use; a name
@@ -615,7 +629,8 @@ def load(
     `kv_dtype`: the KV cache type (f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0: llama.cpp's
     `-ctk/-ctv` types; or a (K, V) pair), or `cache_type_k` / `cache_type_v` one each;
     by default f32 (exact) or f16 (llamacpp). See `llamay.kv.types`.
-    `flash_attn`: llama.cpp's `-fa on`; llamacpp numerics then round as its flash
+    `flash_attn`: llama.cpp's `-fa on` (True, or "on" / "off" / "auto" as its flag:
+    auto is on, as on CPU); llamacpp numerics then round as its flash
     attention does (its tools' default, `-fa auto`, is on for CPU; llama-cpp-python's is off;
     a quantised cache always takes it), exact numerics are the same either way.
     `ggml_threads`: the thread count of the llama.cpp run reproduced (`-t`; by default this

@@ -13,6 +13,7 @@ llamay.eval.lm_eval_adapter` before `lm_eval.simple_evaluate(model="llamay", ...
 pass `LlamayLM(...)` as the model.
 
 model_args: `model` (a .gguf path or store name), `numerics` (exact | llamacpp),
+`flash_attn` (on | off | auto: llama.cpp's -fa, for llamacpp numerics),
 `batch_size` (rows per scoring step, and generations decoding together), `max_length`
 (tokens per scored row; default the model's context),
 `n_ctx`, `dp` / `tp` (a device mesh, see `llamay.model.sharding`), `distributed`
@@ -39,6 +40,7 @@ class LlamayLM(LM):
         self,
         model: str = "smollm2:135m",
         numerics: str = "exact",
+        flash_attn: bool | str = False,
         batch_size: int | str = 8,
         max_length: int | None = None,
         n_ctx: int | None = None,
@@ -55,8 +57,9 @@ class LlamayLM(LM):
         if _bool(distributed):
             initialize_distributed()
         m = llamay_model or llamay.load(
-            model, numerics=numerics, n_ctx=int(n_ctx) if n_ctx else None, progress=False
-        )
+            model, numerics=numerics, n_ctx=int(n_ctx) if n_ctx else None, progress=False,
+            flash_attn=flash_attn,
+        )  # fmt: skip
         dp, tp = int(dp), int(tp)
         self.model = sharded_model(m, {"data": dp, "model": tp} if dp * tp > 1 else None)
         bs = str(batch_size)

@@ -57,3 +57,22 @@ def test_errors_exit_1(text_file):
     assert res.exit_code == 1 and "error:" in res.output
     res = run("-m", model, text_file, "--mesh", "pp=3")
     assert res.exit_code == 1 and "mesh" in res.output
+
+
+def test_flash_attn_flag_reaches_the_model(text_file):
+    """`-fa on` with llamacpp numerics is `llamay.load(..., flash_attn=True)` (whose values
+    tests/model/test_flash_attn.py holds to llama.cpp's); a bad value is a clear error."""
+    import llamay
+
+    model = tiny_model_file("llama")
+    args = ("-m", model, text_file, "--ctx", 128, "--chunks", 2, "--numerics", "llamacpp")
+    res = run(*args, "-fa", "on", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    m = llamay.load(model, numerics="llamacpp", flash_attn=True)
+    ref = perplexity(m, TEXT, ctx=128, max_chunks=2)
+    assert out["flash_attn"] is True and out["running_ppl"] == pytest.approx(ref.running_ppl)
+    off = json.loads(run(*args, "--json").stdout.strip().splitlines()[-1])
+    assert off["flash_attn"] is False and off["ppl"] != out["ppl"]  # another rounding
+    res = run(*args, "-fa", "maybe")
+    assert res.exit_code == 1 and "flash_attn must be on, off or auto" in res.output
