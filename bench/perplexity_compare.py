@@ -3,13 +3,15 @@ and text (an evaluation job's cost: every token of a document through the model 
 LM head, the second half of each chunk scored).
 
     .venv/bin/python bench/perplexity_compare.py [--models smollm2:135m,gemma3:270m]
-        [--ctx 512] [--chunks 8] [--batch 4] [--threads N] [--numerics exact,llamacpp]
+        [--ctx 512] [--chunks 8] [--batch 4] [--threads N]
+        [--numerics exact,llamacpp,llamacpp+fa]
         [--text FILE] [--label run] [--skip-llamacpp]
 
 llama.cpp: `llama-perplexity` as `bench/build_llamacpp.sh` builds it, at its defaults
 (`-c CTX -t THREADS --chunks N`: a batch of 2048 tokens, so 4 chunks of 512 a pass,
-flash attention "auto"), and a second, labelled row with `-fa off` (the attention whose
-numerics llamay's llamacpp mode reproduces: its perplexity equals that row's). Its time:
+flash attention "auto", on for CPU), and a second, labelled row with `-fa off`. llamay's
+llamacpp numerics reproduce the second row's perplexity, with `+fa` (flash_attn=True) the
+first's. Its time:
 from its "calculating perplexity" log line to its final estimate (no load, no
 tokenisation). llamay: `llamay.eval.perplexity` in this process with `--batch` chunks a
 step, after one untimed step of the same shape (programs compiled); the time of the whole
@@ -71,17 +73,19 @@ def run_llamacpp(path: Path, text: Path, ctx: int, chunks: int, threads: int, ex
                 ppl=ppl)  # fmt: skip
 
 
-def run_llamay(path: Path, text: Path, ctx: int, chunks: int, batch: int, numerics: str) -> dict:
+def run_llamay(path: Path, text: Path, ctx: int, chunks: int, batch: int, label: str) -> dict:
+    """llamay with `label`'s numerics: "exact", "llamacpp", "llamacpp+fa" (flash attention)."""
     import llamay
     from llamay.eval import perplexity
 
-    m = llamay.load(path, numerics=numerics, progress=False)
+    numerics, _, fa = label.partition("+")
+    m = llamay.load(path, numerics=numerics, progress=False, flash_attn=fa == "fa")
     body = text.read_text()
     perplexity(m, body, ctx=ctx, batch=batch, max_chunks=batch)  # compile the step
     t = time.perf_counter()
     r = perplexity(m, body, ctx=ctx, batch=batch, max_chunks=chunks)
     seconds = time.perf_counter() - t
-    return dict(engine=f"llamay {numerics}", seconds=round(seconds, 3),
+    return dict(engine=f"llamay {label}", seconds=round(seconds, 3),
                 tokens_per_s=r.n_chunks * ctx / seconds, ppl=round(r.ppl, 4))  # fmt: skip
 
 
@@ -92,7 +96,7 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4, help="llamay's chunks per step")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--numerics", default="exact,llamacpp")
+    ap.add_argument("--numerics", default="exact,llamacpp,llamacpp+fa")
     ap.add_argument("--text", type=Path, default=TEXT)
     ap.add_argument("--label", default="run")
     ap.add_argument("--skip-llamacpp", action="store_true")
