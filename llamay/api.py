@@ -308,8 +308,10 @@ class Model:
             raise RequestError("embedding input must not be empty")
         check_prompt(len(ids), self.n_ctx + 1)
         cfg, slots = self.config, bucket(len(ids))
-        # llama.cpp runs encoders without a KV cache: their K and V stay f32 (not f16)
-        kv_dtype = self.runtime.kv_dtype if cfg.causal else jnp.float32
+        # llama.cpp runs encoders without a KV cache: their K and V stay f32 (not f16), but
+        # its flash attention takes them cast to f16
+        f16 = cfg.flash_attn and cfg.numerics == "llamacpp"
+        kv_dtype = self.runtime.kv_dtype if cfg.causal else (jnp.float16 if f16 else jnp.float32)
         kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
         tokens, positions = padded_batch(ids, slots)
         states = embedding.states_step(cfg, self.weights, kv, tokens, positions)
