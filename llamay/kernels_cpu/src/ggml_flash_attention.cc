@@ -42,8 +42,14 @@ constexpr int64_t CELL_PAD = 256;    // llama.cpp's n_kv: the used cells rounded
 constexpr int64_t BLOCK_TOKENS = 8;  // query tokens a tiled task takes (x G heads)
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
+// A one_chunk pass's state beside its accumulator: the maximum and the sum.
+struct Pass {
+  float M = NEG_INF, S = 0.0f;
+};
+
 struct Scratch {
-  std::vector<float> q, kt, s, p, acc, m, sum, kr, vr, parts, h, l, fin;
+  std::vector<float> q, kt, vt, p, acc, m, sum, kr, vr, parts, h, l, fin;
+  std::vector<Pass> part, final;
 };
 
 // The query row of token t, head h, times the scale first when prescaled.
@@ -71,7 +77,7 @@ void tiled_task(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1,
   sc.m.assign(R, NEG_INF);
   sc.sum.assign(R, 0.0f);
   sc.kt.resize(D * TILE);
-  sc.s.resize(TILE);
+  sc.vt.resize(TILE * D);
   sc.p.resize(TILE);
   sc.kr.resize(D);
   sc.vr.resize(D);
@@ -85,16 +91,16 @@ void tiled_task(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1,
   for (int64_t c0 = lo / TILE * TILE; c0 <= hi; c0 += TILE) {
     const int64_t n = std::min(TILE, p.S - c0);
     std::fill(sc.kt.begin(), sc.kt.end(), 0.0f);
-    for (int64_t k = 0; k < n; ++k) {
+    for (int64_t k = 0; k < n; ++k) {  // the tile's K transposed, its V as rows, as f32
       load_row(row_of(p, p.k, b, c0 + k, kh), D, false, sc.kr.data());
       for (int64_t d = 0; d < D; ++d) sc.kt[d * TILE + k] = sc.kr[d];
+      load_row(row_of(p, p.v, b, c0 + k, kh), D, false, &sc.vt[k * D]);
     }
     for (int64_t r = 0; r < R; ++r) {
       const int64_t u = r / G, a = std::max(j0[u], c0), z = std::min(j1[u], c0 + n - 1);
       if (z < a) continue;  // no key of this tile visible: the row skips it
       const float* q = &sc.q[r * D];
-      float* s = sc.s.data();
-      for (int64_t k = 0; k < TILE; ++k) s[k] = 0.0f;
+      alignas(64) float s[TILE] = {};
       for (int64_t d = 0; d < D; ++d) {
         const float qd = q[d];
         const float* kd = &sc.kt[d * TILE];
@@ -126,8 +132,7 @@ void tiled_task(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1,
       for (int64_t k = a - c0; k <= z - c0; ++k) {
         const float pk = pr[k];
         if (pk == 0.0f) continue;  // adds exact zeros
-        const float* vk = sc.vr.data();
-        load_row(row_of(p, p.v, b, c0 + k, kh), D, false, sc.vr.data());
+        const float* vk = &sc.vt[k * D];
         for (int64_t d = 0; d < D; ++d) acc[d] = std::fma(pk, vk[d], acc[d]);
       }
     }
@@ -139,11 +144,6 @@ void tiled_task(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1,
 }
 
 // -- one_chunk, split ------------------------------------------------------------------------
-
-// A pass's unnormalised state: the maximum, the sum, the accumulator (f16 values).
-struct Pass {
-  float M = NEG_INF, S = 0.0f;
-};
 
 // ggml_flash_attn_ext_reduce_partials adding one chunk's pass (M, S, vc) to the running
 // one (M, S, vf): vf = fma(vf, so, vc * sn) as GCC contracts it; a chunk with S == 0 adds
@@ -157,53 +157,58 @@ inline void merge(Pass& f, float* vf, const Pass& c, const float* vc, int64_t D)
   f.M = mn;
 }
 
-// Query token t of row b, kv head kh (its G heads in turn); `chunk` the split path's cells
-// a chunk (> S: one pass).
+// Query token t of row b, kv head kh: its G heads' passes side by side, each key's K and V
+// rows converted once for them; `chunk` the split path's cells a chunk (> S: one pass).
 void chunk_task(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t chunk, Scratch& sc) {
   ScopedFtz ftz;
-  const int64_t D = p.D;
+  const int64_t D = p.D, G = p.G;
   const float scale = score_scale(p);
   int64_t j0, j1;
   visible(p, b, t, j0, j1);
-  sc.q.resize(D);
+  sc.q.resize(G * D);
   sc.kr.resize(D);
   sc.vr.resize(D);
-  sc.acc.resize(D);
-  sc.fin.resize(D);
-  for (int64_t g = 0; g < p.G; ++g) {
-    const int64_t h = kh * p.G + g;
-    query_row(p, b, t, h, sc.q.data());
-    for (int64_t d = 0; d < D; ++d) sc.q[d] = round_f16(sc.q[d]);
-    float* acc = sc.acc.data();
-    float* fin = sc.fin.data();
-    std::fill(acc, acc + D, 0.0f);
-    std::fill(fin, fin + D, 0.0f);
-    Pass part, final;
-    int64_t cur = j0 < 0 ? 0 : j0 / chunk;
-    for (int64_t j = std::max<int64_t>(j0, 0); j <= j1; ++j) {
-      if (j / chunk != cur) {  // a new chunk: the last one's pass merged, a fresh one
-        merge(final, fin, part, acc, D);
-        part = Pass();
-        std::fill(acc, acc + D, 0.0f);
-        cur = j / chunk;
+  sc.acc.assign(G * D, 0.0f);
+  sc.fin.assign(G * D, 0.0f);
+  sc.part.assign(G, Pass());
+  sc.final.assign(G, Pass());
+  for (int64_t g = 0; g < G; ++g) {
+    float* q = &sc.q[g * D];
+    query_row(p, b, t, kh * G + g, q);
+    for (int64_t d = 0; d < D; ++d) q[d] = round_f16(q[d]);
+  }
+  int64_t cur = j0 < 0 ? 0 : j0 / chunk;
+  for (int64_t j = std::max<int64_t>(j0, 0); j <= j1; ++j) {
+    if (j / chunk != cur) {  // a new chunk: the last one's passes merged, fresh ones
+      for (int64_t g = 0; g < G; ++g) {
+        merge(sc.final[g], &sc.fin[g * D], sc.part[g], &sc.acc[g * D], D);
+        sc.part[g] = Pass();
       }
-      load_row(row_of(p, p.k, b, j, kh), D, false, sc.kr.data());
-      const float s = dot_vec(sc.q.data(), sc.kr.data(), D, sc.parts, sc.h, sc.l) * scale;
+      std::fill(sc.acc.begin(), sc.acc.end(), 0.0f);
+      cur = j / chunk;
+    }
+    load_row(row_of(p, p.k, b, j, kh), D, false, sc.kr.data());
+    load_row(row_of(p, p.v, b, j, kh), D, false, sc.vr.data());
+    for (int64_t g = 0; g < G; ++g) {
+      Pass& part = sc.part[g];
+      float* acc = &sc.acc[g * D];
+      const float s = dot_vec(&sc.q[g * D], sc.kr.data(), D, sc.parts, sc.h, sc.l) * scale;
       const bool new_max = s > part.M;
       const float ms = new_max ? std::exp(part.M - s) : 1.0f;
       const float vs = new_max ? 1.0f : std::exp(s - part.M);
-      load_row(row_of(p, p.v, b, j, kh), D, false, sc.vr.data());
       for (int64_t d = 0; d < D; ++d)
         acc[d] = round_f16(std::fma(sc.vr[d], vs, round_f16(acc[d] * ms)));
       part.S = std::fma(part.S, ms, vs);
       if (new_max) part.M = s;
     }
-    float* o = p.out + ((b * p.T + t) * p.H + h) * D;
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* o = p.out + ((b * p.T + t) * p.H + kh * G + g) * D;
     if (chunk > p.S) {
-      normalise(acc, part.S, D, o);
+      normalise(&sc.acc[g * D], sc.part[g].S, D, o);
     } else {
-      merge(final, fin, part, acc, D);
-      normalise(fin, final.S, D, o);
+      merge(sc.final[g], &sc.fin[g * D], sc.part[g], &sc.acc[g * D], D);
+      normalise(&sc.fin[g * D], sc.final[g].S, D, o);
     }
   }
 }
