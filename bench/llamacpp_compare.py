@@ -10,7 +10,8 @@ environment (it is never a llamay dependency), at its defaults (what a user gets
 default OpenMP wait policy), plus a second, labelled row "llama.cpp PASSIVE" with
 OMP_WAIT_POLICY=PASSIVE (what it gets on a loaded machine; `--no-passive-row` leaves it
 out). llamay runs through `llamay.bench.run_bench` (what `llamay bench` runs) in each of
-`--numerics` (default both: "llamay exact", "llamay llamacpp"). All measure the same:
+`--numerics` (default both: "llamay exact", "llamay llamacpp"; "llamacpp+fa": llamacpp
+numerics with flash_attn, as llama.cpp's default context computes). All measure the same:
 
 - pp128: one 128-token prompt from an empty cache, tokens/s;
 - tg128 batch 1: 128 decode steps of one sequence after an 8-token prompt;
@@ -238,14 +239,16 @@ def run_llamay(
     from llamay import kernels
     from llamay.bench import run_bench
 
-    m = llamay.load(path, numerics=numerics, progress=False)
+    label = numerics
+    numerics, _, fa = label.partition("+")
+    m = llamay.load(path, numerics=numerics, progress=False, flash_attn=fa == "fa")
     results = run_bench(m, name, pp, 0, (1,), reps, depth) if pp else []
     for b in (int(b) for b in batches.split(",")):
         results += run_bench(m, name, 0, tg, (b,), reps, depth)
     keep = ("test", "batch", "tokens_per_s", "stdev", "compile_s")
     form = kernels.weight_form(numerics)  # "native": the native CPU kernels ran
     return [
-        dict(engine=f"llamay {numerics}", weight_form=form, **{k: r.as_dict()[k] for k in keep})
+        dict(engine=f"llamay {label}", weight_form=form, **{k: r.as_dict()[k] for k in keep})
         for r in results
     ]
 

@@ -123,3 +123,19 @@ def test_dispatcher_uses_it_with_flash_attn_on_cpu(monkeypatch):
     monkeypatch.setenv(build.ENV, "xla")
     assert "LlamayGgmlFlashAttention" not in program(q, k, v, table, pos)
     np.testing.assert_array_equal(run(q, k, v, table, pos), want)
+
+
+@pytest.mark.parametrize("case", [0, 4, 6])
+def test_scalar_build_equals_the_emulation(case):
+    """The portable build (no intrinsics): the split path, the tiled path (D 64 and 256)."""
+    B, T, H, K, D, S, n, rows, threads, window, pre, causal = DENSE[case]
+    rng = np.random.default_rng(400 + case)
+    k = jnp.asarray(rng.standard_normal((B, S, K, D)), jnp.float16)
+    v = jnp.asarray(rng.standard_normal((B, S, K, D)), jnp.float16)
+    q = jnp.asarray(rng.standard_normal((B, T, H, D)) * 2, jnp.float32)
+    pos = jnp.asarray(np.tile(np.arange(n - T, n, dtype=np.int32), (B, 1)))
+    kw = dict(scale=D**-0.5, window=window, causal=causal, q_prescaled=pre)
+    want = _emulation(q, k, v, pos, rows, threads, **kw)
+    got = ggml_flash_attention_native(q, k, v, pos, rows=jnp.int32(rows), threads=threads,
+                                      variant="scalar", **kw)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(got), want)

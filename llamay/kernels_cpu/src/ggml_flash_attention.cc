@@ -21,7 +21,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
 
 #include "ggml_cache.h"
 #include "ggml_float.h"
@@ -42,14 +47,30 @@ constexpr int64_t CELL_PAD = 256;    // llama.cpp's n_kv: the used cells rounded
 constexpr int64_t BLOCK_TOKENS = 8;  // query tokens a tiled task takes (x G heads)
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
+// ggml_vec_scale_f16 then ggml_vec_mad_f16 on an f16 accumulator held as f32 values:
+// acc[d] = f16(fma(v[d], vs, f16(acc[d] * ms))).
+inline void mad_f16(float* acc, const float* v, float vs, float ms, int64_t D) {
+  int64_t d = 0;
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  constexpr int RN = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512 vvs = _mm512_set1_ps(vs), vms = _mm512_set1_ps(ms);
+  for (; d + 16 <= D; d += 16) {
+    __m512 a = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(acc + d), vms), RN));
+    a = _mm512_fmadd_ps(_mm512_loadu_ps(v + d), vvs, a);
+    _mm512_storeu_ps(acc + d, _mm512_cvtph_ps(_mm512_cvtps_ph(a, RN)));
+  }
+#endif
+  for (; d < D; ++d) acc[d] = round_f16(std::fma(v[d], vs, round_f16(acc[d] * ms)));
+}
+
 // A one_chunk pass's state beside its accumulator: the maximum and the sum.
 struct Pass {
   float M = NEG_INF, S = 0.0f;
 };
 
 struct Scratch {
-  std::vector<float> q, kt, vt, p, acc, m, sum, kr, vr, parts, h, l, fin;
-  std::vector<Pass> part, final;
+  std::vector<float> q, kt, vt, s, acc, m, sum, kr, vr, parts, h, l, fin;
+  std::vector<Pass> part;
 };
 
 // The query row of token t, head h, times the scale first when prescaled.
@@ -68,6 +89,79 @@ inline void normalise(const float* acc, float S, int64_t D, float* out) {
 
 // -- tiled ---------------------------------------------------------------------------------
 
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+#define LLAMAY_FA_AVX512 1
+#endif
+
+// The scores of NR rows over a tile, simd_gemm's FMA chains over d from 0: s[r][k] =
+// fma(q_r[d], kt[d][k], s[r][k]) for d = 0..D-1 (kt: the tile's K transposed, [D][64]).
+template <int NR>
+inline void tile_scores(const float* const* qs, const float* kt, int64_t D, float* s) {
+#ifdef LLAMAY_FA_AVX512
+  __m512 acc[NR][4];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    __m512 kv[4];
+    for (int i = 0; i < 4; ++i) kv[i] = _mm512_loadu_ps(kt + d * TILE + 16 * i);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 qb = _mm512_set1_ps(qs[r][d]);
+      for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_fmadd_ps(qb, kv[i], acc[r][i]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(s + r * TILE + 16 * i, acc[r][i]);
+#else
+  for (int r = 0; r < NR; ++r) {
+    float* sr = s + r * TILE;
+    for (int64_t k = 0; k < TILE; ++k) sr[k] = 0.0f;
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t k = 0; k < TILE; ++k) sr[k] = std::fma(qs[r][d], kt[d * TILE + k], sr[k]);
+  }
+#endif
+}
+
+// VKQ += P.V for NR rows, simd_gemm's FMA chains over the tile's keys: acc_r[d] =
+// fma(p_r[k], vt[k][d], acc_r[d]) for k = 0..63 (keys a row cannot see have p = 0 and add
+// exact zeros).
+template <int NR>
+inline void tile_pv(const float* const* ps, const float* vt, int64_t D, float* const* accs) {
+#ifdef LLAMAY_FA_AVX512
+  if (D % 64 == 0) {
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      __m512 acc[NR][4];
+      for (int r = 0; r < NR; ++r)
+        for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_loadu_ps(accs[r] + d0 + 16 * i);
+      for (int64_t k = 0; k < TILE; ++k) {
+        __m512 vv[4];
+        for (int i = 0; i < 4; ++i) vv[i] = _mm512_loadu_ps(vt + k * D + d0 + 16 * i);
+        for (int r = 0; r < NR; ++r) {
+          const __m512 pb = _mm512_set1_ps(ps[r][k]);
+          for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_fmadd_ps(pb, vv[i], acc[r][i]);
+        }
+      }
+      for (int r = 0; r < NR; ++r)
+        for (int i = 0; i < 4; ++i) _mm512_storeu_ps(accs[r] + d0 + 16 * i, acc[r][i]);
+    }
+    return;
+  }
+#endif
+  for (int r = 0; r < NR; ++r)
+    for (int64_t k = 0; k < TILE; ++k)
+      for (int64_t d = 0; d < D; ++d) accs[r][d] = std::fma(ps[r][k], vt[k * D + d], accs[r][d]);
+}
+
+// f(rows, n) over `live` in groups of up to 4 rows (f templated on the group's size).
+template <class F>
+inline void in_groups(const std::vector<int64_t>& live, F&& f) {
+  size_t i = 0;
+  for (; i + 4 <= live.size(); i += 4) f(std::integral_constant<int, 4>(), &live[i]);
+  const size_t left = live.size() - i;
+  if (left == 3) f(std::integral_constant<int, 3>(), &live[i]);
+  if (left == 2) f(std::integral_constant<int, 2>(), &live[i]);
+  if (left == 1) f(std::integral_constant<int, 1>(), &live[i]);
+}
+
 void tiled_task(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1, Scratch& sc) {
   ScopedFtz ftz;
   const int64_t D = p.D, G = p.G, R = (t1 - t0) * G;
@@ -78,10 +172,9 @@ void tiled_task(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1,
   sc.sum.assign(R, 0.0f);
   sc.kt.resize(D * TILE);
   sc.vt.resize(TILE * D);
-  sc.p.resize(TILE);
+  sc.s.resize(R * TILE);
   sc.kr.resize(D);
-  sc.vr.resize(D);
-  std::vector<int64_t> j0(t1 - t0), j1(t1 - t0);
+  std::vector<int64_t> j0(t1 - t0), j1(t1 - t0), live;
   int64_t lo = p.S, hi = -1;
   for (int64_t t = t0; t < t1; ++t) {
     visible(p, b, t, j0[t - t0], j1[t - t0]);
@@ -91,25 +184,29 @@ void tiled_task(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1,
   for (int64_t c0 = lo / TILE * TILE; c0 <= hi; c0 += TILE) {
     const int64_t n = std::min(TILE, p.S - c0);
     std::fill(sc.kt.begin(), sc.kt.end(), 0.0f);
+    std::fill(sc.vt.begin(), sc.vt.end(), 0.0f);
     for (int64_t k = 0; k < n; ++k) {  // the tile's K transposed, its V as rows, as f32
       load_row(row_of(p, p.k, b, c0 + k, kh), D, false, sc.kr.data());
       for (int64_t d = 0; d < D; ++d) sc.kt[d * TILE + k] = sc.kr[d];
       load_row(row_of(p, p.v, b, c0 + k, kh), D, false, &sc.vt[k * D]);
     }
-    for (int64_t r = 0; r < R; ++r) {
+    live.clear();  // the rows that see a key of this tile (the others skip it)
+    for (int64_t r = 0; r < R; ++r)
+      if (std::min(j1[r / G], c0 + n - 1) >= std::max(j0[r / G], c0)) live.push_back(r);
+    in_groups(live, [&](auto nr, const int64_t* rows) {
+      const float* qs[nr];
+      for (int i = 0; i < nr; ++i) qs[i] = &sc.q[rows[i] * D];
+      alignas(64) float s[nr * TILE];
+      tile_scores<nr>(qs, sc.kt.data(), D, s);
+      for (int i = 0; i < nr; ++i) std::copy(s + i * TILE, s + (i + 1) * TILE, &sc.s[rows[i] * TILE]);
+    });
+    for (int64_t r : live) {  // the online softmax: P into sc.s
       const int64_t u = r / G, a = std::max(j0[u], c0), z = std::min(j1[u], c0 + n - 1);
-      if (z < a) continue;  // no key of this tile visible: the row skips it
-      const float* q = &sc.q[r * D];
-      alignas(64) float s[TILE] = {};
-      for (int64_t d = 0; d < D; ++d) {
-        const float qd = q[d];
-        const float* kd = &sc.kt[d * TILE];
-        for (int64_t k = 0; k < TILE; ++k) s[k] = std::fma(qd, kd[k], s[k]);
-      }
+      float* s = &sc.s[r * TILE];
       float tmax = NEG_INF;
       for (int64_t k = 0; k < TILE; ++k) {
-        const bool live = c0 + k >= a && c0 + k <= z;
-        s[k] = live ? s[k] * scale : NEG_INF;
+        const bool vis = c0 + k >= a && c0 + k <= z;
+        s[k] = vis ? s[k] * scale : NEG_INF;
         tmax = std::max(tmax, s[k]);
       }
       float& M = sc.m[r];
@@ -122,20 +219,19 @@ void tiled_task(const Problem& p, int64_t b, int64_t kh, int64_t t0, int64_t t1,
         S = S * ms;
       }
       M = m_new;
-      float* pr = sc.p.data();
+      alignas(64) float pr[TILE];
       v_expf_n(s, M, pr, TILE);
-      for (int64_t k = 0; k < TILE; ++k)
-        if (s[k] == NEG_INF) pr[k] = 0.0f;
+      for (int64_t k = 0; k < TILE; ++k) s[k] = s[k] == NEG_INF ? 0.0f : pr[k];
       double tile_sum = 0.0;
-      for (int64_t c = 0; c < TILE; c += L16) tile_sum += (double)reduce16(pr + c);
+      for (int64_t c = 0; c < TILE; c += L16) tile_sum += (double)reduce16(s + c);
       S = (float)((double)S + tile_sum);
-      for (int64_t k = a - c0; k <= z - c0; ++k) {
-        const float pk = pr[k];
-        if (pk == 0.0f) continue;  // adds exact zeros
-        const float* vk = &sc.vt[k * D];
-        for (int64_t d = 0; d < D; ++d) acc[d] = std::fma(pk, vk[d], acc[d]);
-      }
     }
+    in_groups(live, [&](auto nr, const int64_t* rows) {
+      const float* ps[nr];
+      float* accs[nr];
+      for (int i = 0; i < nr; ++i) ps[i] = &sc.s[rows[i] * TILE], accs[i] = &sc.acc[rows[i] * D];
+      tile_pv<nr>(ps, sc.vt.data(), D, accs);
+    });
   }
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t = t0 + r / G, h = kh * G + r % G;
@@ -157,59 +253,113 @@ inline void merge(Pass& f, float* vf, const Pass& c, const float* vc, int64_t D)
   f.M = mn;
 }
 
-// Query token t of row b, kv head kh: its G heads' passes side by side, each key's K and V
-// rows converted once for them; `chunk` the split path's cells a chunk (> S: one pass).
-void chunk_task(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t chunk, Scratch& sc) {
-  ScopedFtz ftz;
+// ggml_float.dot_f16_vec for D % 64 == 0 (no leftovers): four accumulators of 16 lanes,
+// chunk i into accumulator i % 4 (products of f16 values: exact, so mul then add is the
+// emulation's sum), (a0 + a2) + (a1 + a3), reduce16; else the general form.
+inline float dot_f16(const float* a, const float* b, int64_t D, Scratch& sc) {
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+  if (D % 64 == 0) {
+    __m512 acc[4];
+    for (int i = 0; i < 4; ++i)
+      acc[i] = _mm512_mul_ps(_mm512_loadu_ps(a + 16 * i), _mm512_loadu_ps(b + 16 * i));
+    for (int64_t i = 4; i < D / 16; ++i)
+      acc[i % 4] = _mm512_add_ps(acc[i % 4], _mm512_mul_ps(_mm512_loadu_ps(a + 16 * i),
+                                                           _mm512_loadu_ps(b + 16 * i)));
+    alignas(64) float t[16];
+    _mm512_store_ps(t, _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+    return reduce16(t);
+  }
+#endif
+  return dot_vec(a, b, D, sc.parts, sc.h, sc.l);
+}
+
+// One pass over the keys of [lo, hi] query token t of row b sees, for kv head kh's G heads
+// side by side (each key's K and V rows converted once for them): their states into
+// `pass` [G] and their f16 accumulators into acc [G, D]. q16 [G, D]: the queries rounded
+// to f16.
+void pass_range(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t lo, int64_t hi,
+                const float* q16, Pass* pass, float* acc, Scratch& sc) {
   const int64_t D = p.D, G = p.G;
   const float scale = score_scale(p);
   int64_t j0, j1;
   visible(p, b, t, j0, j1);
-  sc.q.resize(G * D);
+  for (int64_t g = 0; g < G; ++g) pass[g] = Pass();
+  std::fill(acc, acc + G * D, 0.0f);
   sc.kr.resize(D);
   sc.vr.resize(D);
-  sc.acc.assign(G * D, 0.0f);
-  sc.fin.assign(G * D, 0.0f);
-  sc.part.assign(G, Pass());
-  sc.final.assign(G, Pass());
-  for (int64_t g = 0; g < G; ++g) {
-    float* q = &sc.q[g * D];
-    query_row(p, b, t, kh * G + g, q);
-    for (int64_t d = 0; d < D; ++d) q[d] = round_f16(q[d]);
-  }
-  int64_t cur = j0 < 0 ? 0 : j0 / chunk;
-  for (int64_t j = std::max<int64_t>(j0, 0); j <= j1; ++j) {
-    if (j / chunk != cur) {  // a new chunk: the last one's passes merged, fresh ones
-      for (int64_t g = 0; g < G; ++g) {
-        merge(sc.final[g], &sc.fin[g * D], sc.part[g], &sc.acc[g * D], D);
-        sc.part[g] = Pass();
-      }
-      std::fill(sc.acc.begin(), sc.acc.end(), 0.0f);
-      cur = j / chunk;
-    }
+  for (int64_t j = std::max(j0, lo); j <= std::min(j1, hi); ++j) {
     load_row(row_of(p, p.k, b, j, kh), D, false, sc.kr.data());
     load_row(row_of(p, p.v, b, j, kh), D, false, sc.vr.data());
     for (int64_t g = 0; g < G; ++g) {
-      Pass& part = sc.part[g];
-      float* acc = &sc.acc[g * D];
-      const float s = dot_vec(&sc.q[g * D], sc.kr.data(), D, sc.parts, sc.h, sc.l) * scale;
+      Pass& part = pass[g];
+      const float s = dot_f16(q16 + g * D, sc.kr.data(), D, sc) * scale;
       const bool new_max = s > part.M;
       const float ms = new_max ? std::exp(part.M - s) : 1.0f;
       const float vs = new_max ? 1.0f : std::exp(s - part.M);
-      for (int64_t d = 0; d < D; ++d)
-        acc[d] = round_f16(std::fma(sc.vr[d], vs, round_f16(acc[d] * ms)));
+      mad_f16(acc + g * D, sc.vr.data(), vs, ms, D);
       part.S = std::fma(part.S, ms, vs);
       if (new_max) part.M = s;
     }
   }
+}
+
+// Query token t's G heads of kv head kh rounded to f16 into q16 [G, D].
+inline void queries_f16(const Problem& p, int64_t b, int64_t t, int64_t kh, float* q16) {
+  for (int64_t g = 0; g < p.G; ++g) {
+    query_row(p, b, t, kh * p.G + g, q16 + g * p.D);
+    for (int64_t d = 0; d < p.D; ++d) q16[g * p.D + d] = round_f16(q16[g * p.D + d]);
+  }
+}
+
+// One pass a query row: token t of row b, kv head kh's G heads.
+void one_chunk_task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
+  ScopedFtz ftz;
+  const int64_t D = p.D, G = p.G;
+  sc.q.resize(G * D);
+  sc.acc.resize(G * D);
+  sc.part.resize(G);
+  queries_f16(p, b, t, kh, sc.q.data());
+  pass_range(p, b, t, kh, 0, p.S - 1, sc.q.data(), sc.part.data(), sc.acc.data(), sc);
+  for (int64_t g = 0; g < G; ++g)
+    normalise(&sc.acc[g * D], sc.part[g].S, D, p.out + ((b * p.T + t) * p.H + kh * G + g) * D);
+}
+
+// The split path's chunk c of row b's one token (t), kv head kh: its passes into
+// `parts` [G, 2 + D] (M, S, the accumulator).
+void split_task(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t c, int64_t chunk,
+                float* parts, Scratch& sc) {
+  ScopedFtz ftz;
+  const int64_t D = p.D, G = p.G;
+  sc.q.resize(G * D);
+  sc.acc.resize(G * D);
+  sc.part.resize(G);
+  queries_f16(p, b, t, kh, sc.q.data());
+  pass_range(p, b, t, kh, c * chunk, (c + 1) * chunk - 1, sc.q.data(), sc.part.data(),
+             sc.acc.data(), sc);
   for (int64_t g = 0; g < G; ++g) {
-    float* o = p.out + ((b * p.T + t) * p.H + kh * G + g) * D;
-    if (chunk > p.S) {
-      normalise(&sc.acc[g * D], sc.part[g].S, D, o);
-    } else {
-      merge(sc.final[g], &sc.fin[g * D], sc.part[g], &sc.acc[g * D], D);
-      normalise(&sc.fin[g * D], sc.final[g].S, D, o);
+    float* out = parts + g * (2 + D);
+    out[0] = sc.part[g].M, out[1] = sc.part[g].S;
+    std::copy(&sc.acc[g * D], &sc.acc[(g + 1) * D], out + 2);
+  }
+}
+
+// The chunks' passes of kv head kh merged in order (ggml_flash_attn_ext_reduce_partials)
+// and normalised. parts [nc, G, 2 + D].
+void merge_task(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t nc,
+                const float* parts, Scratch& sc) {
+  ScopedFtz ftz;
+  const int64_t D = p.D, G = p.G;
+  sc.fin.resize(D);
+  for (int64_t g = 0; g < G; ++g) {
+    Pass f;
+    std::fill(sc.fin.begin(), sc.fin.end(), 0.0f);
+    for (int64_t c = 0; c < nc; ++c) {
+      const float* part = parts + (c * G + g) * (2 + D);
+      Pass cp;
+      cp.M = part[0], cp.S = part[1];
+      merge(f, sc.fin.data(), cp, part + 2, D);
     }
+    normalise(sc.fin.data(), f.S, D, p.out + ((b * p.T + t) * p.H + kh * G + g) * D);
   }
 }
 
@@ -250,12 +400,41 @@ ffi::Error GgmlFlashAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
     });
     return ffi::Error::Success();
   }
-  std::vector<int64_t> chunk(p.B);
-  for (int64_t b = 0; b < p.B; ++b) chunk[b] = split_chunk(p, b, n_rows, threads);
-  parallel_for(pool, p.B * p.T * p.K, [&](int64_t i) {
+  // one pass a query row, but a row's one token over n_kv >= 512 cells split into chunks
+  // (a task each), then merged
+  std::vector<int64_t> chunk(p.B), nc(p.B);
+  for (int64_t b = 0; b < p.B; ++b) {
+    chunk[b] = split_chunk(p, b, n_rows, threads);
+    nc[b] = chunk[b] > p.S ? 0 : (p.S + chunk[b] - 1) / chunk[b];
+  }
+  std::vector<int64_t> tasks;  // (b, t, kh, c): c < 0 one pass
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t t = 0; t < p.T; ++t)
+      for (int64_t kh = 0; kh < p.K; ++kh)
+        for (int64_t c = nc[b] ? 0 : -1; c < std::max<int64_t>(nc[b], 0); ++c)
+          tasks.insert(tasks.end(), {b, t, kh, c});
+  const int64_t stride = p.G * (2 + p.D);
+  std::vector<float> parts;
+  std::vector<int64_t> at(tasks.size() / 4, -1);
+  for (size_t i = 0, n = 0; i < at.size(); ++i)
+    if (tasks[4 * i + 3] >= 0) at[i] = (int64_t)n++ * stride;
+  parts.resize(std::count_if(at.begin(), at.end(), [](int64_t a) { return a >= 0; }) * stride);
+  parallel_for(pool, (int64_t)at.size(), [&](int64_t i) {
     thread_local Scratch sc;
-    const int64_t b = i / (p.T * p.K);
-    chunk_task(p, b, i / p.K % p.T, i % p.K, chunk[b], sc);
+    const int64_t* tk = &tasks[4 * i];
+    if (tk[3] < 0)
+      one_chunk_task(p, tk[0], tk[1], tk[2], sc);
+    else
+      split_task(p, tk[0], tk[1], tk[2], tk[3], chunk[tk[0]], &parts[at[i]], sc);
+  });
+  // the split rows' merges: their chunks' parts lie consecutively (c fastest)
+  std::vector<int64_t> merges;
+  for (size_t i = 0; i < at.size(); ++i)
+    if (tasks[4 * i + 3] == 0) merges.push_back((int64_t)i);
+  parallel_for(pool, (int64_t)merges.size(), [&](int64_t m) {
+    thread_local Scratch sc;
+    const int64_t* tk = &tasks[4 * merges[m]];
+    merge_task(p, tk[0], tk[1], tk[2], nc[tk[0]], &parts[at[merges[m]]], sc);
   });
   return ffi::Error::Success();
 }
