@@ -2,7 +2,8 @@
 of that numerics, which `llamay.kernels.attention` runs for dense and (after gathering
 the pages) paged caches.
 
-An F16 KV cache (flash attention off, llama.cpp's default): q (scaled first in the
+An F16 KV cache with flash attention off (llama-cpp-python's default; `flash_attn` takes
+`flash_attention`, below, as llama.cpp's `-fa on`): q (scaled first in the
 families of `llamay.arch.ggml_ops.Q_PRESCALED`) rounded to f16; K·q and P·V as
 llamafile's tinyBLAS sums them for a batch of tokens (16 lanes, chunk after chunk, then
 `_mm512_reduce_add_ps`) or as ggml_vec_dot_f16 does for one token (4 accumulators of 16
@@ -13,7 +14,7 @@ probabilities as f32, unrounded. (See `llamay.quant.ggml_float` for why bit for 
 how XLA is kept from fusing.)
 
 A quantised K or V cache (q8_0, q4_0, ...: `llamay.kv.types`): llama.cpp's flash attention,
-which it requires for a quantised V (`flash_attention`, below).
+which it requires for a quantised V (`flash_attention`, below: its three paths).
 """
 
 from __future__ import annotations
