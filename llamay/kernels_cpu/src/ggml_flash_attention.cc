@@ -10,12 +10,15 @@
 // in cell order; keys it cannot see add exact zeros in the emulation and are skipped.
 //
 // Tiled, per query row (a task takes a kv head's rows for a block of tokens, so each tile
-// of 64 keys is converted and transposed once for all of them): the scores as simd_gemm's
+// of 64 keys is converted and transposed once for all of them, and runs its rows' scores
+// and P.V four rows at a time with the sums in registers): the scores as simd_gemm's
 // FMA chain over the head dim (q unrounded), times the scale; the tile's maximum; a
 // rescale by expf(Mold - M) when it grows; P = ggml_v_expf(s - M); S += the four 16-lane
 // sums added in double (ggml_vec_soft_max_f32); VKQ += P.V as an FMA chain over the tile's
 // keys. One_chunk: q rounded to f16, ggml_vec_dot_f16, the online softmax key by key into
-// an f16 accumulator (ggml_vec_scale_f16 / ggml_vec_mad_f16), S = fma(S, ms, vs).
+// an f16 accumulator (ggml_vec_scale_f16 / ggml_vec_mad_f16), S = fma(S, ms, vs); a kv
+// head's G heads side by side (each key's rows converted once); on the split path each
+// chunk is a task, the chunks merged after.
 // Not here (the dispatcher keeps the emulation): softcaps, bf16 / f32 / quantised caches.
 #include <algorithm>
 #include <cmath>
