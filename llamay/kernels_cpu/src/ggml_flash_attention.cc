@@ -306,23 +306,27 @@ void pass_range(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t lo, 
   }
 }
 
-// Query token t's G heads of kv head kh rounded to f16 into q16 [G, D].
-inline void queries_f16(const Problem& p, int64_t b, int64_t t, int64_t kh, float* q16) {
-  for (int64_t g = 0; g < p.G; ++g) {
-    query_row(p, b, t, kh * p.G + g, q16 + g * p.D);
-    for (int64_t d = 0; d < p.D; ++d) q16[g * p.D + d] = round_f16(q16[g * p.D + d]);
+// One pass of token t's G heads (kv head kh) over the cells [lo, hi]: the queries rounded
+// to f16 into sc.q, the heads' states into sc.part, their accumulators into sc.acc [G, D].
+void heads_pass(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t lo, int64_t hi,
+                Scratch& sc) {
+  const int64_t D = p.D, G = p.G;
+  sc.q.resize(G * D);
+  sc.acc.resize(G * D);
+  sc.part.resize(G);
+  for (int64_t g = 0; g < G; ++g) {
+    float* q16 = &sc.q[g * D];
+    query_row(p, b, t, kh * G + g, q16);
+    for (int64_t d = 0; d < D; ++d) q16[d] = round_f16(q16[d]);
   }
+  pass_range(p, b, t, kh, lo, hi, sc.q.data(), sc.part.data(), sc.acc.data(), sc);
 }
 
 // One pass a query row: token t of row b, kv head kh's G heads.
 void one_chunk_task(const Problem& p, int64_t b, int64_t t, int64_t kh, Scratch& sc) {
   ScopedFtz ftz;
   const int64_t D = p.D, G = p.G;
-  sc.q.resize(G * D);
-  sc.acc.resize(G * D);
-  sc.part.resize(G);
-  queries_f16(p, b, t, kh, sc.q.data());
-  pass_range(p, b, t, kh, 0, p.S - 1, sc.q.data(), sc.part.data(), sc.acc.data(), sc);
+  heads_pass(p, b, t, kh, 0, p.S - 1, sc);
   for (int64_t g = 0; g < G; ++g)
     normalise(&sc.acc[g * D], sc.part[g].S, D, p.out + ((b * p.T + t) * p.H + kh * G + g) * D);
 }
@@ -333,12 +337,7 @@ void split_task(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t c, i
                 float* parts, Scratch& sc) {
   ScopedFtz ftz;
   const int64_t D = p.D, G = p.G;
-  sc.q.resize(G * D);
-  sc.acc.resize(G * D);
-  sc.part.resize(G);
-  queries_f16(p, b, t, kh, sc.q.data());
-  pass_range(p, b, t, kh, c * chunk, (c + 1) * chunk - 1, sc.q.data(), sc.part.data(),
-             sc.acc.data(), sc);
+  heads_pass(p, b, t, kh, c * chunk, (c + 1) * chunk - 1, sc);
   for (int64_t g = 0; g < G; ++g) {
     float* out = parts + g * (2 + D);
     out[0] = sc.part[g].M, out[1] = sc.part[g].S;
