@@ -241,7 +241,11 @@ def flash_attention(q, k_cache, v_cache, q_pos, *, scale, window=None, softcap=N
         out = _one_chunk(*args)
     else:
         rows = ggml_rows.step_rows(B * T)
-        one = lambda: _one_chunk(*args, chunk=_split_chunk(q_pos, S, rows, threads))  # noqa: E731
+        # a step known to hold more than one token never splits: one pass a row, no merges
+        chunk = (
+            None if isinstance(rows, int) and rows > 1 else _split_chunk(q_pos, S, rows, threads)
+        )
+        one = lambda: _one_chunk(*args, chunk=chunk)  # noqa: E731
         if B * T < FA_TILE:  # too few rows for the tiled path, padding or not
             out = one()
         elif isinstance(rows, int):
