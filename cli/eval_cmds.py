@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from llamay.errors import LlamayError
-from llamay_cli.serve_cmds import FlashAttnOpt
+from llamay_cli.serve_cmds import FlashAttnOpt, NumericsOpt
 
 eval_app = typer.Typer(
     no_args_is_help=True,
@@ -60,7 +60,7 @@ def perplexity(
     ctx: Annotated[int, typer.Option("--ctx", "-c", min=4, help="Tokens per chunk.")] = 512,
     batch: Annotated[int, typer.Option("--batch", "-b", min=1, help="Chunks per step.")] = 1,
     chunks: Annotated[int | None, typer.Option("--chunks", min=1, help="At most N chunks.")] = None,
-    numerics: Annotated[str, typer.Option("--numerics", help="exact or llamacpp.")] = "exact",
+    numerics: NumericsOpt = "exact",
     flash_attn: FlashAttnOpt = "off",
     mesh: MeshOpt = None,
     distributed: DistributedOpt = False,

@@ -23,6 +23,7 @@ from llamay_cli.serve_cmds import (
     FlashAttnOpt,
     ImageOpt,
     MmprojOpt,
+    NumericsOpt,
     image_prompt,
     lora_arg,
 )
@@ -100,6 +101,8 @@ def generate(
     image: ImageOpt = None,
     cache_type_k: CacheTypeKOpt = None,
     cache_type_v: CacheTypeVOpt = None,
+    numerics: NumericsOpt = "exact",
+    flash_attn: FlashAttnOpt = "off",
 ) -> None:
     """Continue PROMPT with MODEL, streaming the generated text to stdout."""
     import llamay
@@ -135,6 +138,8 @@ def generate(
             lora=[lora_arg(a) for a in lora or ()],
             cache_type_k=cache_type_k,
             cache_type_v=cache_type_v,
+            numerics=numerics,
+            flash_attn=flash_attn,
         )
         if mmproj is not None:
             m.attach_projector(mmproj)
@@ -268,7 +273,7 @@ def bench(
     gen_tokens: Annotated[int, typer.Option("--gen-tokens", "-n", min=0)] = 128,
     batch: Annotated[str, typer.Option("--batch", "-b", help="Comma-separated sizes.")] = "1",
     repetitions: Annotated[int, typer.Option("--repetitions", "-r", min=1)] = 3,
-    numerics: Annotated[str, typer.Option("--numerics")] = "exact",
+    numerics: NumericsOpt = "exact",
     flash_attn: FlashAttnOpt = "off",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     cache_type_k: CacheTypeKOpt = None,

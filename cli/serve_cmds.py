@@ -33,6 +33,27 @@ CacheTypeVOpt = Annotated[
         "--cache-type-v", "-ctv", help="KV cache type for V (the types of --cache-type-k)."
     ),
 ]
+
+
+def _numerics(value: str) -> str:
+    from llamay.api import NUMERICS
+
+    if value not in NUMERICS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(NUMERICS)}")
+    return value
+
+
+#: `generate`, `serve`, `bench` and `eval perplexity`'s choice of rounding (`llamay.load`'s).
+NumericsOpt = Annotated[
+    str,
+    typer.Option(
+        "--numerics",
+        callback=_numerics,
+        help="exact: f32 math over the dequantised weights (transformers' numbers); "
+        "llamacpp: llama.cpp's CPU rounding (int8 activation blocks, an f16 cache), bit "
+        "for bit, to reproduce its outputs.",
+    ),
+]
 FlashAttnOpt = Annotated[
     str,
     typer.Option(
@@ -256,6 +277,8 @@ def register_serve(app: typer.Typer) -> None:
         ] = False,
         cache_type_k: CacheTypeKOpt = None,
         cache_type_v: CacheTypeVOpt = None,
+        numerics: NumericsOpt = "exact",
+        flash_attn: FlashAttnOpt = "off",
         model_draft: Annotated[
             str | None,
             typer.Option(
@@ -303,6 +326,7 @@ def register_serve(app: typer.Typer) -> None:
         """Serve models over HTTP: OpenAI, Anthropic, Ollama and llama.cpp-compatible APIs.
         The --model models load and compile every program they can run in the background
         at start; /health answers 503 "Loading model" until they are ready."""
+        from llamay.api import flash_attn_flag
         from llamay.errors import LlamayError
         from llamay.serve import create_app
         from llamay.serve.app import run_server
@@ -327,6 +351,8 @@ def register_serve(app: typer.Typer) -> None:
                 cache_type_k=_cache_type(cache_type_k, "--cache-type-k"),
                 cache_type_v=_cache_type(cache_type_v, "--cache-type-v"),
                 mmproj=mmproj,
+                numerics=numerics,
+                flash_attn=flash_attn_flag(flash_attn),
             )
         except LlamayError as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -27,7 +27,7 @@ from llamay.arch import Architecture, get_architecture
 from llamay.arch.validate import check_tensors
 from llamay.engine import Generation, Runtime, check_prompt, padded_batch
 from llamay.engine.api import Handle, Request
-from llamay.engine.generate import PREFILL_CHUNK
+from llamay.engine.generate import prefill_chunk
 from llamay.errors import ConstraintIncompleteError, ImageError, RequestError
 from llamay.gguf import GGUFFile
 from llamay.kv import bucket, new_dense_kv
@@ -192,9 +192,7 @@ class Model:
                     self,
                     slots=self.parallel,
                     page_size=ENGINE_PAGE,
-                    # llamacpp numerics prefill as llama.cpp's ubatches of 512 do (its
-                    # kernels, flash attention's path among them, follow the batch size)
-                    chunk=PREFILL_CHUNK if self.numerics == "llamacpp" else ENGINE_CHUNK,
+                    chunk=prefill_chunk(self, ENGINE_CHUNK),
                     n_pages=pages(min(whole, ENGINE_START_TOKENS)),
                     max_pages=pages(whole),
                     speculative=getattr(self, "speculative", None),

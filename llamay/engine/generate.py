@@ -61,6 +61,14 @@ class Runtime:
 PREFILL_CHUNK = 512
 
 
+def prefill_chunk(model, exact: int) -> int:
+    """The most prompt tokens one engine step prefills for `model`: llamacpp numerics take
+    llama.cpp's ubatch (PREFILL_CHUNK), since its kernels, flash attention's path among
+    them, round by the batch's size; exact numerics take `exact` (the caller's trade of
+    prefill speed against the decode latency of the rows beside it)."""
+    return PREFILL_CHUNK if getattr(model, "numerics", "exact") == "llamacpp" else exact
+
+
 def padded_batch(ids: list[int], slots: int, start: int = 0):
     """One row padded to its prefill bucket, at positions start..; padding gets position
     `slots` (dropped)."""

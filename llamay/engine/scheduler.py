@@ -39,7 +39,7 @@ import numpy as np
 from llamay.arch.decoder import local_layers
 from llamay.engine import adapters, programs
 from llamay.engine.api import Handle, Request
-from llamay.engine.generate import check_prompt, default_decode_steps
+from llamay.engine.generate import check_prompt, default_decode_steps, prefill_chunk
 from llamay.engine.paged_steps import set_rows
 from llamay.engine.persist import Persistence, model_digest
 from llamay.engine.planning import MIN_VIEW, Active, Plan, Planner, RequestFailed
@@ -66,6 +66,10 @@ __all__ = [
 # compiled step; a request asking more than that widens the batch to the Sampler's limit.
 LOGPROB_WIDTH, LOGPROB_WIDTH_MAX = 20, 64
 
+#: Prompt tokens a step prefills in exact numerics unless the caller says (`chunk`):
+#: small enough that decoding rows beside a long prompt keep their pace.
+EXACT_CHUNK = 128
+
 
 class BatchEngine(StepWorker, Planner, Persistence, Speculating):
     """The continuous-batching scheduler (see the module docstring)."""
@@ -76,7 +80,7 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         slots: int = 8,
         page_size: int = 16,
         n_pages: int | None = None,
-        chunk: int = 128,
+        chunk: int | None = None,
         prefix_cache: bool = True,
         max_pages: int | None = None,
         local_pages: int | None = None,
@@ -84,7 +88,9 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         speculative: Speculation | None = None,
         decode_steps: int = 1,
     ):
-        """`n_pages` pages in the pool (default: `slots` sequences of up to 1024
+        """`chunk`: the most prompt tokens a row prefills in one step (default
+        `prefill_chunk`'s: llama.cpp's ubatch in llamacpp numerics, else EXACT_CHUNK).
+        `n_pages` pages in the pool (default: `slots` sequences of up to 1024
         tokens); with `max_pages` above it the pool grows on demand up to that, so a
         small pool can still take a long request (each new size compiles the step
         once more). A model with sliding-window layers keeps theirs in a local pool of
@@ -108,6 +114,7 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         self.n_adapters = adapters.adapter_count(self.weights)
         self.lora_scales = adapters.load_scales(self.weights)
         self.n_ctx = model.n_ctx
+        chunk = prefill_chunk(model, EXACT_CHUNK) if chunk is None else chunk
         self.n_slots, self.page_size, self.chunk = slots, page_size, chunk
         self.gather_s = gather_s
         self.decode_steps = max(1, int(decode_steps))

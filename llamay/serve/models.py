@@ -107,13 +107,11 @@ def _path_digest(path: Path) -> str:
     return "sha256:" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()
 
 
-def default_loader(path: Path, n_ctx: int | None, numerics: str, lora=(), **cache_types):
-    """`cache_types`: cache_type_k / cache_type_v (`llamay.load`'s)."""
+def default_loader(path: Path, n_ctx: int | None, numerics: str, lora=(), **options):
+    """`options`: cache_type_k / cache_type_v / flash_attn (`llamay.load`'s)."""
     import llamay
 
-    model = llamay.load(
-        path, n_ctx=n_ctx, numerics=numerics, progress=False, lora=lora, **cache_types
-    )
+    model = llamay.load(path, n_ctx=n_ctx, numerics=numerics, progress=False, lora=lora, **options)
     # A server outlives the tokenizer's per-text engines: build the full one while
     # loading rather than stall a request on it later (it holds the GIL for seconds).
     model.tokenizer.warm()
@@ -152,6 +150,7 @@ class Models:
         cache_type_k: str | None = None,
         cache_type_v: str | None = None,
         mmproj: str | os.PathLike | None = None,
+        flash_attn: bool | str | None = None,
     ):
         """`mesh`: shard every model over devices, "dp=N,tp=M" (llamay.model.sharding's
         rules, as `llamay eval --mesh`); checked against the visible devices here.
@@ -160,10 +159,17 @@ class Models:
         (llama-server's --lora; `/lora-adapters` lists them and sets their scales).
         `cache_type_k` / `cache_type_v`: every model's KV cache types (llama-server's
         --cache-type-k/-v: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; `llamay.kv.types`).
-        `mmproj`: the default model's vision projector (llama-server's --mmproj)."""
-        self.cache_types = {
+        `mmproj`: the default model's vision projector (llama-server's --mmproj).
+        `numerics` and `flash_attn`: every model's rounding (`llamay.load`'s: "llamacpp"
+        reproduces llama.cpp's, flash attention's among them when `flash_attn` is on)."""
+        #: what every model loads with besides its path (the loader's keyword arguments)
+        self.load_options = {
             k: v
-            for k, v in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v))
+            for k, v in (
+                ("cache_type_k", cache_type_k),
+                ("cache_type_v", cache_type_v),
+                ("flash_attn", flash_attn),
+            )
             if v is not None
         }
         self.lora = tuple((Path(p), float(s)) for p, s in lora or ())
@@ -299,7 +305,7 @@ class Models:
     def _load(self, path: Path, adapters=(), projector: Path | None = None):
         """`projector`: the model's own vision projector (its store `projector` layer)."""
         lora = {"lora": list(adapters)} if adapters else {}  # custom loaders may take none
-        model = self.loader(path, self.n_ctx, self.numerics, **lora, **self.cache_types)
+        model = self.loader(path, self.n_ctx, self.numerics, **lora, **self.load_options)
         if self.mmproj is not None and path == next(iter(self.configured.values())):
             model.attach_projector(self.mmproj)
         elif projector is not None:

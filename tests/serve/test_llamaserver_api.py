@@ -460,25 +460,15 @@ def test_timings_on_the_openai_compatible_answers(server, tiny):
 @pytest.mark.slow
 def test_serve_slot_save_path_flag(tiny_paths, serve_home, tmp_path):
     """`llamay serve --slot-save-path DIR` (llama-server's flag): slot files land in DIR."""
-    import signal
+    from tests.serve.test_serve_cli import serve_process
 
-    from tests.serve.test_serve_cli import start_serve
-
-    proc, url = start_serve(tiny_paths, serve_home, "--slot-save-path", str(tmp_path))
-    try:
+    with serve_process(tiny_paths, serve_home, "--slot-save-path", str(tmp_path)) as (_, url):
         with httpx.Client(base_url=url, timeout=300) as c:
             done = c.post("/completion", json={"prompt": "The sea", "n_predict": 2}).json()
             slot = done["id_slot"]
             r = c.post(f"/slots/{slot}?action=save", json={"filename": "cli.bin"})
             assert r.status_code == 200, r.text
             assert r.json()["n_written"] == (tmp_path / "cli.bin").stat().st_size
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except Exception:  # noqa: BLE001
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 def test_n_predict_0_evaluates_the_prompt_into_the_cache(http, server, slot_dir, tiny):

@@ -3,11 +3,13 @@ answers the openai client, and stops on SIGINT."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -41,16 +43,13 @@ def start_serve(tiny_paths, serve_home, *args: str) -> tuple[subprocess.Popen, s
         time.sleep(0.3)
 
 
-def test_serve_process(tiny_paths, serve_home):
-    proc, url = start_serve(tiny_paths, serve_home, "--max-tokens", "4", "--api-key", "k")
+@contextlib.contextmanager
+def serve_process(paths, serve_home, *args: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`start_serve`'s process and URL for the block, then stopped as a user stops it
+    (SIGINT; killed if still there 30 s later)."""
+    proc, url = start_serve(paths, serve_home, *args)
     try:
-        c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
-        assert [m.id for m in c.models.list()] == ["t"]
-        r = c.completions.create(model="t", prompt="Hi", max_tokens=50, temperature=0)
-        assert r.usage.completion_tokens <= 4  # --max-tokens caps every request
-        wrong = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
-        with pytest.raises(openai.AuthenticationError):  # (the model list is open)
-            wrong.completions.create(model="t", prompt="Hi", max_tokens=1)
+        yield proc, url
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -58,6 +57,18 @@ def test_serve_process(tiny_paths, serve_home):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def test_serve_process(tiny_paths, serve_home):
+    args = ("--max-tokens", "4", "--api-key", "k")
+    with serve_process(tiny_paths, serve_home, *args) as (proc, url):
+        c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+        assert [m.id for m in c.models.list()] == ["t"]
+        r = c.completions.create(model="t", prompt="Hi", max_tokens=50, temperature=0)
+        assert r.usage.completion_tokens <= 4  # --max-tokens caps every request
+        wrong = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):  # (the model list is open)
+            wrong.completions.create(model="t", prompt="Hi", max_tokens=1)
     assert proc.returncode in (0, -signal.SIGINT, 130)
 
 

@@ -5,14 +5,13 @@ does not exist is refused at start."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 
 import openai
 import pytest
 from fixture_data import tiny_model_file
-from test_serve_cli import start_serve
+from test_serve_cli import serve_process
 
 import llamay
 from llamay.sample import GREEDY
@@ -32,18 +31,11 @@ def test_serve_with_quantised_cache_types(serve_home):
     want = greedy_text(path, 8, cache_type_k="q4_0", cache_type_v="q4_0")
     assert want != greedy_text(path, 8)  # the flag must matter to be seen
     paths = {"tiny": path}
-    proc, url = start_serve(paths, serve_home, "-ctk", "q4_0", "--cache-type-v", "q4_0")
-    try:
+    args = ("-ctk", "q4_0", "--cache-type-v", "q4_0")
+    with serve_process(paths, serve_home, *args) as (_, url):
         c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         r = c.completions.create(model="t", prompt=PROMPT, max_tokens=8, temperature=0)
         assert r.choices[0].text == want
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 def test_an_unknown_cache_type_is_refused():

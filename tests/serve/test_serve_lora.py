@@ -192,20 +192,10 @@ def test_cli_lora_flags():
 def test_llamay_serve_lora_flags_as_a_process(tiny_paths, serve_home, adapters, ref):
     """`llamay serve --lora PATH:SCALE --lora-scaled PATH:SCALE` as a process: the adapters
     at those scales, requests without a `lora` field applying them."""
-    import signal
-    import subprocess
+    from tests.serve.test_serve_cli import serve_process
 
-    from tests.serve.test_serve_cli import start_serve
-
-    proc, url = start_serve(
-        tiny_paths,
-        serve_home,
-        "--lora",
-        f"{adapters['wide']}:0.7",
-        "--lora-scaled",
-        f"{adapters['narrow']}:1.5",
-    )
-    try:
+    args = ("--lora", f"{adapters['wide']}:0.7", "--lora-scaled", f"{adapters['narrow']}:1.5")
+    with serve_process(tiny_paths, serve_home, *args) as (_, url):
         listed = httpx.get(url + "/lora-adapters", timeout=120).json()
         assert [(a["path"], a["scale"]) for a in listed] == [
             (str(adapters["wide"]), 0.7),
@@ -215,13 +205,6 @@ def test_llamay_serve_lora_flags_as_a_process(tiny_paths, serve_home, adapters, 
         got = httpx.post(url + "/completion", json=body, timeout=300).json()["content"]
         both = [("wide", 0.7), ("narrow", 1.5)]
         assert got == _text(ref, _tokens(ref, both, adapters, PROMPT))
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 def test_serve_lora_needs_a_model_and_a_file(tiny_paths, tmp_path):
