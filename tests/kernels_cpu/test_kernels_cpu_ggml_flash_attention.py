@@ -46,6 +46,7 @@ DENSE = [
     (1, 64, 4, 4, 256, 256, 70, 64, 2, None, True, False),  # not causal, D 256
     (1, 80, 4, 2, 32, 256, 80, 40, 2, None, False, True),  # 40 real rows: one pass a row
     (2, 16, 6, 2, 128, 512, 300, 32, 2, 8, False, True),  # a short chunk: one pass a row
+    (1, 70, 4, 2, 80, 256, 70, 70, 2, None, False, True),  # D 80: vector and scalar parts
 ]
 
 

@@ -107,6 +107,15 @@ inline void chunk_sums(const float* x, int64_t n, float* out) {
     for (int l = 0; l < 4; ++l) m[l] = _mm512_add_ps(m[4 + l], m[l]);
     _mm512_storeu_ps(out + c, _mm512_add_ps(_mm512_add_ps(m[0], m[2]), _mm512_add_ps(m[1], m[3])));
   }
+#elif defined(__AVX2__) && !defined(LLAMAY_SCALAR)
+  for (; c + 8 <= n; c += 8) {  // reduce16's first level, then 8 chunks transposed
+    __m256 m[8];
+    for (int i = 0; i < 8; ++i)
+      m[i] = _mm256_add_ps(_mm256_loadu_ps(x + (c + i) * L16 + 8), _mm256_loadu_ps(x + (c + i) * L16));
+    transpose8(m);  // m[l]: lane l of the 8 chunks' first level
+    for (int l = 0; l < 4; ++l) m[l] = _mm256_add_ps(m[4 + l], m[l]);
+    _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_add_ps(m[0], m[2]), _mm256_add_ps(m[1], m[3])));
+  }
 #endif
   for (; c < n; ++c) out[c] = reduce16(x + c * L16);
 }
@@ -266,10 +275,26 @@ constexpr int64_t PV_ROWS = 4;
 // acc + a * b: one FMA where the product is exact and never below the normals (f16 times
 // f16), which rounds as the emulation's multiply then add; both roundings otherwise (a
 // bf16 operand: its product can flush to zero under FTZ, which a fused one would not).
+// AVX2 without AVX-512: f16v is two 8-lane halves (vec16.h).
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__) && \
+    !defined(LLAMAY_SCALAR)
+#define LLAMAY_GA_AVX2 1
+// 8 f16 / bf16 values as floats.
+inline __m256 load_half8(const uint16_t* p, bool bf16) {
+  const __m128i h = _mm_loadu_si128((const __m128i*)p);
+  if (!bf16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
 template <bool FUSED>
 inline f16v madd(f16v acc, f16v a, f16v b) {
 #if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
   if constexpr (FUSED) return (f16v)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
+#elif defined(LLAMAY_GA_AVX2)
+  if constexpr (FUSED)
+    return {(f8v)_mm256_fmadd_ps((__m256)a.lo, (__m256)b.lo, (__m256)acc.lo),
+            (f8v)_mm256_fmadd_ps((__m256)a.hi, (__m256)b.hi, (__m256)acc.hi)};
 #endif
   return acc + a * b;
 }
@@ -280,6 +305,8 @@ inline f16v load_half16(const uint16_t* p, bool bf16) {
   const __m256i h = _mm256_loadu_si256((const __m256i*)p);
   if (!bf16) return (f16v)_mm512_cvtph_ps(h);
   return (f16v)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#elif defined(LLAMAY_GA_AVX2)
+  return {(f8v)load_half8(p, bf16), (f8v)load_half8(p + 8, bf16)};
 #else
   float v[16];
   load_row(p, 16, bf16, v);
@@ -296,6 +323,14 @@ inline void transpose_keys(const uint16_t* const* kr, int64_t D, bool bf16, floa
     transpose16(r);
     for (int x = 0; x < 16; ++x) _mm512_storeu_ps(kt + (d0 + x) * L16, r[x]);
   }
+#elif defined(LLAMAY_GA_AVX2)
+  for (int64_t d0 = 0; d0 < D; d0 += 8)  // 8 x 8 blocks: keys 8 ib.., elements d0..
+    for (int ib = 0; ib < 2; ++ib) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = load_half8(kr[8 * ib + i] + d0, bf16);
+      transpose8(r);
+      for (int x = 0; x < 8; ++x) _mm256_storeu_ps(kt + (d0 + x) * L16 + 8 * ib, r[x]);
+    }
 #else
   float row[L16];
   for (int64_t i = 0; i < L16; ++i)
@@ -427,6 +462,16 @@ inline void lanes_major(const float* p, int64_t stride, int64_t rg, int64_t n, f
     transpose16(m);
     for (int64_t lane = 0; lane < L16; ++lane) _mm512_storeu_ps(pt + (lane * n + k) * L16, m[lane]);
   }
+#elif defined(LLAMAY_GA_AVX2)
+  static_assert(PV_ROWS == 4, "a chunk's rows x 4 lanes are one 4 x 4 transpose");
+  for (int64_t k = 0; k < n; ++k)
+    for (int64_t l0 = 0; l0 < L16; l0 += 4) {
+      __m128 m[4];
+      for (int64_t r = 0; r < 4; ++r)
+        m[r] = r < rg ? _mm_loadu_ps(p + r * stride + k * L16 + l0) : _mm_setzero_ps();
+      _MM_TRANSPOSE4_PS(m[0], m[1], m[2], m[3]);  // m[i]: lane l0 + i of the 4 rows
+      for (int64_t i = 0; i < 4; ++i) _mm_storeu_ps(pt + ((l0 + i) * n + k) * PV_ROWS, m[i]);
+    }
 #else
   for (int64_t r = 0; r < rg; ++r)
     for (int64_t k = 0; k < n; ++k)

@@ -50,17 +50,36 @@ constexpr int64_t CELL_PAD = 256;    // llama.cpp's n_kv: the used cells rounded
 constexpr int64_t BLOCK_TOKENS = 8;  // query tokens a tiled task takes (x G heads)
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
+// The vector paths: AVX-512's 16 lanes, AVX2's 8 (F16C and FMA beside it), each lane the
+// same operations in the same order as the scalar code (which takes what is left).
+#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+#define LLAMAY_FA_AVX512 1
+#endif
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && !defined(LLAMAY_SCALAR)
+#define LLAMAY_FA_AVX2 1
+#endif
+
 // ggml_vec_scale_f16 then ggml_vec_mad_f16 on an f16 accumulator held as f32 values:
 // acc[d] = f16(fma(v[d], vs, f16(acc[d] * ms))).
 inline void mad_f16(float* acc, const float* v, float vs, float ms, int64_t D) {
   int64_t d = 0;
-#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+#if defined(LLAMAY_FA_AVX512) || defined(LLAMAY_FA_AVX2)
   constexpr int RN = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+#endif
+#ifdef LLAMAY_FA_AVX512
   const __m512 vvs = _mm512_set1_ps(vs), vms = _mm512_set1_ps(ms);
   for (; d + 16 <= D; d += 16) {
     __m512 a = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(acc + d), vms), RN));
     a = _mm512_fmadd_ps(_mm512_loadu_ps(v + d), vvs, a);
     _mm512_storeu_ps(acc + d, _mm512_cvtph_ps(_mm512_cvtps_ph(a, RN)));
+  }
+#endif
+#ifdef LLAMAY_FA_AVX2
+  const __m256 vvs8 = _mm256_set1_ps(vs), vms8 = _mm256_set1_ps(ms);
+  for (; d + 8 <= D; d += 8) {
+    __m256 a = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(acc + d), vms8), RN));
+    a = _mm256_fmadd_ps(_mm256_loadu_ps(v + d), vvs8, a);
+    _mm256_storeu_ps(acc + d, _mm256_cvtph_ps(_mm256_cvtps_ph(a, RN)));
   }
 #endif
   for (; d < D; ++d) acc[d] = round_f16(std::fma(v[d], vs, round_f16(acc[d] * ms)));
@@ -92,10 +111,6 @@ inline void normalise(const float* acc, float S, int64_t D, float* out) {
 
 // -- tiled ---------------------------------------------------------------------------------
 
-#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
-#define LLAMAY_FA_AVX512 1
-#endif
-
 // The scores of NR rows over a tile, simd_gemm's FMA chains over d from 0: s[r][k] =
 // fma(q_r[d], kt[d][k], s[r][k]) for d = 0..D-1 (kt: the tile's K transposed, [D][64]).
 template <int NR>
@@ -114,6 +129,24 @@ inline void tile_scores(const float* const* qs, const float* kt, int64_t D, floa
   }
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < 4; ++i) _mm512_storeu_ps(s + r * TILE + 16 * i, acc[r][i]);
+#elif defined(LLAMAY_FA_AVX2)
+  for (int64_t k0 = 0; k0 < TILE; k0 += 16) {  // 16 keys a pass: 8 accumulators, 2 of K
+    __m256 acc[NR][2];
+    for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+      const __m256 k0v = _mm256_loadu_ps(kt + d * TILE + k0);
+      const __m256 k1v = _mm256_loadu_ps(kt + d * TILE + k0 + 8);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 qb = _mm256_set1_ps(qs[r][d]);
+        acc[r][0] = _mm256_fmadd_ps(qb, k0v, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(qb, k1v, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      _mm256_storeu_ps(s + r * TILE + k0, acc[r][0]);
+      _mm256_storeu_ps(s + r * TILE + k0 + 8, acc[r][1]);
+    }
+  }
 #else
   for (int r = 0; r < NR; ++r) {
     float* sr = s + r * TILE;
@@ -145,6 +178,26 @@ inline void tile_pv(const float* const* ps, const float* vt, int64_t D, float* c
       }
       for (int r = 0; r < NR; ++r)
         for (int i = 0; i < 4; ++i) _mm512_storeu_ps(accs[r] + d0 + 16 * i, acc[r][i]);
+    }
+    return;
+  }
+#endif
+#ifdef LLAMAY_FA_AVX2
+  if (D % 16 == 0) {
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {  // 16 outputs a pass: 8 accumulators, 2 of V
+      __m256 acc[NR][2];
+      for (int r = 0; r < NR; ++r)
+        for (int i = 0; i < 2; ++i) acc[r][i] = _mm256_loadu_ps(accs[r] + d0 + 8 * i);
+      for (int64_t k = 0; k < TILE; ++k) {
+        const __m256 v0 = _mm256_loadu_ps(vt + k * D + d0), v1 = _mm256_loadu_ps(vt + k * D + d0 + 8);
+        for (int r = 0; r < NR; ++r) {
+          const __m256 pb = _mm256_set1_ps(ps[r][k]);
+          acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+        }
+      }
+      for (int r = 0; r < NR; ++r)
+        for (int i = 0; i < 2; ++i) _mm256_storeu_ps(accs[r] + d0 + 8 * i, acc[r][i]);
     }
     return;
   }
@@ -260,7 +313,7 @@ inline void merge(Pass& f, float* vf, const Pass& c, const float* vc, int64_t D)
 // chunk i into accumulator i % 4 (products of f16 values: exact, so mul then add is the
 // emulation's sum), (a0 + a2) + (a1 + a3), reduce16; else the general form.
 inline float dot_f16(const float* a, const float* b, int64_t D, Scratch& sc) {
-#if defined(__AVX512F__) && !defined(LLAMAY_SCALAR)
+#ifdef LLAMAY_FA_AVX512
   if (D % 64 == 0) {
     __m512 acc[4];
     for (int i = 0; i < 4; ++i)
@@ -270,6 +323,22 @@ inline float dot_f16(const float* a, const float* b, int64_t D, Scratch& sc) {
                                                            _mm512_loadu_ps(b + 16 * i)));
     alignas(64) float t[16];
     _mm512_store_ps(t, _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+    return reduce16(t);
+  }
+#elif defined(LLAMAY_FA_AVX2)
+  if (D % 64 == 0) {  // each 16-lane accumulator as two halves of 8
+    __m256 acc[4][2];
+    for (int i = 0; i < 4; ++i)
+      for (int h = 0; h < 2; ++h)
+        acc[i][h] = _mm256_mul_ps(_mm256_loadu_ps(a + 16 * i + 8 * h), _mm256_loadu_ps(b + 16 * i + 8 * h));
+    for (int64_t i = 4; i < D / 16; ++i)
+      for (int h = 0; h < 2; ++h)
+        acc[i % 4][h] = _mm256_add_ps(acc[i % 4][h], _mm256_mul_ps(_mm256_loadu_ps(a + 16 * i + 8 * h),
+                                                                   _mm256_loadu_ps(b + 16 * i + 8 * h)));
+    alignas(32) float t[16];
+    for (int h = 0; h < 2; ++h)
+      _mm256_store_ps(t + 8 * h, _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[2][h]),
+                                               _mm256_add_ps(acc[1][h], acc[3][h])));
     return reduce16(t);
   }
 #endif

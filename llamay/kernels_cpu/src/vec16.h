@@ -1,6 +1,6 @@
 // Vectors of 16 lanes in GCC's vector extension, shared by the exact kernels
 // (qmatmul_exact.cc, paged_attention.cc), and a 16 x 16 transpose (AVX-512; the ggml
-// kernels' too): 16 floats / 16 int32, bytes widened to int32
+// kernels' too; 8 x 8 for AVX2): 16 floats / 16 int32, bytes widened to int32
 // (AVX-512 or AVX2 intrinsics where there are, since GCC lowers the generic conversion
 // byte by byte; the generic conversion elsewhere), int32 to float, loads and stores.
 #pragma once
@@ -157,6 +157,27 @@ inline void transpose16(__m512* r) {
     r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
     r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
   }
+}
+#endif
+
+#if defined(__AVX2__)
+// 8 x 8 floats: out row i = column i of in (rows of 8 lanes).
+inline void transpose8(__m256* r) {
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      r[i + 2 * j] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t[i + j]), _mm256_castps_pd(t[i + j + 2])));
+      r[i + 2 * j + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t[i + j]), _mm256_castps_pd(t[i + j + 2])));
+    }
+  for (int j = 0; j < 4; ++j) {
+    t[j] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x20);
+    t[j + 4] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x31);
+  }
+  for (int j = 0; j < 8; ++j) r[j] = t[j];
 }
 #endif
 
