@@ -1,7 +1,8 @@
 """Random inputs and checks the kernel tests share (tests/kernels_cpu, tests/kernels_pallas,
-tests/quant): matmul activations, well-formed i-quant/MXFP4 weight blocks, the exact
-matmul's reference and tolerance, and paged KV pools of llamay.kv.types, the pools
-written as the cache writers store them (`kv_cache.encode`)."""
+tests/quant): the native kernels' other builds, matmul activations, well-formed
+i-quant/MXFP4 weight blocks, the exact matmul's reference and tolerance, and paged KV
+pools of llamay.kv.types, the pools written as the cache writers store them
+(`kv_cache.encode`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from llamay.gguf.constants import GGMLType
+from llamay.kernels_cpu.build import VARIANTS
 from llamay.kv.types import KV_TYPES
 from llamay.quant import LAYOUTS, QTensor, kv_cache
 from llamay.quant.quantize import random_blocks
 
 PAD = 1 << 30  # llamay.engine.paged_steps.PAD_POSITION
+
+#: The native kernels' builds besides this CPU's own (`llamay.kernels_cpu.build.VARIANTS`):
+#: the portable one, and on x86 the AVX2 one, each held to the same results.
+OTHER_BUILDS = [name for name in VARIANTS if name != "native"]
 
 
 def acts(m: int, k: int, seed: int) -> jax.Array:

@@ -76,9 +76,11 @@ log = logging.getLogger("llamay.kernels_cpu")
 
 @dataclass(frozen=True)
 class Variant:
-    """One build of the sources: `native` (SIMD for this CPU) or `scalar` (no
-    intrinsics or vector types: the portable path, built in tests to check it equals
-    the SIMD one). Its handlers are registered as `<prefix><handler>`."""
+    """One build of the sources: `native` (SIMD for this CPU), `scalar` (no intrinsics
+    or vector types: the portable path) or, on x86-64, `avx2` (AVX2, FMA and F16C, no
+    AVX-512: the vector paths of most x86 CPUs). The last two are built in tests to check
+    they equal the native one on any host. Its handlers are registered as
+    `<prefix><handler>`."""
 
     name: str
     flags: tuple[str, ...]
@@ -93,6 +95,8 @@ VARIANTS = {
     "native": Variant("native", (*_COMMON, "-march=native")),
     "scalar": Variant("scalar", (*_COMMON, "-march=native", "-DLLAMAY_SCALAR")),
 }
+if platform.machine().lower() in ("x86_64", "amd64"):
+    VARIANTS["avx2"] = Variant("avx2", (*_COMMON, "-march=x86-64-v3"))
 
 
 def compiler() -> str:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import OTHER_BUILDS
 
 from llamay import kernels
 from llamay.kernels import ggml_attention
@@ -160,14 +161,16 @@ def test_under_jit_with_traced_layer_and_window():
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
+@pytest.mark.parametrize("variant", OTHER_BUILDS)
 @pytest.mark.parametrize("T, D", [(2, 64), (1, 128), (40, 64), (1, 80)])
-def test_scalar_build_equals_native_and_the_emulation(T, D):
-    """The portable build (no intrinsics) on the tiles, one token's (vec_dot order) and a
-    batch's (sgemm), and on the per-token path (D = 80 for one token)."""
+def test_other_builds_equal_native_and_the_emulation(T, D, variant):
+    """The portable build (no intrinsics) and, on x86, the AVX2 one (what most x86 CPUs
+    run, whatever this host has) on the tiles, one token's (vec_dot order) and a batch's
+    (sgemm), and on the per-token path (D = 80 for one token)."""
     q, k, v, table, pos = _paged_case(3, T, 8, 2, D, 16, 5, F16, F16, 4.0, seed=7 + T)
     kw = dict(scale=0.125, window=11)
     a = ggml_attention_native(q, k, v, pos, table, jnp.int32(1), **kw)
-    b = ggml_attention_native(q, k, v, pos, table, jnp.int32(1), variant="scalar", **kw)
+    b = ggml_attention_native(q, k, v, pos, table, jnp.int32(1), variant=variant, **kw)
     want = _emulation(q, gather_pages(k, table, 1), gather_pages(v, table, 1), pos, **kw)
     np.testing.assert_array_equal(np.asarray(a), want)
     np.testing.assert_array_equal(np.asarray(b), want)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import PAD, make_case
+from kernel_cases import OTHER_BUILDS, PAD, make_case
 
 from llamay import kernels
 from llamay.kernels import ggml_attention
@@ -126,9 +126,11 @@ def test_dispatcher_uses_it_with_flash_attn_on_cpu(monkeypatch):
     np.testing.assert_array_equal(run(q, k, v, table, pos), want)
 
 
-@pytest.mark.parametrize("case", [0, 4, 6])
-def test_scalar_build_equals_the_emulation(case):
-    """The portable build (no intrinsics): the split path, the tiled path (D 64 and 256)."""
+@pytest.mark.parametrize("variant", OTHER_BUILDS)
+@pytest.mark.parametrize("case", [0, 4, 6, 9])
+def test_other_builds_equal_the_emulation(case, variant):
+    """The portable build (no intrinsics) and, on x86, the AVX2 one (whatever this host
+    has): the split path, the tiled path (D 64, 256 and 80)."""
     B, T, H, K, D, S, n, rows, threads, window, pre, causal = DENSE[case]
     rng = np.random.default_rng(400 + case)
     k = jnp.asarray(rng.standard_normal((B, S, K, D)), jnp.float16)
@@ -138,5 +140,5 @@ def test_scalar_build_equals_the_emulation(case):
     kw = dict(scale=D**-0.5, window=window, causal=causal, q_prescaled=pre)
     want = _emulation(q, k, v, pos, rows, threads, **kw)
     got = ggml_flash_attention_native(q, k, v, pos, rows=jnp.int32(rows), threads=threads,
-                                      variant="scalar", **kw)  # fmt: skip
+                                      variant=variant, **kw)  # fmt: skip
     np.testing.assert_array_equal(np.asarray(got), want)

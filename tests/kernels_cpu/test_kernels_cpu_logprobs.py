@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import OTHER_BUILDS
 
 from llamay.kernels import logprob_argmax, logprob_argmax_reference
 from llamay.kernels_cpu import build
@@ -43,7 +44,7 @@ def _check(x, picks, variant="native"):
     np.testing.assert_allclose(np.asarray(lp), want_lp, rtol=2e-6, atol=2e-6)
 
 
-@pytest.mark.parametrize("variant", ["native", "scalar"])
+@pytest.mark.parametrize("variant", ["native", *OTHER_BUILDS])
 @pytest.mark.parametrize(
     "shape", [(1, 1), (3, 15), (4, 16), (2, 17), (5, 33), (7, 1000), (2, 3, 49152), (2, 262144)]
 )
@@ -53,7 +54,7 @@ def test_equals_float64_log_softmax(shape, variant):
     _check(*_case(rng, shape, picks_per_row=4), variant=variant)  # several answers a row
 
 
-@pytest.mark.parametrize("variant", ["native", "scalar"])
+@pytest.mark.parametrize("variant", ["native", *OTHER_BUILDS])
 def test_ties_take_the_first_index(variant):
     rng = np.random.default_rng(1)
     x, picks = _case(rng, (6, 100))
@@ -68,7 +69,7 @@ def test_ties_take_the_first_index(variant):
     _check(x, picks, variant=variant)
 
 
-@pytest.mark.parametrize("variant", ["native", "scalar"])
+@pytest.mark.parametrize("variant", ["native", *OTHER_BUILDS])
 def test_masked_vocabulary_and_clamped_picks(variant):
     rng = np.random.default_rng(2)
     x, picks = _case(rng, (3, 70))

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import OTHER_BUILDS
 
 from llamay import kernels
 from llamay.kernels_cpu import build, plug
@@ -116,12 +117,13 @@ def test_under_jit_with_traced_layer_and_window():
         _check(got, want, pos, M * ps)
 
 
+@pytest.mark.parametrize("variant", OTHER_BUILDS)
 @pytest.mark.parametrize("T", [2, 40])  # a verify chunk; a prefill chunk (the tiles)
-def test_scalar_build_equals_native(T):
+def test_other_builds_equal_native(T, variant):
     q, k, v, table, pos = _case(3, T, 8, 2, 64, 16, 5, jnp.float16, seed=7)
     kw = dict(scale=0.125, window=11, softcap=None)
     a = paged_attention_native(q, k, v, table, pos, jnp.int32(1), **kw)
-    b = paged_attention_native(q, k, v, table, pos, jnp.int32(1), variant="scalar", **kw)
+    b = paged_attention_native(q, k, v, table, pos, jnp.int32(1), variant=variant, **kw)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import acts, assert_close_sums, exact_reference
+from kernel_cases import OTHER_BUILDS, acts, assert_close_sums, exact_reference
 
 from llamay.gguf.constants import GGMLType
 from llamay.kernels_cpu.qmatmul import (
@@ -129,16 +129,18 @@ def test_leading_dims_are_rows():
     np.testing.assert_allclose(np.asarray(got).reshape(6, n), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("variant", OTHER_BUILDS)
 @pytest.mark.parametrize("numerics", ["exact", "llamacpp"])
 @pytest.mark.parametrize("t", sorted(Q8_TYPES | K_TYPES), ids=lambda t: t.name)
-def test_scalar_build_equals_the_simd_build(t, numerics):
-    """Every tile shape of the llamacpp kernels: M = 1 (one row), 3 (4-row tiles), 9 (8
-    activation rows, then 1); N = 40 takes the 8-row Q4_0 repack tiles, 37 the odd rows."""
+def test_other_builds_equal_the_simd_build(t, numerics, variant):
+    """The portable build and (x86) the AVX2 one against this CPU's: every tile shape of
+    the llamacpp kernels: M = 1 (one row), 3 (4-row tiles), 9 (8 activation rows, then 1);
+    N = 40 takes the 8-row Q4_0 repack tiles, 37 the odd rows."""
     for n, k in shapes(t):
         for m in (1, 3, 9):
             w, x = weight(t, n, k, numerics), acts(m, k, m)
             simd = np.asarray(qmatmul_native(x, w, numerics))
-            scalar = np.asarray(qmatmul_native(x, w, numerics, variant="scalar"))
+            scalar = np.asarray(qmatmul_native(x, w, numerics, variant=variant))
             if numerics == "llamacpp":  # integer sums, then the same f32 operations per lane
                 np.testing.assert_array_equal(scalar, simd)
             else:
