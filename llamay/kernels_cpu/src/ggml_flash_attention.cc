@@ -59,9 +59,12 @@ constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 #define LLAMAY_FA_AVX2 1
 #endif
 
-// ggml_vec_scale_f16 then ggml_vec_mad_f16 on an f16 accumulator held as f32 values:
-// acc[d] = f16(fma(v[d], vs, f16(acc[d] * ms))).
-inline void mad_f16(float* acc, const float* v, float vs, float ms, int64_t D) {
+// ggml_vec_scale_f16 then ggml_vec_mad_f16 on an f16 accumulator held as f32 values, v an
+// f16 row: acc[d] = f16(fma(v[d], vs, f16(acc[d] * ms))). The scale is left out when ms is
+// 1 (every key but a new maximum): acc's values are f16s, so times 1 and rounded to f16
+// they are themselves.
+inline void mad_f16(float* acc, const uint16_t* v, float vs, float ms, int64_t D) {
+  const bool scaled = ms != 1.0f;
   int64_t d = 0;
 #if defined(LLAMAY_FA_AVX512) || defined(LLAMAY_FA_AVX2)
   constexpr int RN = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -69,20 +72,25 @@ inline void mad_f16(float* acc, const float* v, float vs, float ms, int64_t D) {
 #ifdef LLAMAY_FA_AVX512
   const __m512 vvs = _mm512_set1_ps(vs), vms = _mm512_set1_ps(ms);
   for (; d + 16 <= D; d += 16) {
-    __m512 a = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(acc + d), vms), RN));
-    a = _mm512_fmadd_ps(_mm512_loadu_ps(v + d), vvs, a);
+    __m512 a = _mm512_loadu_ps(acc + d);
+    if (scaled) a = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(a, vms), RN));
+    a = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(v + d))), vvs, a);
     _mm512_storeu_ps(acc + d, _mm512_cvtph_ps(_mm512_cvtps_ph(a, RN)));
   }
 #endif
 #ifdef LLAMAY_FA_AVX2
   const __m256 vvs8 = _mm256_set1_ps(vs), vms8 = _mm256_set1_ps(ms);
   for (; d + 8 <= D; d += 8) {
-    __m256 a = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(acc + d), vms8), RN));
-    a = _mm256_fmadd_ps(_mm256_loadu_ps(v + d), vvs8, a);
+    __m256 a = _mm256_loadu_ps(acc + d);
+    if (scaled) a = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(a, vms8), RN));
+    a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + d))), vvs8, a);
     _mm256_storeu_ps(acc + d, _mm256_cvtph_ps(_mm256_cvtps_ph(a, RN)));
   }
 #endif
-  for (; d < D; ++d) acc[d] = round_f16(std::fma(v[d], vs, round_f16(acc[d] * ms)));
+  for (; d < D; ++d) {
+    const float a = scaled ? round_f16(acc[d] * ms) : acc[d];
+    acc[d] = round_f16(std::fma(f16_to_f32(v[d]), vs, a));
+  }
 }
 
 // A one_chunk pass's state beside its accumulator: the maximum and the sum.
@@ -91,7 +99,7 @@ struct Pass {
 };
 
 struct Scratch {
-  std::vector<float> q, kt, vt, s, acc, m, sum, kr, vr, parts, h, l, fin;
+  std::vector<float> q, kt, vt, s, acc, m, sum, kr, parts, h, l, fin;
   std::vector<Pass> part;
 };
 
@@ -309,32 +317,35 @@ inline void merge(Pass& f, float* vf, const Pass& c, const float* vc, int64_t D)
   f.M = mn;
 }
 
-// ggml_float.dot_f16_vec for D % 64 == 0 (no leftovers): four accumulators of 16 lanes,
-// chunk i into accumulator i % 4 (products of f16 values: exact, so mul then add is the
-// emulation's sum), (a0 + a2) + (a1 + a3), reduce16; else the general form.
-inline float dot_f16(const float* a, const float* b, int64_t D, Scratch& sc) {
+// ggml_float.dot_f16_vec of q (f16 values as f32) and the f16 row k, for D % 64 == 0 (no
+// leftovers): four accumulators of 16 lanes, chunk i into accumulator i % 4 (products of
+// f16 values: exact, so mul then add is the emulation's sum), (a0 + a2) + (a1 + a3),
+// reduce16; else the general form (k converted into sc.kr).
+inline float dot_f16(const float* q, const uint16_t* k, int64_t D, Scratch& sc) {
 #ifdef LLAMAY_FA_AVX512
   if (D % 64 == 0) {
+    const auto term = [&](int64_t i) {
+      return _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i),
+                           _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(k + 16 * i))));
+    };
     __m512 acc[4];
-    for (int i = 0; i < 4; ++i)
-      acc[i] = _mm512_mul_ps(_mm512_loadu_ps(a + 16 * i), _mm512_loadu_ps(b + 16 * i));
-    for (int64_t i = 4; i < D / 16; ++i)
-      acc[i % 4] = _mm512_add_ps(acc[i % 4], _mm512_mul_ps(_mm512_loadu_ps(a + 16 * i),
-                                                           _mm512_loadu_ps(b + 16 * i)));
+    for (int i = 0; i < 4; ++i) acc[i] = term(i);
+    for (int64_t i = 4; i < D / 16; ++i) acc[i % 4] = _mm512_add_ps(acc[i % 4], term(i));
     alignas(64) float t[16];
     _mm512_store_ps(t, _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
     return reduce16(t);
   }
 #elif defined(LLAMAY_FA_AVX2)
   if (D % 64 == 0) {  // each 16-lane accumulator as two halves of 8
+    const auto term = [&](int64_t i, int h) {
+      return _mm256_mul_ps(_mm256_loadu_ps(q + 16 * i + 8 * h),
+                           _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + 16 * i + 8 * h))));
+    };
     __m256 acc[4][2];
     for (int i = 0; i < 4; ++i)
-      for (int h = 0; h < 2; ++h)
-        acc[i][h] = _mm256_mul_ps(_mm256_loadu_ps(a + 16 * i + 8 * h), _mm256_loadu_ps(b + 16 * i + 8 * h));
+      for (int h = 0; h < 2; ++h) acc[i][h] = term(i, h);
     for (int64_t i = 4; i < D / 16; ++i)
-      for (int h = 0; h < 2; ++h)
-        acc[i % 4][h] = _mm256_add_ps(acc[i % 4][h], _mm256_mul_ps(_mm256_loadu_ps(a + 16 * i + 8 * h),
-                                                                   _mm256_loadu_ps(b + 16 * i + 8 * h)));
+      for (int h = 0; h < 2; ++h) acc[i % 4][h] = _mm256_add_ps(acc[i % 4][h], term(i, h));
     alignas(32) float t[16];
     for (int h = 0; h < 2; ++h)
       _mm256_store_ps(t + 8 * h, _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[2][h]),
@@ -342,11 +353,12 @@ inline float dot_f16(const float* a, const float* b, int64_t D, Scratch& sc) {
     return reduce16(t);
   }
 #endif
-  return dot_vec(a, b, D, sc.parts, sc.h, sc.l);
+  load_row(k, D, false, sc.kr.data());
+  return dot_vec(q, sc.kr.data(), D, sc.parts, sc.h, sc.l);
 }
 
 // One pass over the keys of [lo, hi] query token t of row b sees, for kv head kh's G heads
-// side by side (each key's K and V rows converted once for them): their states into
+// side by side (each key's K and V rows read in place for them): their states into
 // `pass` [G] and their f16 accumulators into acc [G, D]. q16 [G, D]: the queries rounded
 // to f16.
 void pass_range(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t lo, int64_t hi,
@@ -358,17 +370,15 @@ void pass_range(const Problem& p, int64_t b, int64_t t, int64_t kh, int64_t lo, 
   for (int64_t g = 0; g < G; ++g) pass[g] = Pass();
   std::fill(acc, acc + G * D, 0.0f);
   sc.kr.resize(D);
-  sc.vr.resize(D);
   for (int64_t j = std::max(j0, lo); j <= std::min(j1, hi); ++j) {
-    load_row(row_of(p, p.k, b, j, kh), D, false, sc.kr.data());
-    load_row(row_of(p, p.v, b, j, kh), D, false, sc.vr.data());
+    const uint16_t *kr = row_of(p, p.k, b, j, kh), *vr = row_of(p, p.v, b, j, kh);
     for (int64_t g = 0; g < G; ++g) {
       Pass& part = pass[g];
-      const float s = dot_f16(q16 + g * D, sc.kr.data(), D, sc) * scale;
+      const float s = dot_f16(q16 + g * D, kr, D, sc) * scale;
       const bool new_max = s > part.M;
       const float ms = new_max ? std::exp(part.M - s) : 1.0f;
       const float vs = new_max ? 1.0f : std::exp(s - part.M);
-      mad_f16(acc + g * D, sc.vr.data(), vs, ms, D);
+      mad_f16(acc + g * D, vr, vs, ms, D);
       part.S = std::fma(part.S, ms, vs);
       if (new_max) part.M = s;
     }
