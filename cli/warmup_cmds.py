@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from llamay.errors import LlamayError
+from llamay_cli.serve_cmds import FlashAttnOpt, NumericsOpt
 
 
 def _ints(text: str | None, what: str) -> list[int] | None:
@@ -64,6 +65,8 @@ def warmup(
     workers: Annotated[
         int | None, typer.Option(min=1, help="Compile threads (default: CPUs, at most 4).")
     ] = None,
+    numerics: NumericsOpt = "exact",
+    flash_attn: FlashAttnOpt = "off",
 ) -> None:
     """Compile MODEL's programs ahead of time into the program cache, so the next
     `llamay generate` (or, with --serve, `llamay serve`) starts without tracing or
@@ -71,8 +74,8 @@ def warmup(
     --length positions (a decode step, and a prefill step per chunk bucket, per
     page-table width), and the sampling programs. The caches are ~/.cache/llamay/programs
     and ~/.cache/llamay/jax (LLAMAY_CACHE moves them); programs are per model shape,
-    context size, engine and device, so warm up with the settings the later commands
-    use."""
+    context size, numerics, engine and device, so warm up with the settings the later
+    commands use."""
     import llamay
     from llamay.engine.warmup import warmup as run_warmup
 
@@ -84,7 +87,7 @@ def warmup(
 
     m = None
     try:
-        m = llamay.load(model, n_ctx=n_ctx)
+        m = llamay.load(model, n_ctx=n_ctx, numerics=numerics, flash_attn=flash_attn)
         if serve:
             from llamay.serve.models import make_engine
 

@@ -74,14 +74,17 @@ def _compiles(counts: dict) -> int:
     return counts["requests"] - counts["hits"]
 
 
-def test_generate_after_warmup_compiles_nothing(smollm2_path, tmp_path):
-    generate = ("generate", "-m", smollm2_path, "-n", 4, "--temperature", 0, "Once upon a time")
+@pytest.mark.parametrize("numerics", ["exact", "llamacpp"])
+def test_generate_after_warmup_compiles_nothing(smollm2_path, tmp_path, numerics):
+    generate = ("generate", "-m", smollm2_path, "-n", 4, "--temperature", 0,
+                "--numerics", numerics, "Once upon a time")  # fmt: skip
 
     plain_out, plain = _run(tmp_path / "plain", "cli", *generate)
     assert _compiles(plain) > 0  # a cold cache: the counter sees compiles
 
     warm = tmp_path / "warm"
-    _run(warm, "cli", "warmup", smollm2_path, "--length", 64, "--prefill-buckets", 16)
+    _run(warm, "cli", "warmup", smollm2_path, "--length", 64, "--prefill-buckets", 16,
+         "--numerics", numerics)  # fmt: skip
     out, counts = _run(warm, "cli", *generate)
 
     assert counts["requests"] > 0
