@@ -17,7 +17,7 @@
 // sums added in double (ggml_vec_soft_max_f32); VKQ += P.V as an FMA chain over the tile's
 // keys. One_chunk: q rounded to f16, ggml_vec_dot_f16, the online softmax key by key into
 // an f16 accumulator (ggml_vec_scale_f16 / ggml_vec_mad_f16), S = fma(S, ms, vs); a kv
-// head's G heads side by side (each key's rows converted once); on the split path each
+// head's G heads side by side (each key's f16 rows read in place); on the split path each
 // chunk is a task, the chunks merged after.
 // Not here (the dispatcher keeps the emulation): softcaps, bf16 / f32 / quantised caches.
 #include <algorithm>
