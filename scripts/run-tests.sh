@@ -55,13 +55,18 @@ run_targets() {
     echo "== $target"
     read -r -a targets <<<"$target" # a TEST_LIST line may name several node ids of one file
     start=$SECONDS
-    "$PY" -m pytest -q "${pytest_args[@]}" "${targets[@]}" </dev/null
-    rc=$?
+    log=$(mktemp "$work/log.XXXXXX")
+    "$PY" -m pytest -q "${pytest_args[@]}" "${targets[@]}" </dev/null 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
     echo "$((SECONDS - start)) $target" >>"$work/times"
     # 5: nothing collected (e.g. a -k filter matched nothing here)
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
       echo "$target (exit $rc)" >>"$1"
+      # kept for the end of the run: a CI log is often read from its tail only
+      { echo "==== $target (exit $rc): its last 150 lines of output"; tail -n 150 "$log"; } \
+        >>"$work/failed.logs"
     fi
+    rm -f "$log"
   done
 }
 
@@ -86,6 +91,7 @@ echo "slowest test files (s):" # where CI's minutes go
 sort -rn "$work/times" | head -12 |
   awk '{ f = $2; sub(/::.*/, "", f); print "  " $1 " " f (NF > 2 ? " (" NF - 1 " targets)" : "") }'
 if [ -s "$work/failed" ]; then
+  cat "$work/failed.logs"
   sed 's/^/FAILED: /' "$work/failed"
   exit 1
 fi
