@@ -76,13 +76,20 @@ def test_bodies_without_content_type_are_json(http):
     """Defect 5: `curl -d '{...}'` sends application/x-www-form-urlencoded (Ollama's api.md
     examples all do); Ollama and llama-server parse the body as JSON anyway."""
     body = json.dumps(
-        {"model": "tiny", "prompt": "Hi", "stream": False, "options": {"num_predict": 2}}
+        {
+            "model": "tiny",
+            "prompt": "Hi",
+            "stream": False,
+            "options": {"num_predict": 2, "temperature": 0},
+        }
     )
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     r = http.post("/api/generate", content=body, headers=form)
     assert r.status_code == 200, r.text
     assert r.json()["eval_count"] == 2
-    r = http.post("/completion", content=json.dumps({"prompt": "Hi", "n_predict": 2}))
+    r = http.post(
+        "/completion", content=json.dumps({"prompt": "Hi", "n_predict": 2, "temperature": 0})
+    )
     assert r.status_code == 200, r.text
     assert r.json()["tokens_predicted"] == 2
     r = http.post("/api/generate", content=b"{not json", headers=form)

@@ -438,18 +438,19 @@ def test_timings_on_the_openai_compatible_answers(server, tiny):
 
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
     msgs = [{"role": "user", "content": "hi"}]
-    chat = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=3)
+    greedy = {"max_tokens": 3, "temperature": 0}  # (a sampled stop token would end it early)
+    chat = client.chat.completions.create(model="tiny", messages=msgs, **greedy)
     t = chat.model_extra["timings"]
     assert t["predicted_n"] == chat.usage.completion_tokens
     assert t["prompt_n"] + t["cache_n"] == chat.usage.prompt_tokens
     assert t["cache_n"] == chat.usage.prompt_tokens_details.cached_tokens
-    cmpl = client.completions.create(model="tiny", prompt="The sea", max_tokens=3)
+    cmpl = client.completions.create(model="tiny", prompt="The sea", **greedy)
     t = cmpl.model_extra["timings"]
     assert t["predicted_n"] == cmpl.usage.completion_tokens == 3
     assert t["prompt_n"] + t["cache_n"] == cmpl.usage.prompt_tokens
     for stream in (
-        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=3, stream=True),
-        client.completions.create(model="tiny", prompt="The sea", max_tokens=3, stream=True),
+        client.chat.completions.create(model="tiny", messages=msgs, **greedy, stream=True),
+        client.completions.create(model="tiny", prompt="The sea", **greedy, stream=True),
     ):
         chunks = list(stream)
         ends = [c for c in chunks if c.choices and c.choices[0].finish_reason]
