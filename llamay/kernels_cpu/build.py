@@ -51,15 +51,6 @@ SOURCES = {
     "ggml_elementwise.cc": ("-ffp-contract=off",),
     "logprobs.cc": ("-ffp-contract=off",),
 }
-# GCC schedules instructions before register allocation only when asked (clang always
-# does). Without it the exact kernels' one-row loop decoded a 256-value block into its 32
-# vectors in source order and, with AVX2's 16 registers, stored each to the stack and read
-# it back; pressure-aware scheduling interleaves the decoding with the dots. Measured on
-# an AVX2 host (bench/kernel_ab.py --flags=-fno-schedule-insns, results bit-identical):
-# Q4_K / Q6_K at M = 1 in 0.80 / 0.73 of the time, Q8_0 at M = 4 0.80, the rest within
-# the noise. Not for the ggml kernels (measured slower) nor AVX-512 builds (32 registers;
-# not measured).
-SCHEDULED = {"qmatmul_exact.cc": ("-fschedule-insns", "-fsched-pressure")}
 HEADERS = ("blocks.h", "ggml_cache.h", "ggml_float.h", "operands.h", "parallel.h", "vec16.h")
 #: Headers written at build time (into the build directory, on the include path).
 GENERATED = ("iq_tables.h",)
@@ -112,7 +103,6 @@ def compiler() -> str:
     return os.environ.get("LLAMAY_CXX") or os.environ.get("CXX") or "c++"
 
 
-@functools.cache
 def _compiler_version(cxx: str) -> str:
     try:
         out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
@@ -161,27 +151,13 @@ def generated_headers() -> dict[str, str]:
     return {"iq_tables.h": "".join(parts)}
 
 
-def _source_flags(cxx: str, variant: Variant) -> dict[str, tuple[str, ...]]:
-    """Each source's own flags for this compiler and variant (`SCHEDULED`'s with GCC,
-    when the build is for AVX2 without AVX-512)."""
-    gcc = "Free Software Foundation" in _compiler_version(cxx)
-    march = next((f for f in variant.flags if f.startswith("-march=")), "")
-    avx512 = march == "-march=native" and "avx512f" in _cpu_features().split()
-    avx2 = march == "-march=x86-64-v3" or (
-        march == "-march=native" and "avx2" in _cpu_features().split()
-    )
-    extra = SCHEDULED if gcc and avx2 and not avx512 else {}
-    return {src: (*flags, *extra.get(src, ())) for src, flags in SOURCES.items()}
-
-
 def _key(cxx: str, variant: Variant) -> str:
     h = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         h.update(name.encode() + b"\0" + (SRC / name).read_bytes())
     for name, text in generated_headers().items():
         h.update(name.encode() + b"\0" + text.encode())
-    per_source = _source_flags(cxx, variant).values()
-    flags = " ".join((*variant.flags, *(f for fs in per_source for f in fs)))
+    flags = " ".join((*variant.flags, *(f for fs in SOURCES.values() for f in fs)))
     for part in (_compiler_version(cxx), flags, _cpu_features(), jax.__version__):
         h.update(b"\0" + part.encode())
     return h.hexdigest()[:20]
@@ -206,15 +182,17 @@ def build(variant: Variant = VARIANTS["native"]) -> Path:
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as tmp:
             for name, text in generated_headers().items():
                 (Path(tmp) / name).write_text(text)
-            cxx = compiler()
-            base = [cxx, f"-I{jax.ffi.include_dir()}", f"-I{SRC}", f"-I{tmp}"]
+            base = [
+                compiler(),
+                *variant.flags,
+                f"-I{jax.ffi.include_dir()}",
+                f"-I{SRC}",
+                f"-I{tmp}",
+            ]
             objects = [str(Path(tmp) / (src + ".o")) for src in SOURCES]
-            # the variant's flags last: a variant may override a source's (bench/kernel_ab.py)
             compiles = [
-                [*base, *flags, *variant.flags, "-c", str(SRC / src), "-o", obj]
-                for (src, flags), obj in zip(
-                    _source_flags(cxx, variant).items(), objects, strict=True
-                )
+                [*base, *flags, "-c", str(SRC / src), "-o", obj]
+                for (src, flags), obj in zip(SOURCES.items(), objects, strict=True)
             ]
             # the sources at once, one compiler per core: minutes on one core each
             with concurrent.futures.ThreadPoolExecutor(_cores()) as pool:

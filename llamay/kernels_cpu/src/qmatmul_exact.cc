@@ -305,6 +305,21 @@ using DNL = DIQ<T>;
 
 constexpr int MAX_DECODE_ROWS = 8;
 
+// GCC schedules instructions before register allocation only when asked (clang always
+// does). Without it the one-row loop decoded a 256-value block into its 32 vectors in
+// source order and, with AVX2's 16 registers, stored each to the stack and read it back;
+// pressure-aware scheduling interleaves the decoding with the dots. Measured on AVX2
+// (bench/kernel_ab.py --flags=-DLLAMAY_NO_SCHEDULED, bit-identical): Q4_K / Q6_K at M = 1
+// in 0.75 / 0.88 of the time. Only here: with the whole file so compiled the 2..8-row and
+// panel loops measured mixed (Q4_K at M = 2 10 % slower, at M = 4 25 % faster); AVX-512's
+// 32 registers hold a block (not measured there).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX2__) && !defined(__AVX512F__) && \
+    !defined(LLAMAY_NO_SCHEDULED)
+#define LLAMAY_SCHEDULED __attribute__((optimize("schedule-insns", "sched-pressure")))
+#else
+#define LLAMAY_SCHEDULED
+#endif
+
 // Σx per sub-block of each x row: sx[m][k / sub] (for the offsets).
 void sub_sums(const float* x, int64_t m, int64_t k, int sub, float* sx) {
   for (int64_t i = 0; i < m * (k / sub); ++i) {
@@ -315,7 +330,7 @@ void sub_sums(const float* x, int64_t m, int64_t k, int sub, float* sx) {
 }
 
 template <class D, int M>
-void scale_after_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, int64_t rb,
+LLAMAY_SCHEDULED void scale_after_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, int64_t rb,
                  int64_t n0, int64_t n1, float* y, int64_t n) {
   constexpr int BE = 16 * D::VECS, PER = D::VECS / D::SUBS;
   constexpr int bb = D::BYTES;
