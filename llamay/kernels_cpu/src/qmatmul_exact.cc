@@ -330,8 +330,9 @@ void sub_sums(const float* x, int64_t m, int64_t k, int sub, float* sx) {
 }
 
 template <class D, int M>
-LLAMAY_SCHEDULED void scale_after_rows(const float* x, const float* sx, int64_t k, const uint8_t* w, int64_t rb,
-                 int64_t n0, int64_t n1, float* y, int64_t n) {
+LLAMAY_SCHEDULED void scale_after_rows(const float* x, const float* sx, int64_t k,
+                                        const uint8_t* w, int64_t rb, int64_t n0, int64_t n1,
+                                        float* y, int64_t n) {
   constexpr int BE = 16 * D::VECS, PER = D::VECS / D::SUBS;
   constexpr int bb = D::BYTES;
   const int64_t nb = k / BE;
