@@ -109,9 +109,10 @@ def perplexity(
     add_help_option=False,
 )
 def lm_eval_cmd(ctx: typer.Context) -> None:
-    """lm-evaluation-harness's command line with the `llamay` model registered, e.g.
-    llamay eval lm-eval --model llamay --model_args model=smollm2:135m --tasks hellaswag
-    (needs lm-eval: install llamay's eval extra)."""
+    """lm-evaluation-harness's command line with the `llamay` model registered.
+
+    For example: llamay eval lm-eval --model llamay --model_args model=smollm2:135m
+    --tasks hellaswag (needs lm-eval: install llamay's eval extra)."""
     try:
         from llamay.eval.lm_eval_adapter import main
     except ImportError as exc:
@@ -125,9 +126,10 @@ def lm_eval_cmd(ctx: typer.Context) -> None:
 def lm_eval_plugin(
     remove: Annotated[bool, typer.Option("--remove", help="Take the hook out again.")] = False,
 ) -> None:
-    """Let lm-eval's own `lm_eval` command find `--model llamay`: writes a one-line .pth
-    hook into this Python's site-packages (lm-eval 0.4.13 has no plugin discovery; see
-    llamay/eval/lm_eval_hook.py)."""
+    """Let lm-eval's own `lm_eval` command find `--model llamay`.
+
+    Writes a one-line .pth hook into this Python's site-packages (lm-eval 0.4.13 has no
+    plugin discovery; see llamay/eval/lm_eval_hook.py)."""
     from llamay.eval.lm_eval_hook import install_pth, remove_pth
 
     if remove:

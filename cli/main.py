@@ -7,7 +7,9 @@ load JAX (seconds), only the commands that run a model do.
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -361,6 +363,25 @@ def list_models() -> None:
 
 for _commands in (store_cmds, ocr, serve_cmds, eval_cmds, warmup_cmds):
     _commands.register(app)
+
+
+def _tidy_help(group: typer.Typer) -> None:
+    """Reflow each command's docstring of `group` (and its subgroups) to the terminal, and
+    list each command with its first sentence. Typer's rich help keeps a docstring's
+    single line breaks, so wrapped source lines showed as ragged ones (and a long first
+    paragraph as several lines of the command list)."""
+    for info in group.registered_commands:
+        doc = inspect.getdoc(info.callback) or ""
+        paragraphs = [" ".join(p.split()) for p in doc.split("\n\n")]
+        if info.help is None and doc:
+            info.help = "\n\n".join(paragraphs)
+        if info.short_help is None and doc:
+            info.short_help = re.split(r"(?<=\.)\s+(?=[A-Z`(])", paragraphs[0])[0]
+    for sub in group.registered_groups:
+        _tidy_help(sub.typer_instance)
+
+
+_tidy_help(app)
 
 
 def main() -> None:

@@ -68,11 +68,12 @@ def warmup(
     numerics: NumericsOpt = "exact",
     flash_attn: FlashAttnOpt = "off",
 ) -> None:
-    """Compile MODEL's programs ahead of time into the program cache, so the next
-    `llamay generate` (or, with --serve, `llamay serve`) starts without tracing or
-    compiling: every step shape it runs for up to --batch concurrent sequences of up to
-    --length positions (a decode step, and a prefill step per chunk bucket, per
-    page-table width), and the sampling programs. The caches are ~/.cache/llamay/programs
+    """Compile MODEL's programs ahead of time, so the next run starts without compiling.
+
+    Into the program cache go every step shape the next `llamay generate` (or, with
+    --serve, `llamay serve`) runs for up to --batch concurrent sequences of up to --length
+    positions (a decode step, and a prefill step per chunk bucket, per page-table width),
+    and the sampling programs. The caches are ~/.cache/llamay/programs
     and ~/.cache/llamay/jax (LLAMAY_CACHE moves them); programs are per model shape,
     context size, numerics, engine and device, so warm up with the settings the later
     commands use."""
