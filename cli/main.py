@@ -39,6 +39,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+# help panels of `generate`'s options
+_SAMPLING, _PENALTIES, _CONSTRAINED = "Sampling", "Repetition penalties", "Constrained output"
+
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="A path to a .gguf file or a store name.")
 ]
@@ -57,43 +60,218 @@ def _fail(exc: LlamayError) -> typer.Exit:
 def generate(
     prompt: Annotated[str, typer.Argument(help="The text to continue.")],
     model: ModelOpt = DEFAULT_MODEL,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=0)] = 128,
-    temperature: Annotated[float, typer.Option("--temperature", "--temp", min=0.0)] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k", min=0)] = 40,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
-    seed: Annotated[int | None, typer.Option("--seed", "-s")] = None,
-    n_ctx: Annotated[int | None, typer.Option("--ctx-size", "-c", min=1)] = None,
-    grammar: Annotated[str | None, typer.Option("--grammar", help="A GBNF grammar.")] = None,
+    max_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-tokens", "-n", min=0, help="The most tokens to generate (fewer at an end token)."
+        ),
+    ] = 128,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            "--temperature",
+            "--temp",
+            min=0.0,
+            rich_help_panel=_SAMPLING,
+            help="0: always the most likely token (greedy).",
+        ),
+    ] = 0.8,
+    top_k: Annotated[
+        int,
+        typer.Option(
+            "--top-k",
+            min=0,
+            rich_help_panel=_SAMPLING,
+            help="Keep the K most likely tokens (0: all).",
+        ),
+    ] = 40,
+    top_p: Annotated[
+        float,
+        typer.Option(
+            "--top-p",
+            rich_help_panel=_SAMPLING,
+            help="Keep the most likely tokens whose probabilities sum to P (1: off).",
+        ),
+    ] = 0.95,
+    min_p: Annotated[
+        float,
+        typer.Option(
+            "--min-p",
+            rich_help_panel=_SAMPLING,
+            help="Drop tokens less likely than P times the most likely one (0: off).",
+        ),
+    ] = 0.05,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed",
+            "-s",
+            rich_help_panel=_SAMPLING,
+            help="Seed of the draws (default: a new one each run).",
+        ),
+    ] = None,
+    n_ctx: Annotated[
+        int | None,
+        typer.Option(
+            "--ctx-size",
+            "-c",
+            min=1,
+            help="Context length in tokens (default, and at most: the model's).",
+        ),
+    ] = None,
+    grammar: Annotated[
+        str | None,
+        typer.Option("--grammar", rich_help_panel=_CONSTRAINED, help="A GBNF grammar."),
+    ] = None,
     grammar_file: Annotated[
-        Path | None, typer.Option("--grammar-file", exists=True, dir_okay=False)
+        Path | None,
+        typer.Option(
+            "--grammar-file",
+            exists=True,
+            dir_okay=False,
+            rich_help_panel=_CONSTRAINED,
+            help="A GBNF grammar's file.",
+        ),
     ] = None,
     json_schema: Annotated[
-        str | None, typer.Option("--json-schema", "-j", help="A JSON schema (text).")
+        str | None,
+        typer.Option(
+            "--json-schema", "-j", rich_help_panel=_CONSTRAINED, help="A JSON schema (text)."
+        ),
     ] = None,
     json_schema_file: Annotated[
-        Path | None, typer.Option("--json-schema-file", exists=True, dir_okay=False)
+        Path | None,
+        typer.Option(
+            "--json-schema-file",
+            exists=True,
+            dir_okay=False,
+            rich_help_panel=_CONSTRAINED,
+            help="A JSON schema's file.",
+        ),
     ] = None,
-    json_any: Annotated[bool, typer.Option("--json", help="A JSON object.")] = False,
-    regex: Annotated[str | None, typer.Option("--regex")] = None,
-    lenient: Annotated[
-        bool, typer.Option("--lenient", help="Drop schema keywords that cannot be enforced.")
+    json_any: Annotated[
+        bool, typer.Option("--json", rich_help_panel=_CONSTRAINED, help="A JSON object.")
     ] = False,
-    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty")] = 1.0,
-    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n")] = 64,
-    presence_penalty: Annotated[float, typer.Option("--presence-penalty")] = 0.0,
-    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty")] = 0.0,
-    typical_p: Annotated[float, typer.Option("--typical")] = 1.0,
-    top_n_sigma: Annotated[float, typer.Option("--top-n-sigma")] = -1.0,
-    xtc_probability: Annotated[float, typer.Option("--xtc-probability")] = 0.0,
-    xtc_threshold: Annotated[float, typer.Option("--xtc-threshold")] = 0.1,
-    dry_multiplier: Annotated[float, typer.Option("--dry-multiplier")] = 0.0,
-    dynatemp_range: Annotated[float, typer.Option("--dynatemp-range")] = 0.0,
-    mirostat: Annotated[int, typer.Option("--mirostat")] = 0,
-    mirostat_tau: Annotated[float, typer.Option("--mirostat-ent")] = 5.0,
-    mirostat_eta: Annotated[float, typer.Option("--mirostat-lr")] = 0.1,
+    regex: Annotated[
+        str | None,
+        typer.Option(
+            "--regex",
+            rich_help_panel=_CONSTRAINED,
+            help="Output that this regex (Rust syntax) matches whole.",
+        ),
+    ] = None,
+    lenient: Annotated[
+        bool,
+        typer.Option(
+            "--lenient",
+            rich_help_panel=_CONSTRAINED,
+            help="Drop schema keywords that cannot be enforced.",
+        ),
+    ] = False,
+    repeat_penalty: Annotated[
+        float,
+        typer.Option(
+            "--repeat-penalty",
+            rich_help_panel=_PENALTIES,
+            help="Tokens in the window: a positive logit divided by this, a negative one "
+            "multiplied (1: off).",
+        ),
+    ] = 1.0,
+    repeat_last_n: Annotated[
+        int,
+        typer.Option(
+            "--repeat-last-n",
+            rich_help_panel=_PENALTIES,
+            help="The penalties' window in tokens (0: off, -1: the whole context).",
+        ),
+    ] = 64,
+    presence_penalty: Annotated[
+        float,
+        typer.Option(
+            "--presence-penalty",
+            rich_help_panel=_PENALTIES,
+            help="Subtracted from the logit of each token in the window (0: off).",
+        ),
+    ] = 0.0,
+    frequency_penalty: Annotated[
+        float,
+        typer.Option(
+            "--frequency-penalty",
+            rich_help_panel=_PENALTIES,
+            help="Subtracted once per occurrence in the window (0: off).",
+        ),
+    ] = 0.0,
+    typical_p: Annotated[
+        float,
+        typer.Option(
+            "--typical", rich_help_panel=_SAMPLING, help="Locally typical sampling's mass (1: off)."
+        ),
+    ] = 1.0,
+    top_n_sigma: Annotated[
+        float,
+        typer.Option(
+            "--top-n-sigma",
+            rich_help_panel=_SAMPLING,
+            help="Keep logits within N standard deviations of the best (-1: off).",
+        ),
+    ] = -1.0,
+    xtc_probability: Annotated[
+        float,
+        typer.Option(
+            "--xtc-probability",
+            rich_help_panel=_SAMPLING,
+            help="XTC: the chance, per token, of dropping the likeliest tokens above "
+            "--xtc-threshold but the least of them (0: off).",
+        ),
+    ] = 0.0,
+    xtc_threshold: Annotated[
+        float,
+        typer.Option("--xtc-threshold", rich_help_panel=_SAMPLING, help="XTC's threshold."),
+    ] = 0.1,
+    dry_multiplier: Annotated[
+        float,
+        typer.Option(
+            "--dry-multiplier",
+            rich_help_panel=_PENALTIES,
+            help="DRY: penalise tokens that would extend a repeated sequence (0: off).",
+        ),
+    ] = 0.0,
+    dynatemp_range: Annotated[
+        float,
+        typer.Option(
+            "--dynatemp-range",
+            rich_help_panel=_SAMPLING,
+            help="Dynamic temperature: within temperature ± this, by the candidates' entropy "
+            "(0: off).",
+        ),
+    ] = 0.0,
+    mirostat: Annotated[
+        int,
+        typer.Option(
+            "--mirostat",
+            rich_help_panel=_SAMPLING,
+            help="Mirostat: 1 or 2 (version), in place of top-k, top-p, ...; 0: off.",
+        ),
+    ] = 0,
+    mirostat_tau: Annotated[
+        float,
+        typer.Option(
+            "--mirostat-ent", rich_help_panel=_SAMPLING, help="Mirostat's target entropy (tau)."
+        ),
+    ] = 5.0,
+    mirostat_eta: Annotated[
+        float,
+        typer.Option(
+            "--mirostat-lr", rich_help_panel=_SAMPLING, help="Mirostat's learning rate (eta)."
+        ),
+    ] = 0.1,
     samplers: Annotated[
-        str | None, typer.Option("--samplers", help="Sampler order, e.g. top_k;top_p;temperature")
+        str | None,
+        typer.Option(
+            "--samplers",
+            rich_help_panel=_SAMPLING,
+            help="Sampler order, e.g. top_k;top_p;temperature",
+        ),
     ] = None,
     lora: Annotated[
         list[str] | None,
