@@ -449,10 +449,16 @@ def _layers(model: str) -> dict:
 @app.command()
 def bench(
     model: ModelOpt = DEFAULT_MODEL,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p", min=0)] = 128,
-    gen_tokens: Annotated[int, typer.Option("--gen-tokens", "-n", min=0)] = 128,
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", "-p", min=0, help="Prompt length of ppN (0: none).")
+    ] = 128,
+    gen_tokens: Annotated[
+        int, typer.Option("--gen-tokens", "-n", min=0, help="Tokens decoded in tgN (0: none).")
+    ] = 128,
     batch: Annotated[str, typer.Option("--batch", "-b", help="Comma-separated sizes.")] = "1",
-    repetitions: Annotated[int, typer.Option("--repetitions", "-r", min=1)] = 3,
+    repetitions: Annotated[
+        int, typer.Option("--repetitions", "-r", min=1, help="Runs of each test (mean ± sd).")
+    ] = 3,
     numerics: NumericsOpt = "exact",
     flash_attn: FlashAttnOpt = "off",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,

@@ -35,7 +35,10 @@ def ocr(
     hotword: Annotated[
         list[str] | None, typer.Option("--hotword", help="A word to favour (repeatable).")
     ] = None,
-    hotword_weight: Annotated[float, typer.Option("--hotword-weight")] = 10.0,
+    hotword_weight: Annotated[
+        float,
+        typer.Option("--hotword-weight", help="A hotword's score (a share while partly spelled)."),
+    ] = 10.0,
     beam: Annotated[int, typer.Option("--beam", min=0, help="Beam width (0: greedy).")] = 0,
     model: Annotated[
         Path | None, typer.Option("--model", "-m", help="A ppocr_rec GGUF (default: fetched).")

@@ -180,7 +180,9 @@ def register_serve(app: typer.Typer) -> None:
         host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (
             "127.0.0.1"
         ),
-        port: Annotated[int, typer.Option(min=0, max=65535)] = DEFAULT_PORT,
+        port: Annotated[
+            int, typer.Option(min=0, max=65535, help="Port to listen on.")
+        ] = DEFAULT_PORT,
         api_key: Annotated[
             str | None,
             typer.Option(
@@ -705,10 +707,19 @@ def register_chat(app: typer.Typer) -> None:
         system: Annotated[
             str | None, typer.Option("--system", "-s", help="A system prompt.")
         ] = None,
-        max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1)] = 512,
-        temperature: Annotated[float, typer.Option("--temperature", "--temp", min=0.0)] = 0.8,
-        seed: Annotated[int | None, typer.Option("--seed")] = None,
-        ctx: Annotated[int | None, typer.Option("--ctx", "-c", min=1)] = None,
+        max_tokens: Annotated[
+            int, typer.Option("--max-tokens", "-n", min=1, help="The most tokens of an answer.")
+        ] = 512,
+        temperature: Annotated[
+            float, typer.Option("--temperature", "--temp", min=0.0, help="0: greedy.")
+        ] = 0.8,
+        seed: Annotated[
+            int | None, typer.Option("--seed", help="Seed of the draws (default: a new one).")
+        ] = None,
+        ctx: Annotated[
+            int | None,
+            typer.Option("--ctx", "-c", min=1, help="Context length (default: the model's)."),
+        ] = None,
         mmproj: Annotated[
             Path | None,
             typer.Option(

@@ -142,9 +142,16 @@ def run(
     prompt: Annotated[str, typer.Argument(help="The user's message.")],
     system: Annotated[str | None, typer.Option(help="Replace the system layer.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Do not apply the template.")] = False,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", min=0)] = None,
-    temperature: Annotated[float | None, typer.Option("--temperature", min=0.0)] = None,
-    seed: Annotated[int | None, typer.Option("--seed", "-s")] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", "-n", min=0, help="The most tokens to generate."),
+    ] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", min=0.0, help="0: greedy.")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", "-s", help="Seed of the draws (default: a new one).")
+    ] = None,
     mmproj: MmprojOpt = None,
     image: ImageOpt = None,
 ) -> None:

@@ -86,3 +86,20 @@ def test_a_commands_help_reflows_its_docstring_to_the_terminal() -> None:
     assert len(paragraphs) == 2, body
     second = paragraphs[1].strip().splitlines()
     assert len(second) >= 2 and all(len(s) > 170 for s in second[:-1]), second
+
+
+def test_every_option_and_argument_says_what_it_does() -> None:
+    import typer.main
+
+    from llamay_cli.main import app
+
+    def bare(command, path):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from bare(sub, [*path, name])
+        else:
+            for p in command.params:
+                if not getattr(p, "help", None):
+                    yield " ".join(path), p.opts
+
+    assert list(bare(typer.main.get_command(app), ["llamay"])) == []
