@@ -56,9 +56,29 @@ def _fail(exc: LlamayError) -> typer.Exit:
     return typer.Exit(code=1)
 
 
+def _read_prompt(path: Path) -> str:
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        _err(f"error: cannot read the prompt from {path}: {exc}")
+        raise typer.Exit(code=1) from None
+    return text[:-1] if text.endswith("\n") else text
+
+
 @app.command()
 def generate(
-    prompt: Annotated[str, typer.Argument(help="The text to continue.")],
+    prompt: Annotated[str | None, typer.Argument(help="The text to continue (or --file).")] = None,
+    prompt_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            dir_okay=False,
+            allow_dash=True,
+            help="Read the prompt from this file (-: standard input), less one final newline, "
+            "as llama-cli's -f.",
+        ),
+    ] = None,
     model: ModelOpt = DEFAULT_MODEL,
     max_tokens: Annotated[
         int,
@@ -287,6 +307,11 @@ def generate(
     """Continue PROMPT with MODEL, streaming the generated text to stdout."""
     import llamay
 
+    if (prompt is None) == (prompt_file is None):
+        _err("error: give the prompt as PROMPT or --file, one of them")
+        raise typer.Exit(code=2)
+    if prompt_file is not None:
+        prompt = _read_prompt(prompt_file)
     if grammar_file is not None:
         grammar = grammar_file.read_text()
     if json_schema_file is not None:

@@ -34,6 +34,39 @@ def test_generate_streams_only_the_text_to_stdout(smollm2_path, fixtures_dir):
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_generate_reads_the_prompt_from_a_file_or_stdin(
+    smollm2_path, fixtures_dir, tmp_path, source
+):
+    """As llama-cli's -f: the file's text less one final newline is the prompt."""
+    import llamay
+
+    g = smollm2_goldens(fixtures_dir, "transformers")["greedy"][0]
+    args = ["generate", "-m", str(smollm2_path), "-n", "12", "--temperature", "0"]
+    if source == "file":
+        (tmp_path / "prompt.txt").write_text(g["prompt"] + "\n")
+        r = runner.invoke(app, [*args, "-f", str(tmp_path / "prompt.txt")])
+    else:
+        r = runner.invoke(app, [*args, "--file", "-"], input=g["prompt"] + "\n")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == llamay.load(smollm2_path).detokenize(g["greedy_ids"][:12]) + "\n"
+
+
+@pytest.mark.parametrize("args", [[], ["text", "-f", "-"]])
+def test_generate_needs_one_prompt(args):
+    r = run("generate", *args)
+    assert r.exit_code == 2 and "PROMPT or --file" in r.stderr, r.output
+
+
+def test_an_unreadable_prompt_file_is_a_clear_error(tmp_path):
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00bad")
+    r = run("generate", "-f", str(tmp_path / "bin.txt"))
+    assert r.exit_code == 1 and "cannot read the prompt" in r.stderr, r.output
+    r = run("generate", "-f", str(tmp_path / "missing.txt"))
+    assert r.exit_code == 1 and "cannot read the prompt" in r.stderr, r.output
+
+
+@pytest.mark.model
 @pytest.mark.parametrize(
     "flags,key",
     [
