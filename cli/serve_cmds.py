@@ -386,13 +386,13 @@ def register_serve(app: typer.Typer) -> None:
 # --- llamay chat ------------------------------------------------------------------------
 
 CHAT_HELP = """commands:
-  /bye              leave
+  /bye, /exit       leave
   /clear            forget the conversation (the system prompt stays)
   /save NAME        save the conversation (with its KV, so /load resumes fast)
   /load NAME        load a saved conversation
   /system TEXT      set the system prompt
   /image PATH       give the next message an image (a model with --mmproj)
-  /help             this text
+  /help, /?         this text
 end a line with \\ to continue on the next one, or wrap lines in \"\"\" ... \"\"\".
 Up and Down bring back earlier lines; Ctrl-C stops an answer; Ctrl-D leaves."""
 
@@ -668,11 +668,11 @@ def _chat_turns(session: ChatSession, out, ctrl_c: _CtrlC) -> None:
         except KeyboardInterrupt:
             out.write("\n(use /bye or Ctrl-D to leave)\n")
             continue
-        if text is None or text.strip() == "/bye":
+        cmd, _, arg = (text or "").strip().partition(" ")
+        if text is None or cmd in ("/bye", "/exit"):  # Ollama's two
             return
-        cmd, _, arg = text.strip().partition(" ")
         try:
-            if cmd == "/help":
+            if cmd in ("/help", "/?"):
                 out.write(CHAT_HELP + "\n")
             elif cmd == "/clear":
                 session.history.clear()

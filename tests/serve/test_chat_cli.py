@@ -1,7 +1,7 @@
 """`llamay chat` driven through a pseudo-terminal: a streamed greedy answer equal to
 `Model.generate` for the template, history across turns, multi-line input, /save, /clear,
-/load, Ctrl-C stopping an answer without leaving, /bye, readline editing and its history
-across chats."""
+/load, Ctrl-C stopping an answer without leaving, /bye (and Ollama's /exit, /?), readline
+editing and its history across chats."""
 
 from __future__ import annotations
 
@@ -237,3 +237,13 @@ def test_saved_conversation_carries_its_kv(tiny_paths, serve_home, tiny):
         assert new <= fresh.stats()["computed_tokens"] <= new + 6
     finally:
         fresh.close()
+
+
+def test_ollamas_command_names_work_too(chat):
+    """`ollama run` leaves on /exit as on /bye, and /? is its /help."""
+    term = chat(8)
+    term.read_until(">>> ")
+    term.send("/?\n")
+    assert "/save NAME" in term.read_until(">>> ")
+    term.send("/exit\n")
+    assert term.close() == 0
