@@ -311,8 +311,8 @@ constexpr int MAX_DECODE_ROWS = 8;
 // source order and, with AVX2's 16 registers, stored each to the stack and read it back;
 // pressure-aware scheduling interleaves the decoding with the dots. Measured on AVX2
 // (bench/kernel_ab.py --flags=-DLLAMAY_NO_SCHEDULED, bit-identical): Q4_K / Q6_K at M = 1
-// in 0.75 / 0.88 of the time. Only here: with the whole file so compiled the 2..8-row and
-// panel loops measured mixed (Q4_K at M = 2 10 % slower, at M = 4 25 % faster); AVX-512's
+// in 0.75 / 0.88 of the time. The 2..8-row tile takes it per type and row count (see
+// schedule_tile); the panel loop not (the whole file so compiled measured mixed). AVX-512's
 // 32 registers hold a block (not measured there).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__AVX2__) && !defined(__AVX512F__) && \
     !defined(LLAMAY_NO_SCHEDULED)
