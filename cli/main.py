@@ -7,6 +7,7 @@ load JAX (seconds), only the commands that run a model do.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -39,8 +40,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# help panels of `generate`'s options
-_SAMPLING, _PENALTIES, _CONSTRAINED = "Sampling", "Repetition penalties", "Constrained output"
+# `generate`'s options, by the help panel they show in
+_sampling = functools.partial(typer.Option, rich_help_panel="Sampling")
+_penalty = functools.partial(typer.Option, rich_help_panel="Repetition penalties")
+_constraint = functools.partial(typer.Option, rich_help_panel="Constrained output")
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="A path to a .gguf file or a store name.")
@@ -88,47 +91,29 @@ def generate(
     ] = 128,
     temperature: Annotated[
         float,
-        typer.Option(
-            "--temperature",
-            "--temp",
-            min=0.0,
-            rich_help_panel=_SAMPLING,
-            help="0: always the most likely token (greedy).",
+        _sampling(
+            "--temperature", "--temp", min=0.0, help="0: always the most likely token (greedy)."
         ),
     ] = 0.8,
     top_k: Annotated[
         int,
-        typer.Option(
-            "--top-k",
-            min=0,
-            rich_help_panel=_SAMPLING,
-            help="Keep the K most likely tokens (0: all).",
-        ),
+        _sampling("--top-k", min=0, help="Keep the K most likely tokens (0: all)."),
     ] = 40,
     top_p: Annotated[
         float,
-        typer.Option(
-            "--top-p",
-            rich_help_panel=_SAMPLING,
-            help="Keep the most likely tokens whose probabilities sum to P (1: off).",
+        _sampling(
+            "--top-p", help="Keep the most likely tokens whose probabilities sum to P (1: off)."
         ),
     ] = 0.95,
     min_p: Annotated[
         float,
-        typer.Option(
-            "--min-p",
-            rich_help_panel=_SAMPLING,
-            help="Drop tokens less likely than P times the most likely one (0: off).",
+        _sampling(
+            "--min-p", help="Drop tokens less likely than P times the most likely one (0: off)."
         ),
     ] = 0.05,
     seed: Annotated[
         int | None,
-        typer.Option(
-            "--seed",
-            "-s",
-            rich_help_panel=_SAMPLING,
-            help="Seed of the draws (default: a new one each run).",
-        ),
+        _sampling("--seed", "-s", help="Seed of the draws (default: a new one each run)."),
     ] = None,
     n_ctx: Annotated[
         int | None,
@@ -141,157 +126,113 @@ def generate(
     ] = None,
     grammar: Annotated[
         str | None,
-        typer.Option("--grammar", rich_help_panel=_CONSTRAINED, help="A GBNF grammar."),
+        _constraint("--grammar", help="A GBNF grammar."),
     ] = None,
     grammar_file: Annotated[
         Path | None,
-        typer.Option(
-            "--grammar-file",
-            exists=True,
-            dir_okay=False,
-            rich_help_panel=_CONSTRAINED,
-            help="A GBNF grammar's file.",
-        ),
+        _constraint("--grammar-file", exists=True, dir_okay=False, help="A GBNF grammar's file."),
     ] = None,
     json_schema: Annotated[
         str | None,
-        typer.Option(
-            "--json-schema", "-j", rich_help_panel=_CONSTRAINED, help="A JSON schema (text)."
-        ),
+        _constraint("--json-schema", "-j", help="A JSON schema (text)."),
     ] = None,
     json_schema_file: Annotated[
         Path | None,
-        typer.Option(
-            "--json-schema-file",
-            exists=True,
-            dir_okay=False,
-            rich_help_panel=_CONSTRAINED,
-            help="A JSON schema's file.",
+        _constraint(
+            "--json-schema-file", exists=True, dir_okay=False, help="A JSON schema's file."
         ),
     ] = None,
-    json_any: Annotated[
-        bool, typer.Option("--json", rich_help_panel=_CONSTRAINED, help="A JSON object.")
-    ] = False,
+    json_any: Annotated[bool, _constraint("--json", help="A JSON object.")] = False,
     regex: Annotated[
         str | None,
-        typer.Option(
-            "--regex",
-            rich_help_panel=_CONSTRAINED,
-            help="Output that this regex (Rust syntax) matches whole.",
-        ),
+        _constraint("--regex", help="Output that this regex (Rust syntax) matches whole."),
     ] = None,
     lenient: Annotated[
         bool,
-        typer.Option(
-            "--lenient",
-            rich_help_panel=_CONSTRAINED,
-            help="Drop schema keywords that cannot be enforced.",
-        ),
+        _constraint("--lenient", help="Drop schema keywords that cannot be enforced."),
     ] = False,
     repeat_penalty: Annotated[
         float,
-        typer.Option(
+        _penalty(
             "--repeat-penalty",
-            rich_help_panel=_PENALTIES,
             help="Tokens in the window: a positive logit divided by this, a negative one "
             "multiplied (1: off).",
         ),
     ] = 1.0,
     repeat_last_n: Annotated[
         int,
-        typer.Option(
+        _penalty(
             "--repeat-last-n",
-            rich_help_panel=_PENALTIES,
             help="The penalties' window in tokens (0: off, -1: the whole context).",
         ),
     ] = 64,
     presence_penalty: Annotated[
         float,
-        typer.Option(
+        _penalty(
             "--presence-penalty",
-            rich_help_panel=_PENALTIES,
             help="Subtracted from the logit of each token in the window (0: off).",
         ),
     ] = 0.0,
     frequency_penalty: Annotated[
         float,
-        typer.Option(
-            "--frequency-penalty",
-            rich_help_panel=_PENALTIES,
-            help="Subtracted once per occurrence in the window (0: off).",
+        _penalty(
+            "--frequency-penalty", help="Subtracted once per occurrence in the window (0: off)."
         ),
     ] = 0.0,
     typical_p: Annotated[
         float,
-        typer.Option(
-            "--typical", rich_help_panel=_SAMPLING, help="Locally typical sampling's mass (1: off)."
-        ),
+        _sampling("--typical", help="Locally typical sampling's mass (1: off)."),
     ] = 1.0,
     top_n_sigma: Annotated[
         float,
-        typer.Option(
-            "--top-n-sigma",
-            rich_help_panel=_SAMPLING,
-            help="Keep logits within N standard deviations of the best (-1: off).",
+        _sampling(
+            "--top-n-sigma", help="Keep logits within N standard deviations of the best (-1: off)."
         ),
     ] = -1.0,
     xtc_probability: Annotated[
         float,
-        typer.Option(
+        _sampling(
             "--xtc-probability",
-            rich_help_panel=_SAMPLING,
             help="XTC: the chance, per token, of dropping the likeliest tokens above "
             "--xtc-threshold but the least of them (0: off).",
         ),
     ] = 0.0,
     xtc_threshold: Annotated[
         float,
-        typer.Option("--xtc-threshold", rich_help_panel=_SAMPLING, help="XTC's threshold."),
+        _sampling("--xtc-threshold", help="XTC's threshold."),
     ] = 0.1,
     dry_multiplier: Annotated[
         float,
-        typer.Option(
+        _penalty(
             "--dry-multiplier",
-            rich_help_panel=_PENALTIES,
             help="DRY: penalise tokens that would extend a repeated sequence (0: off).",
         ),
     ] = 0.0,
     dynatemp_range: Annotated[
         float,
-        typer.Option(
+        _sampling(
             "--dynatemp-range",
-            rich_help_panel=_SAMPLING,
             help="Dynamic temperature: within temperature ± this, by the candidates' entropy "
             "(0: off).",
         ),
     ] = 0.0,
     mirostat: Annotated[
         int,
-        typer.Option(
-            "--mirostat",
-            rich_help_panel=_SAMPLING,
-            help="Mirostat: 1 or 2 (version), in place of top-k, top-p, ...; 0: off.",
+        _sampling(
+            "--mirostat", help="Mirostat: 1 or 2 (version), in place of top-k, top-p, ...; 0: off."
         ),
     ] = 0,
     mirostat_tau: Annotated[
         float,
-        typer.Option(
-            "--mirostat-ent", rich_help_panel=_SAMPLING, help="Mirostat's target entropy (tau)."
-        ),
+        _sampling("--mirostat-ent", help="Mirostat's target entropy (tau)."),
     ] = 5.0,
     mirostat_eta: Annotated[
         float,
-        typer.Option(
-            "--mirostat-lr", rich_help_panel=_SAMPLING, help="Mirostat's learning rate (eta)."
-        ),
+        _sampling("--mirostat-lr", help="Mirostat's learning rate (eta)."),
     ] = 0.1,
     samplers: Annotated[
         str | None,
-        typer.Option(
-            "--samplers",
-            rich_help_panel=_SAMPLING,
-            help="Sampler order, e.g. top_k;top_p;temperature",
-        ),
+        _sampling("--samplers", help="Sampler order, e.g. top_k;top_p;temperature"),
     ] = None,
     lora: Annotated[
         list[str] | None,
