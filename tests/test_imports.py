@@ -67,7 +67,7 @@ MAY_IMPORT = {
     "model": {"gguf", "arch", "quant", "kv"},
     "tok": {"gguf"},
     "kv": set(),
-    "sample": {"tok"},
+    "sample": {"tok", "kernels"},  # the vocabulary reductions (argmax, log-sum-exp)
     "constrain": {"sample", "tok"},
     "engine": {"model", "kv", "sample", "constrain", "tok"},
     "store": {"gguf"},

@@ -9,7 +9,8 @@ numerics (design principle 4).
 - `attention(q, k, v, q_pos, page_table=..., ...)`: dense or paged, reference / Pallas /
   native (`attention` module's table).
 - `logprob_argmax(logits, picks)`: each row's log-softmax at its picked tokens and its
-  first argmax (scoring; native on CPU, `logprobs` module).
+  first argmax (scoring; native on CPU, `logprobs` module); `argmax(x)` the first argmax
+  alone (the sampler's greedy pick).
 - `LoraMatrix`: a weight with LoRA adapters beside it, unmerged (`lora` module).
 - `backend()`: what the environment and platform choose (`backend` module).
 - `weight_form(numerics)`: which form `llamay.model.bind` gives quantised matrices;
@@ -33,7 +34,12 @@ from llamay.kernels.backend import (
     gpu_kernels,
 )
 from llamay.kernels.forms import FORMS, native_weights, repack_weights, weight_form
-from llamay.kernels.logprobs import logprob_argmax, logprob_argmax_reference
+from llamay.kernels.logprobs import (
+    argmax,
+    argmax_reference,
+    logprob_argmax,
+    logprob_argmax_reference,
+)
 from llamay.kernels.lora import LoraMatrix
 from llamay.kernels.matmul import (
     MOSAIC_MAX_ROWS,
@@ -52,6 +58,8 @@ __all__ = [
     "MOSAIC_MAX_ROWS",
     "Backend",
     "LoraMatrix",
+    "argmax",
+    "argmax_reference",
     "attention",
     "attention_choice",
     "backend",

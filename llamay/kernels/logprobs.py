@@ -3,7 +3,9 @@ row's log-softmax at J picked tokens (picks [..., J]: the target, or a multiple-
 task's answers after one context) and the first index of the row's maximum (whether a
 pick is the greedy token). On CPU one native pass over each row
 (`llamay.kernels_cpu.logprob_argmax`: its sum of exponentials in double, as llama.cpp's
-perplexity tool forms it); elsewhere, and as the test oracle's twin, the XLA reference."""
+perplexity tool forms it); elsewhere, and as the test oracle's twin, the XLA reference.
+`argmax(x)`: the first index of each row's maximum (the sampler's greedy pick), natively
+on CPU too."""
 
 from __future__ import annotations
 
@@ -30,3 +32,23 @@ def logprob_argmax(logits: jax.Array, picks: jax.Array) -> tuple[jax.Array, jax.
         if got is not None:
             return got
     return logprob_argmax_reference(logits, picks)
+
+
+def argmax_reference(x: jax.Array) -> jax.Array:
+    """jnp.argmax over the last axis (the first index of the maximum; 0 for a row
+    holding a NaN) as two plain reductions: XLA CPU runs argmax's paired (value, index)
+    reduce unvectorised, 0.27 ms over a 49k vocabulary against 0.05 ms for these."""
+    n = x.shape[-1]
+    m = jnp.max(x, axis=-1, keepdims=True)
+    i = jnp.min(jnp.where(x == m, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
+    return jnp.where(i == n, 0, i)
+
+
+def argmax(x: jax.Array) -> jax.Array:
+    """`argmax_reference`'s values, natively where the backend takes it (one pass over
+    each row, ~10x XLA CPU's two over Gemma 3's 262k logits)."""
+    if backend().native and x.dtype == jnp.float32:
+        got = kernels_cpu.argmax(x)
+        if got is not None:
+            return got
+    return argmax_reference(x)

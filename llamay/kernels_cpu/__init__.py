@@ -21,10 +21,12 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
   llamacpp-numerics layers
   (`ggml_elementwise.py`), bit for bit `llamay.arch.ggml_ops`'.
 - `logprob_argmax(logits, picks)`: each row's log-softmax at its picked tokens and its first
-  argmax, one pass over the vocabulary (`logprobs.py`; scoring and perplexity).
+  argmax, one pass over the vocabulary (`logprobs.py`; scoring and perplexity);
+  `argmax(x)` the first argmax alone (the sampler's greedy pick).
 """
 
 from llamay.kernels_cpu.plug import (
+    argmax,
     available,
     ggml_attention,
     ggml_flash_attention,
@@ -38,6 +40,7 @@ from llamay.kernels_cpu.plug import (
 )
 
 __all__ = [
+    "argmax",
     "available",
     "ggml_attention",
     "ggml_flash_attention",

@@ -69,6 +69,7 @@ HANDLERS = (
     "LlamayGgmlRmsNorm",
     "LlamayGgmlRope",
     "LlamayLogprobArgmax",
+    "LlamayArgmax",
 )
 
 log = logging.getLogger("llamay.kernels_cpu")

@@ -1,7 +1,8 @@
-"""Scoring's reduction over the vocabulary as one native kernel (`src/logprobs.cc`):
-each row's log-softmax at a picked token and the first index of its maximum, the
-reference being `llamay.kernels.logprobs.logprob_argmax_reference` (XLA: a max, an
-exp-sum and a variadic argmax reduce, each a single-threaded loop over the logits)."""
+"""Reductions over the vocabulary as native kernels (`src/logprobs.cc`): scoring's, each
+row's log-softmax at a picked token and the first index of its maximum (the reference:
+`llamay.kernels.logprobs.logprob_argmax_reference`, XLA's max, exp-sum and variadic
+argmax reduce, each a single-threaded loop over the logits); the sampler's greedy pick
+(`llamay.kernels.logprobs.argmax_reference`)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,15 @@ def logprob_argmax_native(logits, picks, variant: str = "native"):
     call = jax.ffi.ffi_call(prefix + "LlamayLogprobArgmax", out, vmap_method="sequential")
     lp, first = call(logits, picks)
     return lp, first
+
+
+def argmax_native(x, variant: str = "native"):
+    """The first index of each row's maximum over the last axis [...] int32, 0 for a row
+    holding a NaN, or None when it does not apply (not f32) or the kernels are not built."""
+    if not isinstance(x, jax.Array) or x.ndim == 0 or x.dtype != jnp.float32 or x.shape[-1] == 0:
+        return None
+    prefix = targets(variant)
+    if prefix is None:
+        return None
+    out = jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32)
+    return jax.ffi.ffi_call(prefix + "LlamayArgmax", out, vmap_method="sequential")(x)

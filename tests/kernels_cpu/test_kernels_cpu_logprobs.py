@@ -5,7 +5,10 @@ vocabularies of SmolLM2's and Gemma 3's sizes and the edges of the 16-lane loop 
 16, 17, 33 logits), ties between lanes and within one, rows of -inf (a masked
 vocabulary), picks outside the row (clamped); the scalar build agrees; the dispatcher
 takes the kernel on CPU and the XLA reference under LLAMAY_CPU_KERNELS=xla, both equal
-to the oracle."""
+to the oracle. The sampler's argmax kernel alone (`argmax_native`) against `np.argmax`
+over the same edges, with +-inf and NaN rows (0, as the XLA reference gives). A single row
+(fewer rows than threads) is split into chunks over the threads: ties and NaNs across
+chunks, and the log-softmax of one such row, hold too."""
 
 from __future__ import annotations
 
@@ -15,9 +18,9 @@ import numpy as np
 import pytest
 from kernel_cases import OTHER_BUILDS
 
-from llamay.kernels import logprob_argmax, logprob_argmax_reference
+from llamay.kernels import argmax, argmax_reference, logprob_argmax, logprob_argmax_reference
 from llamay.kernels_cpu import build
-from llamay.kernels_cpu.logprobs import logprob_argmax_native
+from llamay.kernels_cpu.logprobs import argmax_native, logprob_argmax_native
 
 pytestmark = pytest.mark.usefixtures("native_kernels")
 
@@ -46,7 +49,9 @@ def _check(x, picks, variant="native"):
 
 @pytest.mark.parametrize("variant", ["native", *OTHER_BUILDS])
 @pytest.mark.parametrize(
-    "shape", [(1, 1), (3, 15), (4, 16), (2, 17), (5, 33), (7, 1000), (2, 3, 49152), (2, 262144)]
+    "shape",
+    [(1, 1), (3, 15), (4, 16), (2, 17), (5, 33), (7, 1000), (2, 3, 49152), (2, 262144)]
+    + [(1, 262144)],  # one row: split over the threads
 )
 def test_equals_float64_log_softmax(shape, variant):
     rng = np.random.default_rng(shape[-1])
@@ -93,3 +98,73 @@ def test_dispatcher_native_and_reference_equal_the_oracle(monkeypatch):
     lp, first = logprob_argmax_reference(jnp.asarray(x), jnp.asarray(picks))
     np.testing.assert_array_equal(np.asarray(first), want_first)
     np.testing.assert_allclose(np.asarray(lp), want_lp, rtol=2e-6, atol=2e-6)
+
+
+def _argmax_cases(V: int) -> np.ndarray:
+    """Rows of V logits: random, integer-valued (ties everywhere), ties at lane edges,
+    all -inf, one +inf, a -inf prefix, all equal."""
+    rng = np.random.default_rng(V)
+    x = (rng.standard_normal((8, V)) * 4).astype(np.float32)
+    x[1] = rng.integers(-3, 4, V)
+    top = x[2].max() + 1.0
+    x[2, [V - 1, V // 2, V // 3]] = top
+    x[3] = -np.inf
+    x[4, V // 2] = np.inf
+    x[5, : V // 2] = -np.inf
+    x[6] = 2.5
+    x[7, [V - 1, max(V - 9, 0)]] = x[7].max() + 1.0  # in the tail past the last vector
+    return x
+
+
+@pytest.mark.parametrize("variant", ["native", *OTHER_BUILDS])
+@pytest.mark.parametrize("V", [1, 7, 8, 9, 16, 17, 33, 1000, 49152, 262144])
+def test_argmax_is_numpys_first_maximum(V, variant):
+    x = _argmax_cases(V)
+    got = argmax_native(jnp.asarray(x), variant=variant)
+    np.testing.assert_array_equal(np.asarray(got), x.argmax(-1))
+    np.testing.assert_array_equal(np.asarray(argmax_reference(jnp.asarray(x))), x.argmax(-1))
+
+
+@pytest.mark.parametrize("variant", ["native", *OTHER_BUILDS])
+def test_argmax_of_a_row_with_a_nan_is_0_as_the_reference(variant):
+    x = _argmax_cases(40)
+    x[0, 5] = np.nan  # in a vector
+    x[2, 39] = np.nan  # in the tail
+    x[3, :] = np.nan
+    want = x.argmax(-1)
+    want[[0, 2, 3]] = 0
+    got = argmax_native(jnp.asarray(x), variant=variant)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(argmax_reference(jnp.asarray(x))), want)
+
+
+def test_argmax_dispatcher_takes_the_kernel_on_cpu(monkeypatch):
+    x = _argmax_cases(3000).reshape(2, 4, 3000)
+    for env, kernel in (("native", True), ("xla", False)):
+        monkeypatch.setenv(build.ENV, env)
+        step = jax.jit(lambda a: argmax(a))  # a fresh trace under each setting
+        assert ("LlamayArgmax" in step.lower(jnp.asarray(x)).as_text()) == kernel
+        np.testing.assert_array_equal(np.asarray(step(jnp.asarray(x))), x.argmax(-1))
+
+
+@pytest.mark.parametrize("variant", ["native", *OTHER_BUILDS])
+def test_one_row_split_over_the_threads(variant):
+    """One row of Gemma 3's vocabulary: the maximum tied in two chunks (the earlier
+    wins), in the last chunk's tail, all -inf but one chunk; a NaN in a late chunk."""
+    V = 262144
+    rng = np.random.default_rng(5)
+
+    def first(x):
+        return np.asarray(argmax_native(jnp.asarray(x), variant=variant))
+
+    for place in ([200_000, 40_000], [V - 1], [V // 2 + 3]):
+        x = (rng.standard_normal((1, V)) * 4).astype(np.float32)
+        x[0, place] = x.max() + 1.0
+        np.testing.assert_array_equal(first(x), x.argmax(-1))
+        _check(x, rng.integers(0, V, (1, 3)).astype(np.int32), variant=variant)
+    x = np.full((1, V), -np.inf, np.float32)
+    x[0, 70_000:70_100] = rng.standard_normal(100)
+    np.testing.assert_array_equal(first(x), x.argmax(-1))
+    _check(x, np.array([[70_050, 5]], np.int32), variant=variant)
+    x[0, 250_000] = np.nan
+    assert int(first(x)[0]) == 0
