@@ -10,7 +10,7 @@ numerics (design principle 4).
   native (`attention` module's table).
 - `logprob_argmax(logits, picks)`: each row's log-softmax at its picked tokens and its
   first argmax (scoring; native on CPU, `logprobs` module); `argmax(x)` the first argmax
-  alone (the sampler's greedy pick).
+  alone (the sampler's greedy pick); `top_k(x, k)` as `jax.lax.top_k`.
 - `LoraMatrix`: a weight with LoRA adapters beside it, unmerged (`lora` module).
 - `backend()`: what the environment and platform choose (`backend` module).
 - `weight_form(numerics)`: which form `llamay.model.bind` gives quantised matrices;
@@ -39,6 +39,7 @@ from llamay.kernels.logprobs import (
     argmax_reference,
     logprob_argmax,
     logprob_argmax_reference,
+    top_k,
 )
 from llamay.kernels.lora import LoraMatrix
 from llamay.kernels.matmul import (
@@ -75,5 +76,6 @@ __all__ = [
     "native_weights",
     "paged_reference",
     "repack_weights",
+    "top_k",
     "weight_form",
 ]

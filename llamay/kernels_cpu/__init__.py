@@ -22,7 +22,8 @@ here" and the caller falls back to the XLA path (the dispatcher's XLA forms,
   (`ggml_elementwise.py`), bit for bit `llamay.arch.ggml_ops`'.
 - `logprob_argmax(logits, picks)`: each row's log-softmax at its picked tokens and its first
   argmax, one pass over the vocabulary (`logprobs.py`; scoring and perplexity);
-  `argmax(x)` the first argmax alone (the sampler's greedy pick).
+  `argmax(x)` the first argmax alone (the sampler's greedy pick), `top_k(x, k)` as
+  `jax.lax.top_k` (the sampler's view of the best candidates).
 """
 
 from llamay.kernels_cpu.plug import (
@@ -37,6 +38,7 @@ from llamay.kernels_cpu.plug import (
     matmul,
     matmuls,
     paged_attention,
+    top_k,
 )
 
 __all__ = [
@@ -51,4 +53,5 @@ __all__ = [
     "matmul",
     "matmuls",
     "paged_attention",
+    "top_k",
 ]

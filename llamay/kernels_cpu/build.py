@@ -70,6 +70,7 @@ HANDLERS = (
     "LlamayGgmlRope",
     "LlamayLogprobArgmax",
     "LlamayArgmax",
+    "LlamayTopK",
 )
 
 log = logging.getLogger("llamay.kernels_cpu")

@@ -2,7 +2,7 @@
 row's log-softmax at a picked token and the first index of its maximum (the reference:
 `llamay.kernels.logprobs.logprob_argmax_reference`, XLA's max, exp-sum and variadic
 argmax reduce, each a single-threaded loop over the logits); the sampler's greedy pick
-(`llamay.kernels.logprobs.argmax_reference`)."""
+(`llamay.kernels.logprobs.argmax_reference`) and its top-k view (`jax.lax.top_k`)."""
 
 from __future__ import annotations
 
@@ -46,3 +46,21 @@ def argmax_native(x, variant: str = "native"):
         return None
     out = jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32)
     return jax.ffi.ffi_call(prefix + "LlamayArgmax", out, vmap_method="sequential")(x)
+
+
+def top_k_native(x, k: int, variant: str = "native"):
+    """(values [..., k] f32, ids [..., k] int32): each row's k best over the last axis
+    exactly as `jax.lax.top_k` gives them on CPU, or None when it does not apply (not
+    f32, k outside [1, V]) or the kernels are not built."""
+    if not isinstance(x, jax.Array) or x.ndim == 0 or x.dtype != jnp.float32:
+        return None
+    if not 1 <= k <= x.shape[-1]:
+        return None
+    prefix = targets(variant)
+    if prefix is None:
+        return None
+    out = (
+        jax.ShapeDtypeStruct((*x.shape[:-1], k), jnp.float32),
+        jax.ShapeDtypeStruct((*x.shape[:-1], k), jnp.int32),
+    )
+    return tuple(jax.ffi.ffi_call(prefix + "LlamayTopK", out, vmap_method="sequential")(x))

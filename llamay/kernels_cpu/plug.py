@@ -1,6 +1,6 @@
 """The plug point the dispatcher (`llamay.kernels`) asks at trace time: `available`,
 `matmul`, `paged_attention`, `ggml_attention`, `ggml_swiglu`, `ggml_rms_norm`,
-`ggml_rope`, `logprob_argmax`, `argmax` (the package docstring says what each returns)."""
+`ggml_rope`, `logprob_argmax`, `argmax`, `top_k` (the package docstring says what each returns)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from llamay.kernels_cpu.attention import paged_attention_native
 from llamay.kernels_cpu.build import targets
 from llamay.kernels_cpu.ggml_attention import ggml_attention_native, ggml_flash_attention_native
 from llamay.kernels_cpu.ggml_elementwise import rms_norm_native, rope_native, swiglu_native
-from llamay.kernels_cpu.logprobs import argmax_native, logprob_argmax_native
+from llamay.kernels_cpu.logprobs import argmax_native, logprob_argmax_native, top_k_native
 from llamay.kernels_cpu.qmatmul import applies, qmatmul_native
 from llamay.kernels_cpu.qmatmuls import qmatmuls_native, takes
 from llamay.quant import MixedQTensor
@@ -144,3 +144,9 @@ def argmax(x) -> jax.Array | None:
     """Each row's first argmax natively, as `llamay.kernels.logprobs.argmax_reference`
     computes it, or None (not on CPU, not built, not f32)."""
     return argmax_native(x) if jax.default_backend() == "cpu" else None
+
+
+def top_k(x, k: int) -> tuple[jax.Array, jax.Array] | None:
+    """`jax.lax.top_k(x, k)` natively (the same values and ids), or None (not on CPU,
+    not built, not f32)."""
+    return top_k_native(x, k) if jax.default_backend() == "cpu" else None

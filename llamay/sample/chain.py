@@ -5,9 +5,10 @@ forbids get -inf), logit_bias, then the stages of the plan in order, then the dr
 Every stage is the identity for a slot whose parameters disable it, so one batch
 carries different settings per slot. Truncation sets logits to -inf and stays in
 vocabulary order: a rank-based cut (top-k, top-p, min_keep, mirostat's k) becomes a
-threshold on the logit read off a top-`VIEW` view of the sorted logits (`lax.top_k`),
-and only when a cut reaches past that view is the whole vocabulary sorted (`lax.cond`),
-so a 262k vocabulary is not sorted every step. Expensive stages no slot enables are
+threshold on the logit read off a top-`VIEW` view of the sorted logits
+(`llamay.kernels.top_k`: `lax.top_k`, native on CPU), and only when a cut reaches past
+that view is the whole vocabulary sorted (`lax.cond`), so a 262k vocabulary is not
+sorted every step. Expensive stages no slot enables are
 skipped the same way. Candidates tied exactly at a cut are all kept (llama.cpp keeps
 them in sort order up to the count).
 
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from llamay.kernels import argmax, logprob_argmax
+from llamay.kernels import top_k as best_of  # `top_k` here is the sampler stage
 from llamay.sample.samplers import SamplerState, SamplingParams
 
 NEG = -jnp.inf
@@ -45,7 +47,7 @@ def _cut(x: jax.Array, n_keep_fn, decided_fn=None, view=None) -> jax.Array:
             return jnp.take_along_axis(vals, jnp.clip(n, 1, ids.shape[-1])[:, None] - 1, -1)
 
         return jax.lax.cond(jnp.all(ok), from_view, lambda _: _cut(x, n_keep_fn, decided_fn), None)
-    return _cut_in(x, jax.lax.top_k(x, min(x.shape[-1], VIEW))[0], n_keep_fn, decided_fn)
+    return _cut_in(x, best_of(x, min(x.shape[-1], VIEW))[0], n_keep_fn, decided_fn)
 
 
 def _cut_in(x, vals, n_keep_fn, decided_fn=None):
@@ -247,7 +249,7 @@ def top_k_view(x, p: SamplingParams, skip=None):
     k = jnp.where(on, jnp.minimum(p.top_k, V), 1)
 
     def stage(x):
-        vals, ids = jax.lax.top_k(x, K)
+        vals, ids = best_of(x, K)
         thr = _cut_in(x, vals, lambda vals: k)
         y = jnp.where(~on[:, None] | (x >= thr), x, NEG)
         # a cut past the view, or ties at the threshold, may keep more than the view holds
@@ -413,7 +415,7 @@ def mirostat(x, p: SamplingParams, mu, key, version: int):
     lse = jax.nn.logsumexp(x, axis=-1, keepdims=True)
     if version == 1:
         m = min(100, V)
-        top = jnp.exp(jax.lax.top_k(x, m)[0] - lse)
+        top = jnp.exp(best_of(x, m)[0] - lse)
         nf = _n_finite(x)
         i = jnp.arange(m - 1)
         t_i = jnp.log((i + 2.0) / (i + 1.0))[None, :]
@@ -551,7 +553,7 @@ def log_probs(logits: jax.Array) -> jax.Array:
 def top_logprobs(logp: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
     """The n best of each row of log-probabilities [B, V]: (ids [B, n] int32, logprobs
     [B, n] f32), best first. `n` is static (jit with static_argnums=1)."""
-    lp, ids = jax.lax.top_k(logp, n)
+    lp, ids = best_of(logp, n)
     return ids.astype(jnp.int32), lp
 
 
@@ -605,7 +607,7 @@ def sample(logits: jax.Array, p: SamplingParams, st: SamplerState, mask: jax.Arr
     x = logits.astype(jnp.float32)
     picks = tok[:, None]
     if p.n_probs:
-        top_ids = jax.lax.top_k(x, p.n_probs)[1].astype(jnp.int32)
+        top_ids = best_of(x, p.n_probs)[1]
         picks = jnp.concatenate([picks, top_ids], axis=-1)
     lp = logprob_argmax(x, picks)[0]
     if p.n_probs:

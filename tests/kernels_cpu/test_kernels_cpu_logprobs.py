@@ -8,7 +8,10 @@ takes the kernel on CPU and the XLA reference under LLAMAY_CPU_KERNELS=xla, both
 to the oracle. The sampler's argmax kernel alone (`argmax_native`) against `np.argmax`
 over the same edges, with +-inf and NaN rows (0, as the XLA reference gives). A single row
 (fewer rows than threads) is split into chunks over the threads: ties and NaNs across
-chunks, and the log-softmax of one such row, hold too."""
+chunks, and the log-softmax of one such row, hold too. The sampler's top-k (`top_k_native`)
+against `jax.lax.top_k` on XLA CPU: values and ids equal, over ties, signed zeros, +-inf,
+NaNs, -inf-masked rows, ascending rows (every element a new candidate) and one row split
+over the threads."""
 
 from __future__ import annotations
 
@@ -18,9 +21,15 @@ import numpy as np
 import pytest
 from kernel_cases import OTHER_BUILDS
 
-from llamay.kernels import argmax, argmax_reference, logprob_argmax, logprob_argmax_reference
+from llamay.kernels import (
+    argmax,
+    argmax_reference,
+    logprob_argmax,
+    logprob_argmax_reference,
+    top_k,
+)
 from llamay.kernels_cpu import build
-from llamay.kernels_cpu.logprobs import argmax_native, logprob_argmax_native
+from llamay.kernels_cpu.logprobs import argmax_native, logprob_argmax_native, top_k_native
 
 pytestmark = pytest.mark.usefixtures("native_kernels")
 
@@ -168,3 +177,61 @@ def test_one_row_split_over_the_threads(variant):
     _check(x, np.array([[70_050, 5]], np.int32), variant=variant)
     x[0, 250_000] = np.nan
     assert int(first(x)[0]) == 0
+
+
+def _topk_rows(V: int) -> np.ndarray:
+    rng = np.random.default_rng(V + 1)
+    x = (rng.standard_normal((7, V)) * 3).astype(np.float32)
+    x[1] = rng.integers(-2, 3, V)  # ties everywhere
+    x[2, ::3] = -np.inf  # a masked vocabulary
+    x[2, 1::3] = 0.0
+    x[2, 2::3] = -0.0  # signed zeros: -0 < +0 in XLA's order
+    x[3] = np.arange(V, dtype=np.float32)  # ascending: every element beats the kept
+    x[4, : V // 2] = np.inf
+    x[5, 1::5] = np.nan
+    x[6] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("variant", ["native", *OTHER_BUILDS])
+@pytest.mark.parametrize(
+    ("V", "k"), [(1, 1), (9, 3), (40, 40), (1000, 40), (3000, 512), (49152, 512)]
+)
+def test_top_k_is_lax_top_k(V, k, variant):
+    x = jnp.asarray(_topk_rows(V))
+    want_v, want_i = jax.lax.top_k(x, k)
+    got_v, got_i = top_k_native(x, k, variant=variant)
+    np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
+    np.testing.assert_array_equal(
+        np.asarray(got_v).view(np.uint32), np.asarray(want_v).view(np.uint32)
+    )
+
+
+@pytest.mark.parametrize("variant", ["native", *OTHER_BUILDS])
+def test_top_k_of_one_row_split_over_the_threads(variant):
+    V = 262144
+    rng = np.random.default_rng(9)
+    rows = [
+        (rng.standard_normal(V) * 3).astype(np.float32),
+        rng.integers(-4, 5, V).astype(np.float32),
+    ]
+    rows.append(np.arange(V, dtype=np.float32)[::-1].copy())
+    for row in rows:
+        for k in (1, 40, 512):
+            x = jnp.asarray(row[None])
+            want_v, want_i = jax.lax.top_k(x, k)
+            got_v, got_i = top_k_native(x, k, variant=variant)
+            np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
+            np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
+
+
+def test_top_k_dispatcher_takes_the_kernel_on_cpu(monkeypatch):
+    x = jnp.asarray(_topk_rows(3000).reshape(7, 1, 3000))
+    want = jax.lax.top_k(x, 64)
+    for env, kernel in (("native", True), ("xla", False)):
+        monkeypatch.setenv(build.ENV, env)
+        step = jax.jit(lambda a: top_k(a, 64))  # a fresh trace under each setting
+        assert ("LlamayTopK" in step.lower(x).as_text()) == kernel
+        got = step(x)
+        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
