@@ -126,6 +126,11 @@ def _messages(body: CountTokensRequest, images: list[bytes] | None = None) -> li
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
+    # a final assistant message is a prefill the reply continues (`T.prefill_split`);
+    # Anthropic refuses one ending in whitespace (a token boundary the model would not make)
+    _, prefill = T.prefill_split(out)
+    if prefill and prefill != prefill.rstrip():
+        raise ApiError(400, "messages: final assistant content cannot end with trailing whitespace")
     return out
 
 
@@ -187,10 +192,12 @@ def _check_thinking(thinking: Any, max_tokens: int) -> None:
     if thinking is None:
         return
     kind = thinking.get("type") if isinstance(thinking, dict) else None
-    if kind == "disabled":
-        return
+    if kind in ("disabled", "adaptive", "between_tools"):
+        return  # adaptive: the model decides whether to think (the client's types' kinds)
     if kind != "enabled":
-        raise ApiError(400, 'thinking.type must be "enabled" or "disabled"')
+        raise ApiError(
+            400, 'thinking.type must be "enabled", "adaptive", "between_tools" or "disabled"'
+        )
     budget = thinking.get("budget_tokens")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
         raise ApiError(400, "thinking.budget_tokens must be an integer >= 1024")
@@ -244,12 +251,16 @@ async def messages(body: MessagesRequest, request: Request):
             "content": content,
             "stop_reason": stop_reason,
             "stop_sequence": g.stop_sequence,
-            "usage": {
-                "input_tokens": g.prompt_tokens,
-                "output_tokens": out_tokens,
-                "cache_read_input_tokens": g.cached_tokens,
-                "cache_creation_input_tokens": 0,
-            },
+            "usage": {**usage(), "output_tokens": out_tokens},
+        }
+
+    def usage() -> dict:
+        # Anthropic's input_tokens leave out the cache reads (the prompt is their sum),
+        # as llama-server's: n_prompt_tokens - n_prompt_tokens_cache
+        return {
+            "input_tokens": g.prompt_tokens - g.cached_tokens,
+            "cache_read_input_tokens": g.cached_tokens,
+            "cache_creation_input_tokens": 0,
         }
 
     if not body.stream:
@@ -350,7 +361,8 @@ async def messages(body: MessagesRequest, request: Request):
                     else _stop_reason(g),
                     "stop_sequence": g.stop_sequence,
                 },
-                "usage": {"output_tokens": g.completion_tokens},
+                # cumulative, as Anthropic's: the cache reads are known by now
+                "usage": {**usage(), "output_tokens": g.completion_tokens},
             }
         )
         yield ev({"type": "message_stop"})

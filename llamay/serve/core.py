@@ -18,12 +18,13 @@ import asyncio
 import functools
 import json
 import time
+import typing
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from starlette.responses import StreamingResponse
 
 from llamay.engine.api import Handle, Request
@@ -35,11 +36,35 @@ from llamay.serve.sampling import fit_sampler
 from llamay.tok import IncrementalDecoder, StopStrings
 
 
+def _admits_none(annotation: Any) -> bool:
+    if annotation is Any or annotation is None or annotation is type(None):
+        return True
+    return any(_admits_none(a) for a in typing.get_args(annotation))
+
+
 class OpenModel(BaseModel):
     """A request body that keeps fields it does not declare (`model_extra`): every API
-    family takes llama.cpp's extra sampling fields."""
+    family takes llama.cpp's extra sampling fields. An explicit null is the field's
+    default, as the peers read it (OpenAI's nullable fields, llama.cpp's `json_value`, a
+    Go pointer left nil in Ollama): clients and wrappers send `"stream": null`."""
 
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and None in data.values():
+            strict = _non_nullable(cls)
+            data = {k: v for k, v in data.items() if v is not None or k not in strict}
+        return data
+
+
+@functools.cache
+def _non_nullable(cls: type[BaseModel]) -> frozenset[str]:
+    """The input keys of `cls`'s fields whose type does not take None."""
+    return frozenset(
+        f.alias or name for name, f in cls.model_fields.items() if not _admits_none(f.annotation)
+    )
 
 
 async def off_loop(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:

@@ -60,11 +60,12 @@ def error_kind(exc: BaseException) -> str | None:
     a prompt over the context (llama-server's type, OpenAI's code)."""
     if isinstance(exc, E.ContextOverflowError):
         return "exceed_context_size_error"
-    return "not_found" if to_http_status(exc) == 404 else None
+    return "model_not_found" if isinstance(exc, E.ModelNotFoundError) else None
 
 
-def not_found(what: str) -> ApiError:
-    return ApiError(404, what, kind="not_found")
+def not_found(what: str, model: bool = False) -> ApiError:
+    """A 404: a missing model (OpenAI's code model_not_found), or another missing thing."""
+    return ApiError(404, what, kind="model_not_found" if model else "not_found")
 
 
 _OPENAI_TYPES = {
@@ -112,10 +113,18 @@ def error_body(
         }
     if family == "ollama":
         return {"error": message}
-    etype = kind or _OPENAI_TYPES.get(status, "server_error")
+    # a 4xx the table does not name (405, 413, ...) is the client's: not a server_error
+    etype = _OPENAI_TYPES.get(status) or (
+        "invalid_request_error" if status < 500 else "server_error"
+    )
+    missing = kind in ("model_not_found", "not_found")  # a kind, not a type
+    etype = etype if kind is None or missing else kind
     if family == "llamacpp":
         return {"error": {"code": status, "message": message, "type": etype}}
-    codes = {"not_found": "model_not_found", "exceed_context_size_error": "context_length_exceeded"}
-    if kind == "exceed_context_size_error":
+    codes = {
+        "model_not_found": "model_not_found",
+        "exceed_context_size_error": "context_length_exceeded",
+    }
+    if kind in codes or missing:  # OpenAI's: an invalid request, the code saying which
         etype = _OPENAI_TYPES[400]
     return {"error": {"message": message, "type": etype, "param": param, "code": codes.get(kind)}}

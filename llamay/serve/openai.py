@@ -613,4 +613,4 @@ async def get_model(model_id: str, request: Request):
     for k in st.models.known():
         if k.name == model_id:
             return _model_obj(k)
-    raise not_found(f"model {model_id!r} is not available on this server")
+    raise not_found(f"model {model_id!r} is not available on this server", model=True)

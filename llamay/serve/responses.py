@@ -19,6 +19,7 @@ from pydantic import Field
 from llamay.serve import tools as T
 from llamay.serve.core import OpenModel, off_loop, primed, sse, sse_response
 from llamay.serve.errors import ApiError
+from llamay.serve.logprobs import chat_logprobs
 from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.state import ServerState, state
 from llamay.serve.stored_responses import (
@@ -47,6 +48,12 @@ class ResponsesRequest(OpenModel):
     previous_response_id: str | None = None
     store: bool | None = None
     metadata: dict[str, Any] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    include: list[str] | None = None
+
+
+#: The `include` value that asks for the output text's log-probabilities.
+LOGPROBS = "message.output_text.logprobs"
 
 
 _ROLES = ("user", "assistant", "system", "developer")
@@ -96,6 +103,8 @@ def _responses_messages(body: ResponsesRequest) -> list[dict]:
             }
             call = T.history_call(call, f"input.{i}")
             out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "reasoning":
+            continue  # earlier turns' reasoning stays out of the prompt (agents replay it)
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise ApiError(400, f"input.{i}.call_id must be a string", param="input")
@@ -152,6 +161,8 @@ async def responses(body: ResponsesRequest, request: Request):
     history = previous(st, body.previous_response_id) if body.previous_response_id else []
     history += own
     messages = system + history
+    if not history:
+        raise ApiError(400, "input must hold at least one item", param="input")
     ids = await off_loop(T.chat_ids, lm, messages, tools)
     fmt = (body.text or {}).get("format") or {}
     if forced is not None:
@@ -171,6 +182,12 @@ async def responses(body: ResponsesRequest, request: Request):
         **extra_params(body.model_extra), temperature=body.temperature, top_p=body.top_p
     )
     g = st.textgen(lm, ids, body.max_output_tokens, sampler, None, con)
+    with_logprobs = LOGPROBS in (body.include or [])
+    g.logprobs = (body.top_logprobs or 0) if with_logprobs else None
+
+    def logprobs(rows) -> list[dict]:
+        return chat_logprobs(lm, rows)["content"] if with_logprobs else []
+
     rid, mid = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
     created = int(time.time())
 
@@ -190,13 +207,19 @@ async def responses(body: ResponsesRequest, request: Request):
                 }
                 for c in calls
             ]
+        part = {
+            "type": "output_text",
+            "text": text,
+            "annotations": [],
+            "logprobs": logprobs(g.logprob_rows()),
+        }
         return [
             {
                 "type": "message",
                 "id": mid,
-                "status": "completed",
+                "status": "incomplete" if g.finish_reason == "length" else "completed",
                 "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
+                "content": [part],
             }
         ]
 
@@ -346,7 +369,7 @@ async def responses(body: ResponsesRequest, request: Request):
                     "output_index": 0,
                     "content_index": 0,
                     "delta": delta,
-                    "logprobs": [],
+                    "logprobs": logprobs(g.take_logprobs()),
                 }
             )
         text = g.text
@@ -357,7 +380,7 @@ async def responses(body: ResponsesRequest, request: Request):
                 "output_index": 0,
                 "content_index": 0,
                 "text": text,
-                "logprobs": [],
+                "logprobs": logprobs(g.logprob_rows()),
             }
         )
         yield ev(

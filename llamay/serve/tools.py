@@ -63,18 +63,40 @@ def _generic_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
     return [{"role": "system", "content": intro}, *out]
 
 
+def prefill_split(messages: list[dict]) -> tuple[list[dict], str | None]:
+    """(the messages before a final assistant turn to continue, that turn's text) or
+    (messages, None): a last message from the assistant, without tool calls, is a prefill
+    the reply continues (Anthropic's prefill, llama-server's --prefill-assistant default,
+    an Ollama template's last assistant message), not a closed turn."""
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant" or last.get("tool_calls"):
+        return messages, None
+    content = last.get("content")
+    if isinstance(content, str):
+        return messages[:-1], content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
+    ):
+        return messages[:-1], "".join(p["text"] for p in content)
+    return messages, None
+
+
 def render_prompt(
     lm: Loaded, messages: list[dict], tools: list[dict] | None = None, **kw: Any
 ) -> str:
     """The chat template's text for `messages` (OpenAI-shaped dicts), with a generation
-    prompt; `tools` in OpenAI's `{"type": "function", "function": {...}}` form, given to
-    the template, or described in the system message when the template has no place for
-    them (never dropped)."""
+    prompt, followed by a final assistant message's text when there is one
+    (`prefill_split`: the reply continues it, as llama-server's does); `tools` in
+    OpenAI's `{"type": "function", "function": {...}}` form, given to the template, or
+    described in the system message when the template has no place for them (never
+    dropped)."""
+    messages, prefill = prefill_split(messages)
     if tools and not template_has_tools(lm):
         messages = _generic_tools(messages, tools)
     elif tools:
         kw["tools"] = tools
-    return lm.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
+    text = lm.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
+    return text + (prefill or "")
 
 
 def history_call(call: Any, where: str) -> dict:

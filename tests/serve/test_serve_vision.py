@@ -152,7 +152,7 @@ def test_anthropic_image_blocks_reach_the_model(vision_server, png):
         prompt = chat_prompt(m, [{"role": "user", "content": "What is in <__media__>?"}])
     expect, n = _library(prompt, png, 4)
     assert r.content[0].text == expect
-    assert r.usage.input_tokens == n
+    assert r.usage.input_tokens + r.usage.cache_read_input_tokens == n
     url = {"type": "image", "source": {"type": "url", "url": "http://example.com/a.png"}}
     with pytest.raises(anthropic.BadRequestError, match="not fetched"):
         client.messages.create(

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from llamay import errors as E
-from llamay.serve.errors import ApiError, error_body, family_of, to_http_status
+from llamay.serve.errors import ApiError, error_body, error_kind, family_of, to_http_status
 from llamay.serve.ollama import keep_alive_seconds
 from llamay.serve.tools import call_schema, parse_calls, pick
 from llamay.tok.detok import held_back
@@ -89,6 +89,14 @@ def test_statuses_and_bodies():
     assert error_body("anthropic", 404, "m")["error"]["type"] == "not_found_error"
     assert error_body("openai", 400, "m", "p")["error"]["param"] == "p"
     assert error_body("llamacpp", 400, "m")["error"]["code"] == 400
+    # OpenAI's shapes: an unknown model is an invalid request coded model_not_found, and
+    # a 4xx without a type of its own (405) is still the client's, not a server_error
+    missing = error_body("openai", 404, "m", kind=error_kind(E.ModelNotFoundError("m")))["error"]
+    assert (missing["type"], missing["code"]) == ("invalid_request_error", "model_not_found")
+    other = error_body("openai", 404, "m", kind="not_found")["error"]  # a stored response's
+    assert (other["type"], other["code"]) == ("invalid_request_error", None)
+    assert error_body("openai", 405, "m")["error"]["type"] == "invalid_request_error"
+    assert error_body("openai", 500, "m")["error"]["type"] == "server_error"
 
 
 def test_parse_models(tmp_path):
