@@ -235,8 +235,10 @@ class Models:
 
     def find(self, name: str | None, lenient: bool = False) -> Known:
         """The model `name` refers to (None or "": the default model). `lenient`: when
-        the server has exactly one model, any name means it (llama-server answers
-        `"model": "gpt-3.5-turbo"` so; OpenAI and Anthropic clients must send a name)."""
+        the server has exactly one model, or was started with exactly one (`-m`, the
+        store's other models loadable on demand), a name it does not know means that one
+        (llama-server answers `"model": "gpt-3.5-turbo"` so; OpenAI and Anthropic clients
+        must send a name)."""
         if not name:
             name = self.default_name
             if name is None:
@@ -253,6 +255,8 @@ class Models:
                     return k
         if lenient and len(known) == 1:
             return known[0]
+        if lenient and len(self.configured) == 1:
+            return next(k for k in known if k.name in self.configured)
         names = ", ".join(k.name for k in known) or "(none)"
         raise ModelNotFoundError(f"model {name!r} is not available on this server; it has: {names}")
 

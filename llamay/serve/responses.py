@@ -50,6 +50,7 @@ class ResponsesRequest(OpenModel):
     metadata: dict[str, Any] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     include: list[str] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 #: The `include` value that asks for the output text's log-probabilities.
@@ -236,7 +237,8 @@ async def responses(body: ResponsesRequest, request: Request):
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
-            "parallel_tool_calls": False,
+            # OpenAI's default; the calls a reply makes are read off its text either way
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
             "temperature": body.temperature,
             "top_p": body.top_p,
             "tool_choice": body.tool_choice or "auto",

@@ -137,6 +137,10 @@ def _text_parts(content: Any, kind: str) -> list[dict[str, Any]]:
     return parts
 
 
+#: OpenAI's id prefixes of input items.
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
 def input_items(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A request's `input` as the items `input_items` lists: messages (user, system and
     developer as input messages, assistant as output messages), function calls and their
@@ -146,7 +150,8 @@ def input_items(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for item in given:
         kind = item.get("type", "message")
-        done = {"id": item.get("id") or f"{kind[:3]}_{uuid.uuid4().hex}", "status": "completed"}
+        prefix = _ID_PREFIXES.get(kind, kind[:3])
+        done = {"id": item.get("id") or f"{prefix}_{uuid.uuid4().hex}", "status": "completed"}
         if kind == "message":
             role = item.get("role", "user")
             text_kind = "output_text" if role == "assistant" else "input_text"

@@ -12,7 +12,9 @@ peers' semantics (found by driving the server with those clients, session 22):
   deprecated for it);
 - the Responses API's `include: ["message.output_text.logprobs"]` with `top_logprobs`,
   an empty `input` refused, a cut-off message item marked incomplete, replayed
-  `reasoning` items taken.
+  `reasoning` items taken, OpenAI's item id prefixes and `parallel_tool_calls` default;
+- a server started with one model (`-m`) beside a store takes any unknown model name on
+  the OpenAI and Anthropic routes as that model, as llama-server.
 
 The oracle for every text is the tiny model itself, run directly on the prompt the
 peer's semantics define (its chat template over the earlier messages, then the prefill)."""
@@ -200,3 +202,32 @@ def test_responses_input_items(oai, tiny):
         model="tiny", input=[reasoning, *ASK], max_output_tokens=4, temperature=0
     )
     assert r.output_text == greedy(tiny, chat_prompt(tiny, ASK), 4)
+    assert r.parallel_tool_calls is True  # OpenAI's default
+    items = oai.responses.input_items.list(r.id).data
+    assert [i.id[:4] for i in items] == ["msg_"]  # OpenAI's prefix; the reasoning not listed
+
+
+def test_any_name_means_the_one_model_served_beside_a_store(tiny_paths, serve_home, tiny):
+    """`llamay serve -m tiny` over a store holding another model: as llama-server, an
+    unknown name on the OpenAI and Anthropic routes means the model it was started with
+    (the store's others stay loadable by name); Ollama's routes keep their 404, which
+    `ollama run` answers with a pull."""
+    from llamay.serve import create_app
+    from llamay.serve.models import Models
+    from llamay.store import create as store_create
+    from tests.serve.conftest import running
+
+    store_create("other", f"FROM {tiny_paths['tiny']}\n", progress=False)
+    models = Models({"tiny": tiny_paths["tiny"]}, use_store=True, default_keep_alive=-1)
+    with running(create_app(models)) as s, httpx.Client(base_url=s.url, timeout=300) as c:
+        ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
+        assert "tiny" in ids and "other:latest" in ids
+        want = greedy(tiny, chat_prompt(tiny, ASK), 3)
+        body = {"model": "gpt-4o-mini", "messages": ASK, "max_tokens": 3, "temperature": 0}
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == "tiny" and r.json()["choices"][0]["message"]["content"] == want
+        r = c.post("/v1/messages", json={**body, "model": "claude-x"})
+        assert r.status_code == 200 and r.json()["content"][0]["text"] == want
+        r = c.post("/api/chat", json={**body, "model": "llama3", "stream": False})
+        assert r.status_code == 404
