@@ -478,3 +478,77 @@ def test_dry_breaker_spread_over_tokens():
     x = run_final(np.zeros(len(pieces)), s, history=hist, pieces=pieces)
     want[y] = -(1.75 ** (5 - 1))
     np.testing.assert_allclose(x, want, rtol=1e-6)
+
+
+# The view path (`_staged_draw`): after a top-k whose view holds every candidate, the
+# by-value stages and the draw run over the view's logits; the same tokens as the whole
+# vocabulary's path, which the tests above hold to llama.cpp's chain.
+_VIEW_CASE = [
+    (48, ORDERS[0]),  # the view is the whole (small) vocabulary
+    (2048, ORDERS[0]),  # 512 of 2048
+    (2048, ("top_k", "penalties", "top_p", "temperature")),  # penalties after: no view path
+    (2048, ("top_k", "typ_p", "xtc", "min_p", "top_n_sigma", "temperature")),
+]
+_VIEW_JITS: dict = {}
+
+
+def _view_jit(on: bool, V: int, order):
+    """`sample` traced with the view path on or off (a fresh trace for each)."""
+    import llamay.sample.chain as chain
+
+    key = (on, V, order)
+    if key not in _VIEW_JITS:
+        saved = chain.BY_VALUE
+        chain.BY_VALUE = saved if on else frozenset()
+        try:
+            fn = jax.jit(lambda *a: sample(*a))
+            s = Sampler(samplers=order)
+            p = SamplingParams.stack([s] * 4, V)
+            fn.lower(jnp.zeros((4, V)), p, SamplerState.init([s] * 4, [[1]] * 4)).compile()
+            _VIEW_JITS[key] = fn
+        finally:
+            chain.BY_VALUE = saved
+    return _VIEW_JITS[key]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    case=st.sampled_from(_VIEW_CASE),
+    top_k=st.sampled_from([0, 1, 5, 40, 600]),
+    top_p=st.sampled_from([1.0, 0.9]),
+    min_p=st.sampled_from([0.0, 0.05]),
+    typical_p=st.sampled_from([1.0, 0.7]),
+    xtc=st.sampled_from([0.0, 1.0]),
+    temp=st.sampled_from([0.0, 0.8, 1.5]),
+    dyn=st.sampled_from([0.0, 0.5]),
+)
+def test_the_view_path_draws_the_whole_paths_tokens(
+    seed, case, top_k, top_p, min_p, typical_p, xtc, temp, dyn
+):
+    V, order = case
+    rng = np.random.default_rng(seed)
+    lg = jnp.asarray(rng.normal(0, 3, (4, V)).astype(np.float32))
+    rows = [
+        Sampler(
+            temperature=temp if r else 0.0,  # a greedy row among sampled ones
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            typical_p=typical_p,
+            xtc_probability=xtc,
+            dynatemp_range=dyn,
+            repeat_penalty=1.3,
+            seed=seed + r,
+            samplers=order,
+        )
+        for r in range(4)
+    ]
+    p = SamplingParams.stack(rows, V)
+    hist = [rng.integers(0, V, 6).tolist() for _ in rows]
+    st0 = SamplerState.init(rows, hist)
+    for _ in range(3):  # three steps: the keys move on alike
+        a, st_a = _view_jit(True, V, order)(lg, p, st0)
+        b, _ = _view_jit(False, V, order)(lg, p, st0)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        st0 = st_a
