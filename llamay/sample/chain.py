@@ -252,8 +252,12 @@ def top_k_view(x, p: SamplingParams, skip=None):
         vals, ids = best_of(x, K)
         thr = _cut_in(x, vals, lambda vals: k)
         y = jnp.where(~on[:, None] | (x >= thr), x, NEG)
-        # a cut past the view, or ties at the threshold, may keep more than the view holds
-        ok = on & ((k < K) | (K == V)) & (_n_finite(y) <= K)
+        # a cut past the view, or ties at the threshold, may keep more than the view
+        # holds: not when the view's last logit is below the threshold (or -inf: every
+        # finite logit is in view), whatever lies outside it is then below it too
+        last = vals[:, -1:]
+        inside = ((last < thr) | (last == NEG))[:, 0]
+        ok = on & ((K == V) | ((k < K) & inside))
         return y, ids.astype(jnp.int32), ok
 
     def off(x):

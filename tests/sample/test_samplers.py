@@ -528,7 +528,10 @@ def test_the_view_path_draws_the_whole_paths_tokens(
 ):
     V, order = case
     rng = np.random.default_rng(seed)
-    lg = jnp.asarray(rng.normal(0, 3, (4, V)).astype(np.float32))
+    lg = rng.normal(0, 3, (4, V)).astype(np.float32)
+    lg[1] = rng.integers(0, 2, V)  # half the vocabulary tied at the top: more than the view
+    lg[2, rng.permutation(V)[: V - 30]] = -np.inf  # a masked vocabulary: 30 candidates
+    lg = jnp.asarray(lg)
     rows = [
         Sampler(
             temperature=temp if r else 0.0,  # a greedy row among sampled ones
