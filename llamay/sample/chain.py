@@ -8,9 +8,10 @@ vocabulary order: a rank-based cut (top-k, top-p, min_keep, mirostat's k) become
 threshold on the logit read off a top-`VIEW` view of the sorted logits
 (`llamay.kernels.top_k`: `lax.top_k`, native on CPU), and only when a cut reaches past
 that view is the whole vocabulary sorted (`lax.cond`), so a 262k vocabulary is not
-sorted every step. Expensive stages no slot enables are
-skipped the same way. Candidates tied exactly at a cut are all kept (llama.cpp keeps
-them in sort order up to the count).
+sorted every step. Expensive stages no slot enables are skipped the same way; after a
+top-k whose view holds every candidate, the stages that read logits only run over the
+view (`_staged_draw`); a batch of greedy rows takes the argmax alone. Candidates tied
+exactly at a cut are all kept (llama.cpp keeps them in sort order up to the count).
 
 Each stage restates one function of llama.cpp's `llama-sampling.cpp` (named in its
 docstring), with the deviations listed in `llamay.sample.samplers`.

@@ -9,7 +9,7 @@
 //   first [N] i32  the first index of the row's maximum (jnp.argmax's tie rule)
 // A pick outside [0, V) is clamped into it.
 // LlamayArgmax: x [N, V] f32 -> [N] i32, the first index of each row's maximum, 0 for a
-// row holding a NaN (the sampler's greedy pick, `llamay.sample.chain.argmax`: XLA CPU
+// row holding a NaN (the sampler's greedy pick, `llamay.kernels.argmax`: XLA CPU
 // takes ~0.3 ms over one row of Gemma 3's 262144 logits, this ~0.03).
 // LlamayTopK: x [N, V] f32 -> (values [N, K] f32, ids [N, K] i32), each row's K best as
 // lax.top_k gives them on CPU (XLA's runtime TopK: a partial sort of all V indices under
@@ -224,6 +224,11 @@ ffi::Error LogprobArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
 
 // The total order of XLA's TopK as int32 keys: a float's bits, the negatives' reversed.
 inline int32_t order_key(uint32_t b) { return (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) & 0x7FFFFFFFu)); }
+inline int32_t key_at(const float* x, int64_t i) {
+  uint32_t b;
+  std::memcpy(&b, x + i, 4);
+  return order_key(b);
+}
 
 struct Cand {
   int32_t key, id;
@@ -237,8 +242,7 @@ void best_k(const float* x, int64_t n, int64_t K, int32_t base, std::vector<Cand
   std::vector<Cand> buf;
   const int64_t cap = 4 * K;
   buf.reserve(cap + 8);
-  const uint32_t* u = reinterpret_cast<const uint32_t*>(x);
-  for (int64_t i = 0; i < K; ++i) buf.push_back({order_key(u[i]), (int32_t)i});
+  for (int64_t i = 0; i < K; ++i) buf.push_back({key_at(x, i), (int32_t)i});
   const auto compact = [&]() {
     std::nth_element(buf.begin(), buf.begin() + (K - 1), buf.end(), before);
     buf.resize(K);
@@ -249,7 +253,7 @@ void best_k(const float* x, int64_t n, int64_t K, int32_t base, std::vector<Cand
   int32_t t = compact();
   int64_t i = K;
   const auto take = [&](int64_t j) {
-    const int32_t k = order_key(u[j]);
+    const int32_t k = key_at(x, j);
     if (k > t) {
       buf.push_back({k, (int32_t)j});
       if ((int64_t)buf.size() >= cap) t = compact();
@@ -258,7 +262,7 @@ void best_k(const float* x, int64_t n, int64_t K, int32_t base, std::vector<Cand
 #ifdef LLAMAY_GF_AVX2
   const __m256i low31 = _mm256_set1_epi32(0x7FFFFFFF);
   for (; i + 8 <= n; i += 8) {
-    const __m256i b = _mm256_loadu_si256((const __m256i*)(u + i));
+    const __m256i b = _mm256_castps_si256(_mm256_loadu_ps(x + i));
     const __m256i k = _mm256_xor_si256(b, _mm256_and_si256(_mm256_srai_epi32(b, 31), low31));
     int hit = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, _mm256_set1_epi32(t))));
     while (hit) {
@@ -296,11 +300,7 @@ ffi::Error TopK(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
     const int64_t r = i / C, at = (i % C) * L, n = std::min(L, V - at);
     std::vector<Cand>& part = parts[i];
     if (n <= K) {  // a whole (short) chunk is its own best
-      for (int64_t j = 0; j < n; ++j) {
-        uint32_t b;
-        std::memcpy(&b, x + r * V + at + j, 4);
-        part.push_back({order_key(b), (int32_t)(at + j)});
-      }
+      for (int64_t j = 0; j < n; ++j) part.push_back({key_at(x + r * V + at, j), (int32_t)(at + j)});
     } else {
       best_k(x + r * V + at, n, K, (int32_t)at, part);
     }
