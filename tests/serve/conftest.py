@@ -81,6 +81,24 @@ def greedy(model, prompt: str, n: int) -> str:
     return model.generate(prompt, max_tokens=n, temperature=0)
 
 
+def want_logprobs(tiny, prompt_ids: list[int], n: int):
+    """Greedy tokens after prompt_ids and a float64 log-softmax of the model's logits
+    at each: the oracle for the logprobs the server reports."""
+    import numpy as np
+
+    from llamay.sample import GREEDY
+
+    toks = list(tiny.generation(prompt_ids, n, GREEDY))
+    rows = np.asarray(tiny.logits(prompt_ids + toks)[len(prompt_ids) - 1 : -1], np.float64)
+    rows = rows - rows.max(-1, keepdims=True)
+    return toks, rows - np.log(np.exp(rows).sum(-1, keepdims=True))
+
+
+def piece(tiny, i: int) -> str:
+    """A token's text as the APIs report it (invalid UTF-8 replaced)."""
+    return tiny.tokenizer.token_to_piece(i).decode("utf-8", "replace")
+
+
 def wait_idle(state, timeout: float = 30.0) -> dict:
     """Wait until every loaded model's engine has nothing queued or active."""
     deadline = time.monotonic() + timeout

@@ -12,8 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from llamay.sample import GREEDY
-from tests.serve.conftest import chat_prompt, greedy
+from tests.serve.conftest import chat_prompt, greedy, piece, want_logprobs
 
 MSGS = [{"role": "user", "content": "Name three colours."}]
 
@@ -342,19 +341,6 @@ def test_responses_forced_function_call(client):
     assert final.name == "get_weather" and final.arguments == call.arguments
 
 
-def _want_logprobs(tiny, prompt_ids, n):
-    """Greedy tokens after prompt_ids and a float64 log-softmax of the model's logits
-    at each: the oracle for the logprobs the server reports."""
-    toks = list(tiny.generation(prompt_ids, n, GREEDY))
-    rows = np.asarray(tiny.logits(prompt_ids + toks)[len(prompt_ids) - 1 : -1], np.float64)
-    rows = rows - rows.max(-1, keepdims=True)
-    return toks, rows - np.log(np.exp(rows).sum(-1, keepdims=True))
-
-
-def _piece(tiny, i):
-    return tiny.tokenizer.token_to_piece(i).decode("utf-8", "replace")
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_logprobs_equal_the_logits(client, tiny, stream):
     kw = dict(model="tiny", messages=MSGS, max_tokens=6, temperature=0, logprobs=True)
@@ -372,13 +358,13 @@ def test_chat_logprobs_equal_the_logits(client, tiny, stream):
         r = client.chat.completions.create(top_logprobs=3, **kw)
         content, text = r.choices[0].logprobs.content, r.choices[0].message.content
     ids = tiny.tokenize(chat_prompt(tiny, MSGS), add_special=True, parse_special=True)
-    toks, want = _want_logprobs(tiny, ids, 6)
-    assert [c.token for c in content] == [_piece(tiny, t) for t in toks]
+    toks, want = want_logprobs(tiny, ids, 6)
+    assert [c.token for c in content] == [piece(tiny, t) for t in toks]
     assert "".join(c.token for c in content) == text
     for c, t, row in zip(content, toks, want, strict=True):
         assert c.logprob == pytest.approx(row[t], abs=1e-4)
         best = np.argsort(-row, kind="stable")[:3]
-        assert [a.token for a in c.top_logprobs] == [_piece(tiny, i) for i in best]
+        assert [a.token for a in c.top_logprobs] == [piece(tiny, i) for i in best]
         np.testing.assert_allclose([a.logprob for a in c.top_logprobs], row[best], atol=1e-4)
     # logprobs without top_logprobs: the token's own only
     r = client.chat.completions.create(**kw)
@@ -408,13 +394,13 @@ def test_legacy_logprobs_equal_the_logits(client, tiny, stream):
             lp.top_logprobs,
             lp.text_offset,
         )
-    toks, want = _want_logprobs(tiny, tiny.tokenize(prompt, parse_special=True), 5)
-    assert tokens == [_piece(tiny, t) for t in toks] and "".join(tokens) == text
+    toks, want = want_logprobs(tiny, tiny.tokenize(prompt, parse_special=True), 5)
+    assert tokens == [piece(tiny, t) for t in toks] and "".join(tokens) == text
     assert offsets == [len("".join(tokens[:k])) for k in range(5)]
     for v, top, t, row in zip(values, tops, toks, want, strict=True):
         assert v == pytest.approx(row[t], abs=1e-4)
         best = np.argsort(-row, kind="stable")[:2]
-        assert list(top) == [_piece(tiny, i) for i in best]
+        assert list(top) == [piece(tiny, i) for i in best]
         np.testing.assert_allclose(list(top.values()), row[best], atol=1e-4)
 
 

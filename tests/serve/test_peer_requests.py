@@ -28,8 +28,7 @@ import ollama
 import openai
 import pytest
 
-from llamay.sample import GREEDY
-from tests.serve.conftest import chat_prompt, greedy
+from tests.serve.conftest import chat_prompt, greedy, piece, want_logprobs
 
 ASK = [{"role": "user", "content": "Give me a JSON object describing a cat."}]
 PREFILL = '{"name": "'
@@ -156,18 +155,6 @@ def test_anthropic_adaptive_thinking_is_taken(claude, tiny):
         claude.messages.create(model="tiny", max_tokens=4, messages=ASK, thinking={"type": "x"})
 
 
-def _want_logprobs(tiny, n):
-    ids = tiny.tokenize(chat_prompt(tiny, ASK), add_special=True, parse_special=True)
-    toks = list(tiny.generation(ids, n, GREEDY))
-    rows = np.asarray(tiny.logits(ids + toks)[len(ids) - 1 : -1], np.float64)
-    rows = rows - rows.max(-1, keepdims=True)
-    return toks, rows - np.log(np.exp(rows).sum(-1, keepdims=True))
-
-
-def _piece(tiny, i):
-    return tiny.tokenizer.token_to_piece(i).decode("utf-8", "replace")
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_logprobs_equal_the_logits(oai, tiny, stream):
     kw = dict(model="tiny", input=ASK, max_output_tokens=5, temperature=0, top_logprobs=2)
@@ -183,12 +170,13 @@ def test_responses_logprobs_equal_the_logits(oai, tiny, stream):
         r = oai.responses.create(**kw)
         rows = r.output[0].content[0].logprobs
         assert r.output[0].status == "incomplete" and r.status == "incomplete"  # cut at 5
-    toks, want = _want_logprobs(tiny, 5)
-    assert [lp.token for lp in rows] == [_piece(tiny, t) for t in toks]
+    ids = tiny.tokenize(chat_prompt(tiny, ASK), add_special=True, parse_special=True)
+    toks, want = want_logprobs(tiny, ids, 5)
+    assert [lp.token for lp in rows] == [piece(tiny, t) for t in toks]
     for lp, t, row in zip(rows, toks, want, strict=True):
         assert lp.logprob == pytest.approx(row[t], abs=1e-4)
         best = np.argsort(-row, kind="stable")[:2]
-        assert [a.token for a in lp.top_logprobs] == [_piece(tiny, i) for i in best]
+        assert [a.token for a in lp.top_logprobs] == [piece(tiny, i) for i in best]
     # without the include: none
     kw.pop("include")
     assert oai.responses.create(**kw).output[0].content[0].logprobs == []
