@@ -514,11 +514,7 @@ def draws_the_best(order: Sequence[str], p: SamplingParams, B: int) -> jax.Array
 
 def _chain(logits, p: SamplingParams, st: SamplerState, mask, xtc_key):
     """(the candidates x [B, V], the view of the last top-k stage or None: `top_k_view`)."""
-    return _stages(_prepare(logits, p, mask), p, st, xtc_key)
-
-
-def _stages(x, p: SamplingParams, st: SamplerState, xtc_key):
-    """`_chain` after the mask and logit_bias (x: `_prepare`'s)."""
+    x = _prepare(logits, p, mask)
     return _run(x, p.order, greedy_after(p.order, p, x.shape[0]), p, st, xtc_key)
 
 
