@@ -81,12 +81,20 @@ def _longest_token_bytes(tokenizer) -> int:
     return max((len(t.encode("utf-8", "surrogatepass")) for t in tokenizer.vocab.tokens), default=1)
 
 
-def encode_prompt(lm: Loaded, text: str) -> list[int]:
+def encode_prompt(lm: Loaded, text: str, max_bytes: int | None = None) -> list[int]:
     """Token ids of a prompt, as `Model.generate` encodes it (BOS per the model, special
     tokens parsed). A text that cannot fit the context whatever its tokens (more bytes
     than the context's tokens could spell) is refused before it is tokenised: a 10 MB
-    prompt would otherwise cost seconds of CPU to learn that."""
+    prompt would otherwise cost seconds of CPU to learn that. A caller that truncates
+    the prompt instead names the most bytes it takes (`max_bytes`)."""
     n_bytes = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    if max_bytes is not None:
+        if n_bytes > max_bytes:
+            raise ContextOverflowError(
+                f"the prompt has {n_bytes} bytes; at most {max_bytes} are truncated to fit "
+                "the context"
+            )
+        return lm.model.tokenize(text, add_special=True, parse_special=True)
     at_least = n_bytes // max(1, _longest_token_bytes(lm.model.tokenizer))
     if at_least >= lm.model.n_ctx:
         raise ContextOverflowError(

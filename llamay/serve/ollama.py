@@ -35,6 +35,7 @@ from llamay.serve.errors import ApiError
 from llamay.serve.fim import fim_ids
 from llamay.serve.logprobs import piece
 from llamay.serve.models import Known, Loaded
+from llamay.serve.ollama_window import Window
 from llamay.serve.sampling import EXTRA_FIELDS, make_sampler
 from llamay.serve.state import ServerState, state
 
@@ -57,6 +58,8 @@ class GenerateRequest(OpenModel):
     think: bool | str | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    truncate: bool | None = None  # None: on (a prompt longer than the window is truncated)
+    shift: bool | None = None  # None: on (see ollama_window: llamay leaves room up front)
 
 
 class ChatMessage(OpenModel):
@@ -78,6 +81,8 @@ class ChatRequest(OpenModel):
     think: bool | str | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    truncate: bool | None = None  # None: on (a prompt longer than the window is truncated)
+    shift: bool | None = None  # None: on (see ollama_window: llamay leaves room up front)
 
 
 class EmbedRequest(OpenModel):
@@ -167,7 +172,7 @@ def model_layers(k: Known) -> tuple[str | None, str | None, dict[str, Any]]:
             loaded = json.loads(raw)
         except ValueError:
             loaded = {}
-        known = {*EXTRA_FIELDS, "seed", "num_predict", "stop"}
+        known = {*EXTRA_FIELDS, "seed", "num_predict", "stop", "num_ctx", "num_keep"}
         params = {key: v for key, v in loaded.items() if key in known}
     return text(media.SYSTEM), text(media.TEMPLATE), params
 
@@ -262,16 +267,20 @@ def _image_list(images: list[str], where: str) -> list[bytes]:
     ]
 
 
-def _generate_ids(lm: Loaded, body: GenerateRequest, system: str | None, template: str | None):
+def _generate_ids(
+    lm: Loaded, body: GenerateRequest, system: str | None, template: str | None, window: Window
+) -> list[int]:
     """The prompt's token ids: raw, through a Go template (the request's or the model's
-    own), or through the model's chat template; after `context`'s ids when given."""
+    own), or through the model's chat template; after `context`'s ids when given; cut to
+    the request's window."""
     prompt = body.prompt or ""
     if body.suffix:  # fill in the middle, with the model's FIM tokens (as llama.cpp's /infill)
-        return list(body.context or []) + fim_ids(lm, prompt, body.suffix)
+        return window.cut(list(body.context or []) + fim_ids(lm, prompt, body.suffix))
     text = _generate_text(lm, body, prompt, system, template)
     if body.context:
-        return list(body.context) + lm.model.tokenize(text, add_special=False, parse_special=True)
-    return encode_prompt(lm, text)
+        ids = lm.model.tokenize(text, add_special=False, parse_special=True)
+        return window.cut(list(body.context) + ids)
+    return window.cut(encode_prompt(lm, text, window.max_bytes))
 
 
 @router.post("/api/generate", summary="Generate a completion (Ollama)")
@@ -306,7 +315,9 @@ async def generate(body: GenerateRequest, request: Request):
         }
     lm, load_s = await _get(st, body.model, body.keep_alive)
     own_system, own_template, own_params = model_layers(lm.known)
-    params, num_predict, stop = _options({**own_params, **(body.options or {})})
+    options = {**own_params, **(body.options or {})}
+    params, num_predict, stop = _options(options)
+    window = Window.of(lm, options, num_predict, body.truncate, body.shift)
     system = body.system if body.system is not None else own_system
     start = None
     if images:  # each image where a <__media__> is, else before the prompt (Ollama's order)
@@ -317,7 +328,8 @@ async def generate(body: GenerateRequest, request: Request):
         text = await off_loop(_generate_text, lm, body, prompt, system, template)
         ids, start = await off_loop(V.image_prompt, lm, text, images)
     else:
-        ids = await off_loop(_generate_ids, lm, body, system, body.template or own_template)
+        ids = await off_loop(_generate_ids, lm, body, system, body.template or own_template, window)
+    num_predict = window.max_tokens(len(ids), num_predict)
     con = await st.constraint(lm, **_format(body.format))
     g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con, start=start)
     g.logprobs = want_lp
@@ -406,7 +418,9 @@ async def chat(body: ChatRequest, request: Request):
         }
     lm, load_s = await _get(st, body.model, body.keep_alive)
     own_system, _, own_params = model_layers(lm.known)
-    params, num_predict, stop = _options({**own_params, **(body.options or {})})
+    options = {**own_params, **(body.options or {})}
+    params, num_predict, stop = _options(options)
+    window = Window.of(lm, options, num_predict, body.truncate, body.shift)
     tools = body.tools or None
     names = {(t.get("function") or {}).get("name") for t in tools or []} - {None}
     images: list[bytes] = []
@@ -418,7 +432,8 @@ async def chat(body: ChatRequest, request: Request):
         text = await off_loop(T.render_prompt, lm, messages, tools)
         ids, start = await off_loop(V.image_prompt, lm, text, images)
     else:
-        ids = await off_loop(T.chat_ids, lm, messages, tools)
+        ids = await off_loop(window.chat_ids, lm, messages, tools)
+    num_predict = window.max_tokens(len(ids), num_predict)
     con = await st.constraint(lm, **_format(body.format))
     g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con, start=start)
     g.logprobs = want_lp
@@ -489,8 +504,11 @@ async def embed(body: EmbedRequest, request: Request):
     if not inputs or any(not x for x in inputs):
         raise RequestError("embedding input must not be empty")
     prompts = await off_loop(lambda: [lm.model.tokenize(x) for x in inputs])
-    if body.truncate:
-        prompts = [p[: lm.model.n_ctx] for p in prompts]
+    size = Window.of(lm, body.options or {}, None, body.truncate, None).size
+    if body.truncate:  # Ollama cuts an input to the window (num_ctx), keeping its start
+        prompts = [p[:size] for p in prompts]
+    elif any(len(p) > size for p in prompts):
+        raise ApiError(400, f"an input has more tokens than the context length ({size})")
     vecs = await embed_all(lm, prompts)
     if body.dimensions:
         import numpy as np

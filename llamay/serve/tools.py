@@ -126,9 +126,12 @@ def history_call(call: Any, where: str) -> dict:
     return {**call, "type": "function", "function": {**fn, "arguments": args}}
 
 
-def chat_ids(lm: Loaded, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    """The token ids of `render_prompt`'s text (blocking: run it with `core.off_loop`)."""
-    return encode_prompt(lm, render_prompt(lm, messages, tools))
+def chat_ids(
+    lm: Loaded, messages: list[dict], tools: list[dict] | None = None, max_bytes: int | None = None
+) -> list[int]:
+    """The token ids of `render_prompt`'s text (blocking: run it with `core.off_loop`);
+    `max_bytes` as `encode_prompt`'s."""
+    return encode_prompt(lm, render_prompt(lm, messages, tools), max_bytes)
 
 
 def call_schema(functions: list[dict]) -> dict:
