@@ -368,16 +368,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             obj["timings"] = timings(end)
         return sse(obj)
 
+    opened: set[int] = set()  # the choices whose first chunk (with the role) has gone
+
     def choice(i: int, delta: dict, reason: str | None = None) -> dict:
         """A chunk's choice, with the log-probabilities of the tokens that arrived since
-        the last chunk of choice i (when asked for)."""
+        the last chunk of choice i (when asked for). A choice's first delta carries the
+        role and, as OpenAI's, a null content when it opens with a tool call."""
+        if i not in opened:
+            opened.add(i)
+            delta = {"role": "assistant", "content": None if "tool_calls" in delta else "", **delta}
         rows = gens[i].take_logprobs() if body.logprobs else []
         lp = chat_logprobs(lm, rows) if rows else None
         return {"index": i, "delta": delta, "finish_reason": reason, "logprobs": lp}
 
     async def events():
-        for i in range(len(gens)):
-            yield chunk([choice(i, {"role": "assistant", "content": ""})])
+        if forced is None and not names:  # plain text: the role goes first, at once
+            for i in range(len(gens)):
+                yield chunk([choice(i, {})])
         if forced is not None:
             # The enforced call as it is generated: its id and name once the name is
             # complete, then the arguments piece by piece.

@@ -219,3 +219,38 @@ def test_any_name_means_the_one_model_served_beside_a_store(tiny_paths, serve_ho
         assert r.status_code == 200 and r.json()["content"][0]["text"] == want
         r = c.post("/api/chat", json={**body, "model": "llama3", "stream": False})
         assert r.status_code == 404
+
+
+def test_a_streamed_tool_call_accumulates_to_the_unstreamed_message(oai):
+    # OpenAI opens a tool call's stream with `content: null`: the client's accumulated
+    # message then has no content, as the unstreamed one has none
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"enum": ["Paris", "Rome"]}},
+                "required": ["city"],
+            },
+        },
+    }
+    kw = dict(
+        model="tiny",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        max_tokens=60,
+        temperature=0,
+        tools=[weather],
+        tool_choice="required",
+    )
+    whole = oai.chat.completions.create(**kw).choices[0].message
+    with oai.chat.completions.stream(**kw) as s:
+        got = s.get_final_completion().choices[0].message
+    assert whole.content is None and got.content is None
+    assert [(c.function.name, c.function.arguments) for c in got.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in whole.tool_calls
+    ]
+    # a plain answer still opens with the role and an empty content, at once
+    plain = dict(kw, tools=None, tool_choice=None, max_tokens=3)
+    first = next(iter(oai.chat.completions.create(stream=True, **plain)))
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content == ""
