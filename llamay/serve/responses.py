@@ -26,6 +26,7 @@ from llamay.serve.stored_responses import (
     input_items,
     output_messages,
     previous,
+    resolve_references,
     response_store,
 )
 from llamay.serve.stored_responses import router as stored_router
@@ -153,6 +154,7 @@ def _responses_tools(body: ResponsesRequest):
 async def responses(body: ResponsesRequest, request: Request):
     st: ServerState = state(request)
     lm = await st.models.get(body.model, lenient=True)
+    body.input = resolve_references(st, body.input)
     tools, forced = _responses_tools(body)
     names = {t["function"]["name"] for t in tools or []}
     # The conversation: a previous response's turns (without its instructions, as OpenAI

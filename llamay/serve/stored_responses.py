@@ -1,7 +1,8 @@
 """Stored responses of OpenAI's Responses API: `store` (on by default, as OpenAI's), a
 later request's `previous_response_id`, `GET /v1/responses/{id}`
 (`client.responses.retrieve`), `GET /v1/responses/{id}/input_items`
-(`client.responses.input_items.list`) and `DELETE /v1/responses/{id}`.
+(`client.responses.input_items.list`), `DELETE /v1/responses/{id}`, and input items of
+type `item_reference` (an earlier input or output item, by its id).
 
 A stored response keeps its object (what retrieve returns) and the conversation it ended
 (its input and history as chat messages, then its output), so a request naming it as
@@ -76,6 +77,15 @@ class ResponseStore:
             self._items.move_to_end(rid)
         return item
 
+    def item(self, item_id: str) -> dict[str, Any] | None:
+        """The input or output item with this id in any stored response (newest first)."""
+        self._expire()
+        for stored in reversed(self._items.values()):
+            for it in (*stored.inputs, *stored.response.get("output", [])):
+                if it.get("id") == item_id:
+                    return it
+        return None
+
     def delete(self, rid: str) -> bool:
         self._expire()
         return self._items.pop(rid, None) is not None
@@ -103,6 +113,33 @@ def previous(st: ServerState, rid: str) -> list[dict[str, Any]]:
             param="previous_response_id",
         )
     return [dict(m) for m in item.history]
+
+
+def is_reference(item: Any) -> bool:
+    """Whether an input item is an `item_reference` (its `type` may be left out: an item
+    with an id and nothing else)."""
+    if not isinstance(item, dict):
+        return False
+    return item.get("type") == "item_reference" or (item.keys() == {"id"})
+
+
+def resolve_references(st: ServerState, given: str | list[Any]) -> str | list[Any]:
+    """`input` with each `item_reference` replaced by the stored item it names (an input
+    or output item of a stored response), or a 400 naming the one not found."""
+    if isinstance(given, str) or not any(is_reference(it) for it in given):
+        return given
+    store = response_store(st)
+    out = []
+    for i, it in enumerate(given):
+        if is_reference(it):
+            found = store.item(it["id"]) if isinstance(it.get("id"), str) else None
+            if found is None:
+                raise ApiError(
+                    400, f"input.{i}: item with id {it.get('id')!r} not found", param="input"
+                )
+            it = found
+        out.append(it)
+    return out
 
 
 def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

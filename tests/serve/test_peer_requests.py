@@ -254,3 +254,37 @@ def test_a_streamed_tool_call_accumulates_to_the_unstreamed_message(oai):
     plain = dict(kw, tools=None, tool_choice=None, max_tokens=3)
     first = next(iter(oai.chat.completions.create(stream=True, **plain)))
     assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content == ""
+
+
+def test_item_references_name_stored_input_and_output_items(oai, tiny):
+    first = oai.responses.create(model="tiny", input="Name a colour.", max_output_tokens=5)
+    (asked,) = oai.responses.input_items.list(first.id).data
+    answer = first.output[0]
+    again = "And another one?"
+    r = oai.responses.create(
+        model="tiny",
+        input=[
+            {"type": "item_reference", "id": asked.id},
+            {"type": "item_reference", "id": answer.id},
+            {"role": "user", "content": again},
+        ],
+        max_output_tokens=6,
+        temperature=0,
+    )
+    msgs = [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": again},
+    ]
+    assert r.output_text == greedy(tiny, chat_prompt(tiny, msgs), 6)
+    # the stored request lists the items it referenced, under their own ids
+    listed = oai.responses.input_items.list(r.id, order="asc").data
+    assert [it.id for it in listed[:2]] == [asked.id, answer.id]
+
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(
+            model="tiny",
+            input=[{"type": "item_reference", "id": "msg_unknown"}],
+            max_output_tokens=2,
+        )
+    assert "msg_unknown" in str(err.value)
