@@ -121,7 +121,12 @@ class RequestError(LlamayError):
 
 
 class ContextOverflowError(RequestError):
-    """The prompt plus requested tokens do not fit the model's context."""
+    """The prompt plus requested tokens do not fit the model's context: `n_prompt_tokens`
+    (at least that many) and `n_ctx` when known, as llama-server's error reports them."""
+
+    def __init__(self, message: str, n_prompt_tokens: int | None = None, n_ctx: int | None = None):
+        super().__init__(message)
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
 
 
 class KVCacheFullError(RequestError):

@@ -77,6 +77,9 @@ class Request:
     # Images (`ImageSpan`s, in prompt order): their positions in prompt_ids hold their
     # placeholder ids; the engine feeds their embeddings there
     images: tuple[ImageSpan, ...] = ()
+    # BatchEngine: start from the longest cached prefix of the prompt (llama-server's
+    # cache_prompt); False computes the whole prompt (its pages are still offered after)
+    cache_prompt: bool = True
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
 

@@ -98,7 +98,9 @@ def check_prompt(n_prompt: int, n_ctx: int) -> None:
     if n_prompt >= n_ctx:
         raise ContextOverflowError(
             f"the prompt has {n_prompt} tokens; the context holds {n_ctx} "
-            "(shorten the prompt or load the model with a larger n_ctx)"
+            "(shorten the prompt or load the model with a larger n_ctx)",
+            n_prompt,
+            n_ctx,
         )
 
 

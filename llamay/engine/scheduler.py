@@ -380,7 +380,8 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
             if a.seq is None:
                 with self._lock:
                     salt = adapters.salt(a.lora)  # K/V of other adapter settings: not shared
-                    seq = self.mgr.open(list(a.handle.request.prompt_ids), a.budget + 1, salt)
+                    req = a.handle.request
+                    seq = self.mgr.open(list(req.prompt_ids), a.budget + 1, salt, req.cache_prompt)
                 if seq is None:
                     return  # the pool is full for now; FIFO: later requests wait too
                 a.seq = seq

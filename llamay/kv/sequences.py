@@ -211,17 +211,20 @@ class KVManager:
                 return d
         return 0
 
-    def open(self, tokens: list[int], budget: int, salt: Any = None) -> SeqKV | None:
+    def open(
+        self, tokens: list[int], budget: int, salt: Any = None, reuse: bool = True
+    ) -> SeqKV | None:
         """A sequence for `tokens` that may grow by `budget` tokens, sharing the longest
         cached prefix (at least one token is left to compute, for its logits; with a
         local pool, ending where the window before it is cached too). None when the
         pool cannot reserve its pages now; KVCacheFullError when it never could. `salt`:
-        the prefixes it shares and offers are those cached under that key only."""
+        the prefixes it shares and offers are those cached under that key only; `reuse`
+        False: none shared (the whole prompt computed)."""
         total = len(tokens) + budget
         if not self.fits_ever(total):
             raise self.never_fits(f"a request of {len(tokens)} prompt + {budget} new tokens", total)
         nodes = []
-        if self.prefix_cache:
+        if self.prefix_cache and reuse:
             nodes = self.tree.match_nodes(tokens, salt)[: (len(tokens) - 1) // self.page_size]
             nodes = nodes[: self._usable_hit(nodes)]
         shared = [n.page for n in nodes]

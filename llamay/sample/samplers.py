@@ -47,15 +47,38 @@ STAGES = (
     "temperature",
 )
 DEFAULT_ORDER = STAGES
-_ALIASES = {
+_ALIASES = {  # llama.cpp's other names of its samplers
     "typical_p": "typ_p",
     "typical": "typ_p",
+    "typical-p": "typ_p",
+    "typ-p": "typ_p",
+    "typ": "typ_p",
     "temp": "temperature",
     "top-k": "top_k",
     "top-p": "top_p",
+    "nucleus": "top_p",
     "min-p": "min_p",
     "top-n-sigma": "top_n_sigma",
 }
+#: llama.cpp's one-letter names of the samplers (`--sampling-seq`, a string `samplers`).
+LETTERS = {
+    "d": "dry",
+    "k": "top_k",
+    "y": "typ_p",
+    "p": "top_p",
+    "s": "top_n_sigma",
+    "m": "min_p",
+    "x": "xtc",
+    "t": "temperature",
+}
+
+
+def stage_name(name: str) -> str | None:
+    """The stage a sampler name (or one of llama.cpp's other names) is, or None."""
+    n = _ALIASES.get(name.strip(), name.strip())
+    return n if n in STAGES else None
+
+
 DRY_BREAKERS = ("\n", ":", '"', "*")
 
 

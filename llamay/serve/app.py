@@ -24,7 +24,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamay.errors import LlamayError
 from llamay.serve.context import expire_contexts
-from llamay.serve.errors import ApiError, error_body, error_kind, family_of, to_http_status
+from llamay.serve.errors import (
+    ApiError,
+    error_body,
+    error_fields,
+    error_kind,
+    family_of,
+    to_http_status,
+)
 from llamay.serve.models import Models
 from llamay.serve.state import ServerState
 
@@ -34,10 +41,16 @@ OPEN_PATHS = ("/health", "/api/version", "/", "/v1/models", "/models")
 
 
 def _error(
-    request: Request, status: int, message: str, param: str | None = None, kind: str | None = None
+    request: Request,
+    status: int,
+    message: str,
+    param: str | None = None,
+    kind: str | None = None,
+    fields: dict | None = None,
 ) -> JSONResponse:
     family = family_of(request.url.path)
-    return JSONResponse(error_body(family, status, message, param, kind), status_code=status)
+    body = error_body(family, status, message, param, kind, fields)
+    return JSONResponse(body, status_code=status)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -159,7 +172,7 @@ def create_app(
     @app.exception_handler(LlamayError)
     async def llamay_error(request: Request, exc: LlamayError):
         status = to_http_status(exc)
-        return _error(request, status, str(exc), None, error_kind(exc))
+        return _error(request, status, str(exc), None, error_kind(exc), error_fields(exc))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):

@@ -129,7 +129,9 @@ async def _ensure_kv(lm: Loaded, ctx: Ctx) -> None:
         # checked here: an engine fork refused later would leave its pages held
         raise ContextOverflowError(
             f"the context would hold {len(ctx.tokens)} tokens; the model's context holds "
-            f"{lm.model.n_ctx} (start the server with a larger --ctx)"
+            f"{lm.model.n_ctx} (start the server with a larger --ctx)",
+            len(ctx.tokens),
+            lm.model.n_ctx,
         )
     new = await kept.prefill(engine, ctx.tokens, ctx.kv, ctx.restore_from)
     ctx.drop_kv()

@@ -30,7 +30,8 @@ from starlette.responses import StreamingResponse
 from llamay.engine.api import Handle, Request
 from llamay.errors import ContextOverflowError, RequestError
 from llamay.sample import Sampler
-from llamay.serve.errors import ApiError, error_body, to_http_status
+from llamay.serve.errors import ApiError, error_body, error_fields, error_kind, to_http_status
+from llamay.serve.line_limits import LineLimits
 from llamay.serve.models import Loaded
 from llamay.serve.sampling import fit_sampler
 from llamay.tok import IncrementalDecoder, StopStrings
@@ -100,7 +101,9 @@ def encode_prompt(lm: Loaded, text: str, max_bytes: int | None = None) -> list[i
         raise ContextOverflowError(
             f"the prompt has at least {at_least} tokens ({n_bytes} bytes); the context "
             f"holds {lm.model.n_ctx} (shorten the prompt or start the server with a larger "
-            "--ctx)"
+            "--ctx)",
+            at_least,
+            lm.model.n_ctx,
         )
     return lm.model.tokenize(text, add_special=True, parse_special=True)
 
@@ -133,7 +136,9 @@ class TextGen:
         if len(prompt_ids) >= n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt_ids)} tokens; the context holds {n_ctx} "
-                "(shorten the prompt or start the server with a larger --ctx)"
+                "(shorten the prompt or start the server with a larger --ctx)",
+                len(prompt_ids),
+                n_ctx,
             )
         room = n_ctx - len(prompt_ids)
         if max_tokens is None or max_tokens < 0:
@@ -151,6 +156,8 @@ class TextGen:
         self.token_ids: list[int] = []
         self.logprobs: int | None = None  # None: no log-probabilities
         self.lora: dict[int, float] | None = None  # per-request adapter scales (lora_adapters)
+        self.cache_prompt = True  # False: no cached prefix reused (llama-server's cache_prompt)
+        self.lines: LineLimits | None = None  # llama-server's n_indent, t_max_predict_ms
         self.draft: dict[str, Any] = {}  # speculative decoding: draft_max/_min/_p_min
         self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self._logprobs_taken = 0
@@ -212,6 +219,7 @@ class TextGen:
             constraint=self.constraint,
             logprobs=self.logprobs,
             lora=self.lora,
+            cache_prompt=self.cache_prompt,
             **self.draft,
         )
         try:
@@ -232,19 +240,21 @@ class TextGen:
                 if ev.logprob is not None:
                     self.token_logprobs.append((ev.logprob, list(ev.top_logprobs)))
                 out, hit = self.stop.feed(dec.feed(ev.token_id))
+                out, limited = self._limit(out)
                 if out:
                     self.text += out
                     yield out
-                if hit:
-                    self.finish_reason = "stop"
+                if hit or limited:
+                    self.finish_reason = "stop" if hit else "length"
                     engine.cancel(handle)
                     return
             out, hit = self.stop.feed(dec.flush(), final=True)
+            out, limited = self._limit(out)
             if out:
                 self.text += out
                 yield out
             reason = handle.finish_reason or "length"
-            self.finish_reason = "stop" if hit else reason
+            self.finish_reason = "stop" if hit else "length" if limited else reason
             self.cached_tokens = getattr(handle.usage, "cached_tokens", 0)
         finally:
             if not handle.done:
@@ -253,6 +263,12 @@ class TextGen:
                     self.finish_reason = "cancelled"
             self.t_end = time.perf_counter()
             lm.busy -= 1
+
+    def _limit(self, out: str) -> tuple[str, bool]:
+        """`out` within the line limits (`lines`), and whether they end the text."""
+        if self.lines is None or not out:
+            return out, False
+        return self.lines.feed(out, self.t_first)
 
     def logprob_rows(self) -> list[tuple[int, float, list[tuple[int, float]]]]:
         """(token id, logprob, [(id, logprob)] alternatives) of every token so far."""
@@ -343,7 +359,8 @@ def sse_response(agen: AsyncIterator[str], family: str) -> EventStream:
     `data:` event with `family`'s error body."""
 
     def on_error(exc: Exception) -> str:
-        return sse(error_body(family, to_http_status(exc), str(exc)))
+        status = to_http_status(exc)
+        return sse(error_body(family, status, str(exc), None, error_kind(exc), error_fields(exc)))
 
     return EventStream(guarded(agen, on_error), media_type="text/event-stream")
 

@@ -55,6 +55,14 @@ def to_http_status(exc: BaseException) -> int:
     return 500
 
 
+def error_fields(exc: BaseException) -> dict[str, Any]:
+    """What llama-server adds to a context overflow's error: the prompt's tokens and the
+    context's size (its web UI reads them)."""
+    if isinstance(exc, E.ContextOverflowError) and exc.n_ctx is not None:
+        return {"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx}
+    return {}
+
+
 def error_kind(exc: BaseException) -> str | None:
     """The error's kind where a family names it apart from its status: a missing model,
     a prompt over the context (llama-server's type, OpenAI's code)."""
@@ -104,8 +112,15 @@ def family_of(path: str) -> str:
 
 
 def error_body(
-    family: str, status: int, message: str, param: str | None = None, kind: str | None = None
+    family: str,
+    status: int,
+    message: str,
+    param: str | None = None,
+    kind: str | None = None,
+    fields: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`fields`: more of the error object (`error_fields`) for llama.cpp's and OpenAI's
+    shapes, which llama-server serves alike."""
     if family == "anthropic":
         return {
             "type": "error",
@@ -120,11 +135,12 @@ def error_body(
     missing = kind in ("model_not_found", "not_found")  # a kind, not a type
     etype = etype if kind is None or missing else kind
     if family == "llamacpp":
-        return {"error": {"code": status, "message": message, "type": etype}}
+        return {"error": {"code": status, "message": message, "type": etype, **(fields or {})}}
     codes = {
         "model_not_found": "model_not_found",
         "exceed_context_size_error": "context_length_exceeded",
     }
     if kind in codes or missing:  # OpenAI's: an invalid request, the code saying which
         etype = _OPENAI_TYPES[400]
-    return {"error": {"message": message, "type": etype, "param": param, "code": codes.get(kind)}}
+    error = {"message": message, "type": etype, "param": param, "code": codes.get(kind)}
+    return {"error": {**error, **(fields or {})}}

@@ -5,14 +5,13 @@ in llamay.serve.slots, /infill in llamay.serve.infill."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from llamay import __version__
 from llamay.errors import RequestError
@@ -33,6 +32,7 @@ from llamay.serve.core import (
     sse_response,
 )
 from llamay.serve.errors import ApiError
+from llamay.serve.line_limits import LineLimits
 from llamay.serve.lora_adapters import request_lora
 from llamay.serve.models import Loaded
 from llamay.serve.sampling import extra_params, make_sampler
@@ -49,14 +49,20 @@ class CompletionRequest(OpenModel):
     prompt: str | list[Any] | dict[str, Any] = ""
     n_predict: int = -1
     stream: bool = False
-    stop: list[str] | None = None
+    stop: str | list[str] | None = None
     seed: int | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
-    n_probs: int = Field(0, ge=0)
+    n_probs: int = 0  # negative: none, as llama-server reads it
     cache_prompt: bool = True
+    # code completion: the least indentation of later lines, a time limit (line_limits)
+    n_indent: int = 0
+    t_max_predict_ms: float = 0
+    # the result's fields, "a/b" naming a nested one (non-streamed results only)
+    response_fields: list[str] | None = None
+    timings_per_token: bool = False  # `timings` on every streamed chunk
     ignore_eos: bool = False
-    samplers: list[str] | None = None
+    samplers: str | list[str] | None = None
     logit_bias: list[list[Any]] | dict[str, Any] | None = None
     return_tokens: bool = False
     post_sampling_probs: bool = False
@@ -89,7 +95,10 @@ class TemplateRequest(OpenModel):
 
 class EmbeddingContentRequest(OpenModel):
     model: str | None = None
-    content: str | list[str] | list[int] | list[list[int]]
+    # `input` (OpenAI's name) is taken too, as llama-server takes it
+    content: str | list[str] | list[int] | list[list[int]] = Field(
+        validation_alias=AliasChoices("content", "input")
+    )
     embd_normalize: int = 2
 
 
@@ -186,9 +195,7 @@ def _bias(lm: Loaded, raw) -> tuple:
                 raise TypeError
             b = -float("inf") if b is False else float(b)
         except (TypeError, ValueError):
-            raise ApiError(
-                400, f"logit_bias entry {item!r} is not [token, bias]", param="logit_bias"
-            ) from None
+            continue  # llama-server skips an entry that is not [token, bias]
         if isinstance(tok, str) and not (isinstance(raw, dict) and tok.isdigit()):
             ids = lm.model.tokenize(tok, add_special=False, parse_special=False)
             out += [(i, b) for i in ids]
@@ -217,11 +224,13 @@ async def complete(
     if body.seed is not None and body.seed >= 0:
         params["seed"] = body.seed % (2**32)
     if body.samplers:
-        params["samplers"] = tuple(body.samplers)
+        params["samplers"] = body.samplers
+    n_probs = max(0, body.n_probs)
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
     if body.logit_bias:
         params["logit_bias"] = await off_loop(_bias, lm, body.logit_bias)
     sampler = make_sampler(**params)
-    post = body.post_sampling_probs and body.n_probs > 0
+    post = body.post_sampling_probs and n_probs > 0
     if post:
         post_probs.check(sampler, body.grammar is not None or body.json_schema is not None)
     stop_ids = frozenset() if body.ignore_eos else None
@@ -241,13 +250,14 @@ async def complete(
         con = await st.constraint(lm, json_schema=body.json_schema, grammar=body.grammar)
         image = getattr(ids, "start", None)  # an image prompt runs on its own (serve.vision)
         start = image or slots.restored_for(st, lm, ids)  # a restored slot's K/V, if they fit
-        g = st.textgen(
-            lm, ids, body.n_predict, sampler, body.stop, con, stop_ids=stop_ids, start=start
-        )
+        g = st.textgen(lm, ids, body.n_predict, sampler, stop, con, stop_ids=stop_ids, start=start)
         g.keeps = start is not None and image is None  # kept K/V (a fork): released at the end
         g.id_slot = pin
-        if body.n_probs:
-            g.logprobs = post_probs.WIDTH if post else min(body.n_probs, 64)
+        g.cache_prompt = body.cache_prompt
+        lines = LineLimits(body.n_indent, body.t_max_predict_ms)
+        g.lines = lines if lines.active else None
+        if n_probs:
+            g.logprobs = post_probs.WIDTH if post else min(n_probs, 64)
         g.lora = request_lora(lm, body.model_extra)
         g.draft = request_draft(body.model_extra)
         gens.append(g)
@@ -255,7 +265,7 @@ async def complete(
 
     def probs(g: TextGen, rows) -> list[dict[str, Any]]:
         if post:
-            return _post_probs(lm, g.sampler, rows, body.n_probs)
+            return _post_probs(lm, g.sampler, rows, n_probs)
         return _probs(lm, rows)
 
     def final(i: int, content: str, tokens: list[int]) -> dict[str, Any]:
@@ -275,9 +285,23 @@ async def complete(
             and g.prompt_tokens + g.completion_tokens >= lm.model.n_ctx,
             "stop_type": _stop_type(g),
             "stopping_word": g.stop_sequence or "",
-            "tokens_cached": g.cached_tokens,
+            # the tokens the slot holds after it: the last one generated is not computed
+            "tokens_cached": g.prompt_tokens + max(0, g.completion_tokens - 1),
             "has_new_line": "\n" in g.text,
             "timings": timings(g),
+            "generation_settings": slots.generation_params(
+                g.sampler,
+                body.n_predict,
+                n_probs,
+                body.ignore_eos,
+                stream=body.stream,
+                timings_per_token=body.timings_per_token,
+                post_sampling_probs=body.post_sampling_probs,
+                n_indent=body.n_indent,
+                t_max_predict_ms=body.t_max_predict_ms,
+                cache_prompt=body.cache_prompt,
+                stop=stop or [],
+            ),
         }
         return out
 
@@ -295,8 +319,10 @@ async def complete(
         outs = []
         for i, (g, text) in enumerate(zip(gens, texts, strict=True)):
             out = final(i, text, list(g.token_ids) if body.return_tokens else [])
-            if body.n_probs:
+            if n_probs:
                 out["completion_probabilities"] = probs(g, g.logprob_rows())
+            if body.response_fields:
+                out = picked(out, body.response_fields)
             outs.append(out)
         return outs if several else outs[0]
 
@@ -320,17 +346,36 @@ async def complete(
             g = gens[i]
             if delta is None:
                 end = final(i, "", new_tokens(i))
-                if body.n_probs and (rest := g.take_logprobs()):
+                if n_probs and (rest := g.take_logprobs()):
                     end["completion_probabilities"] = probs(g, rest)
                 yield sse(end)
                 continue
             out = {"index": i, "content": delta, "tokens": new_tokens(i), "stop": False}
             out["id_slot"] = _slot_of(g)
-            if body.n_probs:
+            out["tokens_predicted"] = g.completion_tokens
+            out["tokens_evaluated"] = g.prompt_tokens
+            if body.timings_per_token:
+                out["timings"] = timings(g)
+            if n_probs:
                 out["completion_probabilities"] = probs(g, g.take_logprobs())
             yield sse(out)
 
     return sse_response(await primed(events()), "llamacpp")
+
+
+def picked(out: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama-server's `response_fields`: only the named fields of a result, each under
+    its name, "a/b" the field b of a; a name that is not there is left out."""
+    got: dict[str, Any] = {}
+    for name in fields:
+        v: Any = out
+        for key in name.split("/"):
+            if not isinstance(v, dict) or key not in v:
+                break
+            v = v[key]
+        else:
+            got[name] = v
+    return got
 
 
 def _slot_of(g: TextGen) -> int:
@@ -535,17 +580,27 @@ async def props(request: Request, model: str | None = None):
     st: ServerState = state(request)
     lm = await st.models.get(model, lenient=True)
     tok = lm.model.tokenizer
-    defaults = dataclasses.asdict(make_sampler())
-    defaults["samplers"] = list(defaults["samplers"])
+    defaults = slots.generation_params(make_sampler())
     return {
         "default_generation_settings": {"n_ctx": lm.model.n_ctx, "params": defaults},
         "total_slots": st.models.parallel,
         "model_alias": lm.name,
         "model_path": str(lm.known.path),
         "chat_template": tok.chat_template,
+        "chat_template_caps": {"supports_tools": T.template_has_tools(lm)},
         "bos_token": _special_text(tok, "bos"),
         "eos_token": _special_text(tok, "eos"),
-        "modalities": {"vision": False, "audio": False},
+        "modalities": {
+            "vision": getattr(lm.model, "projector", None) is not None,
+            "audio": False,
+            "video": False,
+        },
+        "media_marker": V.MEDIA_MARKER,
+        # what llama-server's flags turn on: these are always served here
+        "endpoint_slots": True,
+        "endpoint_props": False,  # POST /props (changing settings) is not served
+        "endpoint_metrics": True,
+        "is_sleeping": False,
         "build_info": f"llamay {__version__}",
     }
 

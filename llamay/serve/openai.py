@@ -36,7 +36,7 @@ from llamay.serve.core import (
 )
 from llamay.serve.errors import ApiError, not_found
 from llamay.serve.fim import fim_ids
-from llamay.serve.llamacpp import timings
+from llamay.serve.llamacpp import EmbeddingContentRequest, embedding, timings
 from llamay.serve.logprobs import chat_logprobs, legacy_logprobs, prompt_logprobs
 from llamay.serve.lora_adapters import request_lora
 from llamay.serve.sampling import extra_params, make_sampler
@@ -109,7 +109,8 @@ class CompletionRequest(_Sampling):
 
 class EmbeddingRequest(OpenModel):
     model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
+    # None: llama-server's own form, `content` (answered as its /embedding answers)
+    input: str | list[str] | list[int] | list[list[int]] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
@@ -578,6 +579,10 @@ def _embedding_inputs(lm, inp) -> list[list[int]]:
 
 @router.post("/v1/embeddings", summary="Create embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
+    if body.input is None:  # llama-server answers {"content": ...} in its own form
+        if "content" not in (body.model_extra or {}):
+            raise ApiError(400, "input is required", param="input")
+        return await embedding(EmbeddingContentRequest(**body.model_dump()), request)
     st: ServerState = state(request)
     lm = await st.models.get(body.model, lenient=True)
     prompts = await off_loop(_embedding_inputs, lm, body.input)
@@ -603,15 +608,35 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     }
 
 
-def _model_obj(k) -> dict:
-    return {"id": k.name, "object": "model", "created": k.created, "owned_by": "llamay"}
+def _model_obj(k, lm=None) -> dict:
+    """OpenAI's model object; a loaded model (`lm`) also carries llama-server's `meta`
+    (clients read its n_ctx_train, as the context the model was trained for)."""
+    out = {"id": k.name, "object": "model", "created": k.created, "owned_by": "llamay"}
+    if lm is not None:
+        from llamay.gguf.inspect import summary
+
+        cfg, tok = lm.model.config, lm.model.tokenizer
+        s = summary(k.path)
+        out["meta"] = {
+            "vocab_type": {"spm": 1, "bpe": 2, "wpm": 3}.get(tok.vocab.kind, 0),  # llama.cpp's
+            "n_vocab": tok.vocab_size,
+            "n_ctx_train": cfg.context_length,
+            "n_embd": cfg.d_model,
+            "n_params": s["parameter_count"],
+            "size": s["tensor_bytes"],
+            "ftype": str(s["file_type"] or ""),
+            "n_ctx": lm.model.n_ctx,
+        }
+    return out
 
 
 @router.get("/v1/models", summary="List models")
 @router.get("/models", include_in_schema=False)
 async def list_models(request: Request):
     st: ServerState = state(request)
-    return {"object": "list", "data": [_model_obj(k) for k in st.models.known()]}
+    loaded = st.models.loaded
+    data = [_model_obj(k, loaded.get(k.name)) for k in st.models.known()]
+    return {"object": "list", "data": data}
 
 
 @router.get("/v1/models/{model_id:path}", summary="Describe a model")
@@ -619,5 +644,5 @@ async def get_model(model_id: str, request: Request):
     st: ServerState = state(request)
     for k in st.models.known():
         if k.name == model_id:
-            return _model_obj(k)
+            return _model_obj(k, st.models.loaded.get(k.name))
     raise not_found(f"model {model_id!r} is not available on this server", model=True)

@@ -16,15 +16,17 @@ logit_bias token ids against the vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from llamay.errors import RequestError
 from llamay.sample import Sampler
-from llamay.sample.samplers import INT32_RANGE
+from llamay.sample.samplers import INT32_RANGE, LETTERS, stage_name
 from llamay.serve.errors import ApiError
 
+log = logging.getLogger("llamay.serve")
 I32_MIN, I32_MAX = INT32_RANGE
 F32_MAX = 3.4028234663852886e38
 #: Strings in one list field (DRY breakers, the sampler order) and characters in each.
@@ -81,9 +83,24 @@ def _seed(v: Any) -> int | None:
     return None if v < 0 else v % (2**32)
 
 
+def _samplers(v: Any) -> tuple[str, ...]:
+    """llama-server's sampler order: a list of names (its other names too), or a string
+    of its one-letter names ("kt": top_k, then temperature; "top_k;temperature", names
+    separated by semicolons, is taken too). As llama-server, a name or letter it does not
+    know is left out, with a warning in the log; a stage llamay does not order (its
+    penalties, which always come first) is one of those."""
+    if isinstance(v, str) and ";" not in v:
+        names = tuple(LETTERS.get(c, c) for c in v)
+    else:
+        names = _strings("samplers", v.split(";") if isinstance(v, str) else v)
+    known = tuple(s for s in names if stage_name(s) is not None)
+    if len(known) < len(names):
+        unknown = sorted({s for s in names if stage_name(s) is None})
+        log.warning("samplers: left out %s, which llamay does not know", unknown)
+    return known
+
+
 def _strings(name: str, v: Any) -> tuple[str, ...]:
-    if name == "samplers" and isinstance(v, str):
-        v = v.split(";")
     if not isinstance(v, list | tuple) or not all(isinstance(s, str) for s in v):
         raise _bad(name, "a list of strings", v)
     if len(v) > MAX_STRINGS or any(len(s) > MAX_STRING_CHARS for s in v):
@@ -129,6 +146,8 @@ def checked_params(params: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _seed(v)
         elif name == "logit_bias":
             out[name] = _logit_bias(v)
+        elif name == "samplers":
+            out[name] = _samplers(v)
         elif name in _STRING_LISTS:
             out[name] = _strings(name, v)
         elif kind == "int":
@@ -137,6 +156,12 @@ def checked_params(params: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _number(name, v)
         else:  # a field added to Sampler without a check here
             raise ApiError(400, f"sampling parameter {name!r} is not accepted over HTTP")
+    # llama.cpp's meanings of values its samplers take and llamay's refuse: a temperature
+    # at or below 0 picks the best token (greedy), a top_k at or below 0 is off
+    if out.get("temperature", 0.0) < 0:
+        out["temperature"] = 0.0
+    if out.get("top_k", 0) < 0:
+        out["top_k"] = 0
     return {k: v for k, v in out.items() if v is not None}
 
 

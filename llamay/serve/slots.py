@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -91,28 +92,50 @@ def _file_in(directory: Path, name: str | None) -> Path:
     return path
 
 
-def _params(lm: Loaded, active: Any) -> dict[str, Any]:
-    """A slot's `params` with llama-server's names (the default settings when idle)."""
-    sampler = active.sampler if active is not None else make_sampler()
+def generation_params(
+    sampler: Any,
+    n_predict: int = -1,
+    n_probs: int = 0,
+    ignore_eos: bool = False,
+    **more: Any,
+) -> dict[str, Any]:
+    """A generation's settings with llama-server's names, as its /slots `params`, /props
+    `default_generation_settings.params` and /completion `generation_settings` show
+    them; `more`: settings of the request besides these."""
     p = dataclasses.asdict(sampler)
     p["seed"] = DEFAULT_SEED if p["seed"] is None else p["seed"]
     p["samplers"] = list(p["samplers"])
     p["dry_sequence_breakers"] = list(p["dry_sequence_breakers"])
-    p["logit_bias"] = [list(b) for b in p["logit_bias"]]
-    request = active.handle.request if active is not None else None
-    n_predict = request.max_tokens if request is not None else -1
+    # as llama-server lists them; a banned token's -inf is null (JSON has no infinity)
+    p["logit_bias"] = [
+        {"bias": None if math.isinf(b) else b, "token": t} for t, b in p["logit_bias"]
+    ]
     p.update(
         n_predict=n_predict,
         max_tokens=n_predict,
-        n_probs=(active.logprobs or 0) if active is not None else 0,
-        ignore_eos=bool(request is not None and request.stop_ids == frozenset()),
+        n_probs=n_probs,
+        ignore_eos=ignore_eos,
         n_keep=0,
         n_discard=0,
+        stream=False,
         timings_per_token=False,
         post_sampling_probs=False,
         lora=[],
     )
-    return p
+    return {**p, **more}
+
+
+def _params(lm: Loaded, active: Any) -> dict[str, Any]:
+    """A slot's `params` (the default settings when idle)."""
+    if active is None:
+        return generation_params(make_sampler())
+    request = active.handle.request
+    return generation_params(
+        active.sampler,
+        request.max_tokens,
+        active.logprobs or 0,
+        request.stop_ids == frozenset(),
+    )
 
 
 def _slot_json(st: ServerState, lm: Loaded, i: int, active: Any) -> dict[str, Any]:

@@ -361,7 +361,7 @@ def test_per_slot_parameters_in_one_batch():
         dict(top_p=0.0),
         dict(top_p=1.5),
         dict(min_p=2.0),
-        dict(samplers=["top_k", "nucleus"]),
+        dict(samplers=["top_k", "bogus"]),
         dict(mirostat=3),
         dict(repeat_last_n=-2),
         dict(dry_penalty_last_n=-2),

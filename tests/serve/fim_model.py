@@ -59,3 +59,59 @@ def write_fim_model(src: Path, dst: Path) -> Path:
 
     types = dict.fromkeys(FIM_META, GGUFValueType.UINT32)
     return copy_gguf(src, dst, metadata=FIM_META, types=types, fsync=False)
+
+
+_CODE = 'root ::= "x\\n  y\\nz w"'  # a second line indented by 2, a third by none
+#: llama-server requests whose answers depend on no numerics (a grammar forces the text,
+#: or the answer is about the request itself): name -> (path, body). One slot of 256.
+REQUESTS = {
+    "n_indent": (
+        "/completion",
+        {"prompt": "def f():", "n_predict": 24, "grammar": _CODE, "n_indent": 2},
+    ),
+    "n_indent_off": ("/completion", {"prompt": "def f():", "n_predict": 24, "grammar": _CODE}),
+    "stop_string": (
+        "/completion",
+        {"prompt": "Hi", "n_predict": 24, "grammar": 'root ::= "ab-cd"', "stop": "-"},
+    ),
+    "response_fields": (
+        "/completion",
+        {
+            "prompt": "Hi",
+            "n_predict": 3,
+            "response_fields": [
+                "content",
+                "timings/prompt_n",
+                "generation_settings/n_predict",
+                "nope/x",
+            ],
+        },
+    ),
+    "samplers_letters": ("/completion", {"prompt": "Hi", "n_predict": 1, "samplers": "kyt"}),
+    "samplers_other_names": (
+        "/completion",
+        {"prompt": "Hi", "n_predict": 1, "samplers": ["nucleus", "min-p", "temp", "bogus"]},
+    ),
+    "logit_bias_malformed": (
+        "/completion",
+        {"prompt": "Hi", "n_predict": 1, "logit_bias": [[29], [29, "x"], [5, False], [7, 1.5]]},
+    ),
+    "negative_values": (
+        "/completion",
+        {"prompt": "Hi", "n_predict": 2, "temperature": -1, "top_k": -5, "n_probs": -1},
+    ),
+    "tokens_cached": ("/completion", {"prompt": "The sea is", "n_predict": 4, "ignore_eos": True}),
+    "cache_prompt_off": (
+        "/completion",
+        {"prompt": "The sea is " * 20, "n_predict": 1, "cache_prompt": False},
+    ),
+    "stream_partials": (
+        "/completion",
+        {"prompt": "Hi", "n_predict": 3, "stream": True, "timings_per_token": True},
+    ),
+    "overflow": ("/completion", {"prompt": "a " * 300, "n_predict": 1}),
+    "overflow_chat": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "a " * 300}], "max_tokens": 1},
+    ),
+}
