@@ -134,10 +134,9 @@ def parse_event(line: str) -> dict | None:
 
 
 def cached_tokens(final: dict) -> int:
-    """Prompt tokens the server reused: llama-server's `timings.cache_n` (its
-    `tokens_cached` counts the whole slot), llamay's `tokens_cached` (prefix-cache hits)."""
-    timings = final.get("timings") or {}
-    return int(timings.get("cache_n", final.get("tokens_cached", 0)))
+    """Prompt tokens the server reused: `timings.cache_n`, in both servers' final events
+    (their `tokens_cached` counts the whole slot: the prompt and the tokens generated)."""
+    return int((final.get("timings") or {}).get("cache_n", 0))
 
 
 async def complete(client, prompt: list[int], n_predict: int) -> Stream:

@@ -420,7 +420,7 @@ async def _evaluate(
         "truncated": False,
         "stop_type": "limit",
         "stopping_word": "",
-        "tokens_cached": cached,
+        "tokens_cached": len(ids),  # what the slot holds: the whole prompt
         "has_new_line": False,
         "timings": {
             "cache_n": cached,
