@@ -27,7 +27,7 @@ from llamay.arch import Architecture, get_architecture
 from llamay.arch.validate import check_tensors
 from llamay.engine import Generation, Runtime, check_prompt, padded_batch
 from llamay.engine.api import Handle, Request
-from llamay.engine.generate import prefill_chunk
+from llamay.engine.generate import prefill_chunk, token_ids
 from llamay.errors import ConstraintIncompleteError, ImageError, RequestError
 from llamay.gguf import GGUFFile
 from llamay.kv import bucket, new_dense_kv
@@ -111,6 +111,16 @@ class Model:
         self.base_weights = bind(self.gguf, self.arch, self.config.n_layers, numerics)
         self.adapters, self.weights = self._attach(lora)
         ctx = self.config.context_length
+        if n_ctx is not None and (
+            isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 0
+        ):
+            raise RequestError(
+                f"n_ctx must be a whole number of tokens (0: the model's {ctx}), not {n_ctx!r}"
+            )
+        if n_ctx is not None and 0 < n_ctx < 2:
+            raise RequestError(
+                f"n_ctx {n_ctx} leaves no room for a prompt and a reply (at least 2)"
+            )
         self.n_ctx = min(n_ctx or ctx, ctx)
         for t in kv_pair(kv_spec):
             t.row_width(self.config.head_dim)  # a block type needs head_dim % 32 == 0
@@ -151,9 +161,9 @@ class Model:
         so one program mixes adapters; None: every prompt applies all at their scales."""
         from llamay.model.lora import with_rows
 
-        prompts = [[int(i) for i in ids] for ids in prompts]
-        for ids in prompts:
-            check_prompt(len(ids), self.n_ctx + 1)
+        if isinstance(prompts, str) or not prompts:
+            raise TypeError("logits_batch takes a non-empty list of prompts (lists of token ids)")
+        prompts = [self._ids(ids) for ids in prompts]
         cfg, weights = self.config, self.weights
         if lora_rows is not None:
             rows = np.asarray(lora_rows, np.float32)
@@ -304,10 +314,7 @@ class Model:
                 f"{self.path.name} has no rank head (cls.output.weight): rank pooling "
                 "needs a cross-encoder reranker"
             )
-        ids = [int(i) for i in ids]
-        if not ids:
-            raise RequestError("embedding input must not be empty")
-        check_prompt(len(ids), self.n_ctx + 1)
+        ids = self._ids(ids)
         cfg, slots = self.config, bucket(len(ids))
         # llama.cpp runs encoders without a KV cache: their K and V stay f32 (not f16), but
         # its flash attention takes them cast to f16
@@ -357,9 +364,15 @@ class Model:
         new._engine, new._engine_lock = None, threading.Lock()  # its own engine
         return new
 
+    def _ids(self, ids) -> list[int]:
+        """Token ids checked for a forward pass over them: integers in the vocabulary, at
+        least one and at most the context."""
+        ids = token_ids(ids, getattr(self.config, "vocab", None) or self.tokenizer.vocab_size)
+        check_prompt(len(ids), self.n_ctx, reply=False)
+        return ids
+
     def _run(self, ids, hidden: bool):
-        ids = [int(i) for i in ids]
-        check_prompt(len(ids), self.n_ctx + 1)
+        ids = self._ids(ids)
         cfg = self.config
         slots = bucket(len(ids))
         kv_dtype = self.runtime.kv_dtype
@@ -380,14 +393,14 @@ class Model:
         constraint=None,
         decode_steps: int | None = None,
     ):
-        """The token-level generator (an iterator of ids with a `finish_reason`);
-        `constraint` (see `constraint()`) masks every step. `decode_steps`: tokens per
-        dispatch (None: `llamay.engine.generate.default_decode_steps()`); the tokens are
-        the same for any."""
+        """The token-level generator (an iterator of ids with a `finish_reason`) of at most
+        `max_tokens` (negative: until the end or a full context); `constraint` (see
+        `constraint()`) masks every step. `decode_steps`: tokens per dispatch (None:
+        `llamay.engine.generate.default_decode_steps()`); the tokens are the same for any."""
         sampler = sampler or Sampler()
         return Generation(
             self.runtime,
-            list(prompt_ids),
+            token_ids(prompt_ids, getattr(self.config, "vocab", None) or self.tokenizer.vocab_size),
             max_tokens,
             sampler,
             frozenset(self.tokenizer.stop_ids),
@@ -513,8 +526,9 @@ class Model:
         **sampling,
     ) -> str | Iterator[str]:
         """Continue `prompt`: text (special-token text parsed, BOS per the model, as
-        llama.cpp's CLI does) or token ids as they are. Returns the text, or an iterator of
-        text pieces when `stream` (closing it early cancels the request). Runs on
+        llama.cpp's CLI does) or token ids as they are, by at most `max_tokens` tokens
+        (negative: until the end or a full context, as llama.cpp's -1). Returns the text, or
+        an iterator of text pieces when `stream` (closing it early cancels the request). Runs on
         `self.engine`: calls from several threads decode together (`use_parallel`).
         `stop`: strings that end the text before them (not included), as llama-server's
         and OpenAI's `stop`.
@@ -553,6 +567,8 @@ class Model:
             if not ids:
                 raise RequestError("the prompt is empty (no tokens to condition on)")
         engine = self.engine
+        if max_tokens < 0:  # llama.cpp's n_predict -1: until the end or a full context
+            max_tokens = self.n_ctx
         request = Request(ids, max_tokens, sampler, constraint=con, lora=lora, images=spans)
         handle = engine.submit(request)
         pieces = self._stream_text(engine, handle, StopStrings(stop))

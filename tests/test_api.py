@@ -96,3 +96,63 @@ def test_generate_json_schema_format_modes(tiny):
             m.generate("Day:", max_tokens=8, json_schema=date, format="strict")
     finally:
         m.close()
+
+
+def test_token_ids_are_checked_before_a_forward_pass(tiny):
+    import numpy as np
+
+    m = llamay.load(tiny, n_ctx=64)
+    vocab = m.tokenizer.vocab_size
+    for bad in ([1, vocab], [1, -5], np.array([1, 10**6])):
+        with pytest.raises(RequestError, match="not in the vocabulary"):
+            m.logits(bad)
+    with pytest.raises(RequestError, match="not in the vocabulary"):
+        m.logits_batch([[1, 2], [vocab + 3]])
+    for wrong in ("hello", [1.7, 2.2], np.array([[1, 2], [3, 4]]), 123):
+        with pytest.raises(TypeError, match="token ids"):
+            m.logits(wrong)
+    with pytest.raises(TypeError, match="token ids"):
+        m.generation("Hi there", 4)
+    # logits over the whole context are fine; one more is an overflow naming the context
+    assert m.logits([1] * 64).shape == (64, vocab)
+    with pytest.raises(ContextOverflowError, match="holds 64"):
+        m.logits([1] * 65)
+
+
+def test_load_refuses_a_negative_context(tiny):
+    with pytest.raises(RequestError, match="n_ctx"):
+        llamay.load(tiny, n_ctx=-5)
+
+
+def test_negative_max_tokens_runs_until_the_end_or_a_full_context(tiny):
+    m = llamay.load(tiny, n_ctx=48)
+    ids = m.tokenize("The sea", add_special=True, parse_special=True)
+    whole = m.generate(ids, max_tokens=48, temperature=0)
+    assert m.generate(ids, max_tokens=-1, temperature=0) == whole != ""
+    from llamay.sample import GREEDY
+
+    assert list(m.generation(ids, -1, GREEDY)) == list(m.generation(ids, 48, GREEDY))
+    m.close()
+
+
+def test_scoring_takes_lists_of_strings_not_one_string(tiny):
+    m = llamay.load(tiny)
+    with pytest.raises(TypeError, match="list of strings"):
+        m.loglikelihood_rolling("The quick brown fox")
+    with pytest.raises(TypeError, match="list of strings"):
+        m.score("The capital", " Paris")
+
+
+def test_a_script_that_never_closes_its_model_exits_cleanly(tiny, tmp_path):
+    # the engine's worker thread used to outlive jax's backends at exit: a segfault
+    import subprocess
+    import sys
+
+    script = tmp_path / "s.py"
+    script.write_text(
+        f"import llamay\nm = llamay.load({str(tiny)!r})\n"
+        "print(m.generate('Once upon a time', max_tokens=4, temperature=0))\n"
+    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip()

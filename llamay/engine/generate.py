@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -92,16 +93,46 @@ def prefill_chunks(rt: Runtime, kv, ids: list[int], slots: int):
     return kv, start
 
 
-def check_prompt(n_prompt: int, n_ctx: int) -> None:
+def check_prompt(n_prompt: int, n_ctx: int, reply: bool = True) -> None:
+    """A prompt of `n_prompt` tokens fits a context of `n_ctx` with room for a `reply`
+    token (without: logits of the whole context, n_prompt <= n_ctx)."""
     if n_prompt == 0:
         raise RequestError("the prompt is empty (no tokens to condition on)")
-    if n_prompt >= n_ctx:
+    if n_prompt >= n_ctx + (not reply):
         raise ContextOverflowError(
             f"the prompt has {n_prompt} tokens; the context holds {n_ctx} "
             "(shorten the prompt or load the model with a larger n_ctx)",
             n_prompt,
             n_ctx,
         )
+
+
+def token_ids(ids: Any, n_vocab: int | None) -> list[int]:
+    """`ids` as a list of token ids, each an integer in the vocabulary [0, n_vocab) (any
+    int32 without `n_vocab`), or a clear error: a bad id would index past the embedding
+    table (garbage, no error) or break a batch's int32 arrays."""
+    if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+        raise TypeError(
+            f"token ids must be a sequence of integers, not {type(ids).__name__} "
+            "(text goes through tokenize() first)"
+        )
+    top = n_vocab or 2**31
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1:
+            raise TypeError(f"token ids must be one sequence, not an array of shape {ids.shape}")
+        if ids.dtype.kind in "iu":  # the fast path for arrays of ids
+            if ids.size and (ids.min() < 0 or ids.max() >= top):
+                bad = next(t for t in ids.tolist() if not 0 <= t < top)
+                raise RequestError(f"token id {bad} is not in the vocabulary (0..{top - 1})")
+            return ids.tolist()
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int | np.integer):
+            raise TypeError(f"token ids must be integers, not {t!r}")
+        if not 0 <= t < top:
+            raise RequestError(f"token id {t} is not in the vocabulary (0..{top - 1})")
+        out.append(int(t))
+    return out
 
 
 @dataclass
@@ -133,7 +164,8 @@ class Generation:
         rt, cfg = self.rt, self.rt.cfg
         n = len(self.prompt_ids)
         check_prompt(n, rt.n_ctx)
-        budget = min(self.max_tokens, rt.n_ctx - n)
+        # a negative max_tokens: until the end or a full context (llama.cpp's -1)
+        budget = rt.n_ctx - n if self.max_tokens < 0 else min(self.max_tokens, rt.n_ctx - n)
         slots = cache_slots(n + max(budget, 1), rt.n_ctx)
         kv = new_dense_kv(cfg.n_layers, 1, slots, cfg.n_kv_heads, cfg.head_dim, rt.kv_dtype)
         vocab = getattr(cfg, "vocab", None) or (len(self.pieces) if self.pieces else None)

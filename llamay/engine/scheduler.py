@@ -26,10 +26,12 @@ sampler parameters.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
 import queue
 import threading
+import weakref
 from collections import deque
 from typing import Any
 
@@ -39,7 +41,7 @@ import numpy as np
 from llamay.arch.decoder import local_layers
 from llamay.engine import adapters, programs
 from llamay.engine.api import Handle, Request
-from llamay.engine.generate import check_prompt, default_decode_steps, prefill_chunk
+from llamay.engine.generate import check_prompt, default_decode_steps, prefill_chunk, token_ids
 from llamay.engine.paged_steps import set_rows
 from llamay.engine.persist import Persistence, model_digest
 from llamay.engine.planning import MIN_VIEW, Active, Plan, Planner, RequestFailed
@@ -51,6 +53,19 @@ from llamay.kv.pages import new_paged_kv
 from llamay.kv.sequences import KVManager, SeqKV, local_bound
 from llamay.kv.snapshot import Snapshot
 from llamay.sample import Sampler, SamplerState, SamplingParams
+
+#: Engines not yet closed. At exit they are closed before jax tears its backends down: a
+#: worker thread still holding device buffers then crashed the interpreter (a segfault
+#: after a script's last line, when it never called `Model.close()`). atexit runs
+#: handlers last-registered first, and jax registers its own when imported, before this.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    for engine in list(_LIVE):
+        engine.close()
+
 
 __all__ = [
     "GATHER_MAX_S",
@@ -161,6 +176,7 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
         self._digest: str | None = None
         self._worker = threading.Thread(target=self._run, name="llamay-batch", daemon=True)
         self._worker.start()
+        _LIVE.add(self)
 
     # -- the Engine interface ----------------------------------------------------------
 
@@ -286,16 +302,10 @@ class BatchEngine(StepWorker, Planner, Persistence, Speculating):
     def _check_ids(self, ids: list[int]) -> None:
         """Prompt token ids must be integers in the vocabulary: a bad one would break the
         int32 arrays of the whole batch's step, or index past the embedding table."""
-        top = self._vocab or 2**31
         try:
-            arr = np.asarray(ids)
-        except (OverflowError, ValueError, TypeError):
-            arr = np.asarray([], object)
-        if arr.dtype.kind in "iu" and (not arr.size or (arr.min() >= 0 and arr.max() < top)):
-            return
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t < top:
-                raise RequestError(f"prompt token id {t!r} is not in the vocabulary (0..{top - 1})")
+            token_ids(ids, self._vocab)
+        except TypeError as e:
+            raise RequestError(str(e)) from None
 
     def _check_images(self, r: Request, seq: SeqKV | None) -> None:
         """A request's `ImageSpan`s: in order, inside the prompt, over placeholder ids,

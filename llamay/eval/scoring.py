@@ -182,6 +182,12 @@ def default_max_length(model) -> int:
     return model.n_ctx - 1
 
 
+def _texts(name: str, texts) -> None:
+    """A list of strings, not one string (whose characters would each be a text)."""
+    if isinstance(texts, str | bytes) or not all(isinstance(t, str) for t in texts):
+        raise TypeError(f"{name} must be a list of strings, one per item")
+
+
 def score(
     model,
     contexts: Sequence[str],
@@ -192,6 +198,7 @@ def score(
 ) -> list[tuple[float, bool]]:
     """log p(continuation | context) and whether greedy decoding would produce it, for
     each pair (lm-eval's `loglikelihood`)."""
+    _texts("contexts", contexts), _texts("continuations", continuations)
     if len(contexts) != len(continuations):
         raise RequestError(
             f"{len(contexts)} contexts but {len(continuations)} continuations: give one each"
@@ -232,6 +239,7 @@ def loglikelihood_rolling(
 ) -> list[float]:
     """The total log-likelihood of each text, every token scored once with windows of up
     to `max_length` tokens (lm-eval's `loglikelihood_rolling`, context length 1)."""
+    _texts("texts", texts)
     max_length = max_length or default_max_length(model)
     prefix = prefix_token(model)
     owner, rows = [], []
