@@ -72,6 +72,9 @@ def perplexity(
 
     from llamay.eval import perplexity as run_perplexity
 
+    if ctx % 2:  # half of each chunk is scored: refused before the model loads
+        _err(f"error: --ctx must be an even number of at least 4, not {ctx}")
+        raise typer.Exit(code=1)
     try:
         m = load_model(model, numerics, max(ctx, 1), mesh, distributed, flash_attn)
         text = file.read_text(encoding="utf-8", errors="replace")
@@ -95,7 +98,7 @@ def perplexity(
         print(json.dumps({**r.to_json(), "ctx": ctx, "numerics": numerics, "flash_attn": fa,
                           "seconds": seconds}))  # fmt: skip
         return
-    print(f"[{', '.join(f'{i + 1}]{p:.4f}' for i, p in enumerate(r.running_ppl))}")
+    print("".join(f"[{i + 1}]{p:.4f}," for i, p in enumerate(r.running_ppl)))  # llama.cpp's
     print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.uncertainty:.5f}")
     _err(
         f"[llamay] {r.n_tokens} tokens, {r.n_chunks} chunks of {ctx}, {scored} scored; "

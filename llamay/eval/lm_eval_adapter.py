@@ -17,10 +17,15 @@ model_args: `model` (a .gguf path or store name), `numerics` (exact | llamacpp),
 `batch_size` (rows per scoring step, and generations decoding together), `max_length`
 (tokens per scored row; default the model's context),
 `n_ctx`, `dp` / `tp` (a device mesh, see `llamay.model.sharding`), `distributed`
-(multi-host: `jax.distributed.initialize()` first).
+(multi-host: `jax.distributed.initialize()` first). Another key is an error (a misspelt
+`model` would otherwise evaluate the default model); `batch_size=auto` scores 8 at a time,
+with a warning.
 """
 
 from __future__ import annotations
+
+import inspect
+import warnings
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
@@ -48,7 +53,8 @@ class LlamayLM(LM):
         tp: int = 1,
         distributed: bool = False,
         llamay_model=None,
-        **_ignored,  # lm-eval passes device / max_batch_size; llamay places by its mesh
+        device: str | None = None,  # lm-eval's flags: llamay places by its mesh instead
+        max_batch_size: int | None = None,
     ) -> None:
         super().__init__()
         import llamay
@@ -62,15 +68,22 @@ class LlamayLM(LM):
         )  # fmt: skip
         dp, tp = int(dp), int(tp)
         self.model = sharded_model(m, {"data": dp, "model": tp} if dp * tp > 1 else None)
-        bs = str(batch_size)
-        self.batch_size = int(bs.split(":")[0]) if bs.split(":")[0].isdigit() else 8
+        bs = str(batch_size).split(":")[0]
+        if not bs.isdigit():  # lm-eval's "auto" probes the largest batch that fits: not here
+            warnings.warn(f"batch_size {batch_size!r}: llamay scores 8 at a time", stacklevel=2)
+        self.batch_size = int(bs) if bs.isdigit() else 8
         self.max_length = int(max_length) if max_length else None
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
         """lm-eval's flags (--batch_size, --device) fill in what model_args leaves out."""
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
-        return cls(**{**extra, **arg_dict})
+        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        unknown = sorted(set(arg_dict) - known)
+        if unknown:  # a misspelt key would otherwise evaluate the default model
+            names = ", ".join(sorted(known))
+            raise ValueError(f"llamay model_args: unknown {', '.join(unknown)}; known: {names}")
+        return cls(**{**{k: v for k, v in extra.items() if k in known}, **arg_dict})
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):

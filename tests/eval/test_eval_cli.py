@@ -34,6 +34,11 @@ def test_perplexity_json(tiny_llama_model, text_file):
     ref = perplexity(tiny_llama_model, TEXT, ctx=64, batch=2, max_chunks=3)
     assert out["ppl"] == pytest.approx(ref.ppl, rel=1e-5)
     assert out["n_chunks"] == 3 and len(out["running_ppl"]) == 3
+    # the text output: llama.cpp's "[1]x,[2]y," line, then the final estimate
+    res = run("-m", model, text_file, "--ctx", 64, "--batch", 2, "--chunks", 3)
+    assert res.exit_code == 0, res.output
+    want = "".join(f"[{i + 1}]{p:.4f}," for i, p in enumerate(ref.running_ppl))
+    assert want in res.stdout.splitlines()
 
 
 @pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (XLA_FLAGS as `make test`)")
@@ -57,6 +62,8 @@ def test_errors_exit_1(text_file):
     assert res.exit_code == 1 and "error:" in res.output
     res = run("-m", model, text_file, "--mesh", "pp=3")
     assert res.exit_code == 1 and "mesh" in res.output
+    res = run("-m", "no-such-model:1b", text_file, "--ctx", 63)  # refused before loading
+    assert res.exit_code == 1 and "even number" in res.output
 
 
 def test_flash_attn_flag_reaches_the_model(text_file):

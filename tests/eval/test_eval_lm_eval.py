@@ -236,3 +236,18 @@ def test_adapter_on_a_mesh(tiny_llama_model):
     got = lm.loglikelihood(reqs)
     want = tiny_llama_model.score([p[0] for p in pairs], [p[1] for p in pairs])
     assert [g[0] for g in got] == pytest.approx([w[0] for w in want], abs=1e-4)
+
+
+def test_model_args_unknown_keys_are_errors():
+    """A misspelt key (`modle=`) used to be dropped: the default model was evaluated."""
+    from llamay.eval.lm_eval_adapter import LlamayLM
+
+    with pytest.raises(ValueError, match="unknown max_lenght, modle"):
+        LlamayLM.create_from_arg_string(
+            "modle=/tmp/nope.gguf,max_lenght=64", {"device": "cpu", "max_batch_size": None}
+        )
+    with pytest.warns(UserWarning, match="8 at a time"):
+        lm = LlamayLM.create_from_arg_string(
+            f"model={tiny_model_file('llama')},batch_size=auto", {"device": "cpu"}
+        )
+    assert lm.batch_size == 8
