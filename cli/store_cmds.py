@@ -192,13 +192,13 @@ def _run_plain(name: str, prompt: str, system: str | None, raw: bool, overrides:
     """A model without layers (a wheel-fetched default, a GGUF file): its GGUF chat
     template formats the prompt, as `ollama run` does with the template a pull brings."""
     import llamay
+    from llamay.ollama import gguf_chat_prompt
 
     model = llamay.load(name, mmproj=mmproj)
     if raw:
         text = prompt
     else:
-        head = [{"role": "system", "content": system}] if system else []
-        text = model.tokenizer.apply_chat_template([*head, {"role": "user", "content": prompt}])
+        text = gguf_chat_prompt(model, prompt, system)
     return model.generate(text, stream=True, **overrides)
 
 

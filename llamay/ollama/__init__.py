@@ -16,7 +16,7 @@ are `llamay.library`'s (above both stores).
 from __future__ import annotations
 
 from llamay.ollama.errors import OllamaStoreError, UnsupportedTemplateError
-from llamay.ollama.layers import format_prompt, generate, to_modelfile
+from llamay.ollama.layers import format_prompt, generate, gguf_chat_prompt, to_modelfile
 from llamay.ollama.params import SamplerDefaults, cut_at_stops
 from llamay.ollama.store import (
     FullName,
@@ -44,6 +44,7 @@ __all__ = [
     "format_prompt",
     "from_manifest",
     "generate",
+    "gguf_chat_prompt",
     "list_models",
     "resolve",
     "to_modelfile",

@@ -59,6 +59,16 @@ def format_prompt(om: OllamaModel, prompt: str, system: str | None = None) -> st
         return prompt
 
 
+def gguf_chat_prompt(model: Model, prompt: str, system: str | None = None) -> str:
+    """`prompt` (and `system`) through the GGUF's own chat template, as Ollama formats a
+    model whose GGUF came without a template layer (it makes one from the GGUF's); the
+    prompt unchanged when the GGUF has none."""
+    if not model.tokenizer.chat_template:
+        return prompt
+    head = [{"role": "system", "content": system}] if system else []
+    return model.tokenizer.apply_chat_template([*head, {"role": "user", "content": prompt}])
+
+
 def generate(
     model: Model,
     om: OllamaModel,
@@ -69,11 +79,17 @@ def generate(
     stream: bool = False,
     **overrides: Any,
 ) -> str | Iterator[str]:
-    """Generate from an Ollama model: the template formats the prompt (unless `raw`), the
-    params layer supplies the sampler defaults (`overrides` win) and its stop strings end
-    the text."""
+    """Generate from an Ollama model: the template formats the prompt (unless `raw`; the
+    GGUF's own chat template when there is no template layer, as for a model `create`d
+    FROM another without one), the params layer supplies the sampler defaults
+    (`overrides` win) and its stop strings end the text."""
     defaults = om.sampler_defaults()
     kwargs = defaults.generate_kwargs() | overrides
-    text = prompt if raw else format_prompt(om, prompt, system)
+    if raw:
+        text = prompt
+    elif om.template is None:
+        text = gguf_chat_prompt(model, prompt, om.system if system is None else system)
+    else:
+        text = format_prompt(om, prompt, system)
     pieces = cut_at_stops(model.generate(text, stream=True, **kwargs), defaults.stop)
     return pieces if stream else "".join(pieces)

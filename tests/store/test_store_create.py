@@ -224,3 +224,22 @@ def test_run_a_model_without_layers(env, tiny, tmp_path, monkeypatch) -> None:
     text = m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     assert "hi" in text and text != "hi"  # the template applied
     assert r.stdout == m.generate(text, max_tokens=4, temperature=0.0) + "\n"
+
+
+def test_a_model_without_a_template_layer_uses_its_ggufs(env, tiny, monkeypatch) -> None:
+    """`create` FROM a GGUF whose Modelfile has no TEMPLATE: the SYSTEM layer still
+    counts, through the GGUF's own chat template (Ollama makes a template layer of it)."""
+    import llamay
+    import llamay.ollama as ollama
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(env.home / "none"))
+    store.create("sys:1", f"FROM {tiny}\nSYSTEM Be terse.\nPARAMETER temperature 0", progress=False)
+    model, om = library.load("sys:1")
+    assert om.template is None and om.system == "Be terse."
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}]
+    want = model.generate(
+        model.tokenizer.apply_chat_template(messages), max_tokens=4, temperature=0
+    )
+    assert ollama.generate(model, om, "hi", max_tokens=4) == want
+    model.close()
+    store.remove("sys:1")
