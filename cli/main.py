@@ -119,6 +119,7 @@ def generate(
         int | None,
         typer.Option(
             "--ctx-size",
+            "--ctx",
             "-c",
             min=1,
             help="Context length in tokens (default, and at most: the model's).",
@@ -234,6 +235,14 @@ def generate(
         str | None,
         _sampling("--samplers", help="Sampler order, e.g. top_k;top_p;temperature"),
     ] = None,
+    stop: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stop",
+            "-r",
+            help="End the text before this string (repeatable; llama-cli's -r, the API's stop).",
+        ),
+    ] = None,
     lora: Annotated[
         list[str] | None,
         typer.Option("--lora", help="A GGUF LoRA adapter, PATH or PATH:SCALE (repeatable)."),
@@ -306,6 +315,7 @@ def generate(
             json=json_any,
             lenient=lenient,
             images=images,
+            stop=stop,
             **sampling,
         )
         first = None
@@ -321,7 +331,14 @@ def generate(
     finally:
         if m is not None:  # the generation ran on the model's engine: stop it
             m.close()
-    _err(f"[llamay] load {t_load:.2f}s, first token {first or 0:.2f}s, total {total:.2f}s")
+    # why it ended: an eval job must tell a text cut at -n or the context from a finished one
+    why = {"stop": "an end token or --stop", "length": "-n or the context"}.get(
+        pieces.finish_reason, pieces.finish_reason
+    )
+    _err(
+        f"[llamay] {pieces.completion_tokens} tokens, ended by {why}; load {t_load:.2f}s, "
+        f"first token {first or 0:.2f}s, total {total:.2f}s"
+    )
 
 
 @app.command()

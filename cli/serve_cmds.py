@@ -59,9 +59,9 @@ FlashAttnOpt = Annotated[
     typer.Option(
         "--flash-attn",
         "-fa",
-        help="on, off or auto (on): with --numerics llamacpp, round as llama.cpp's flash "
-        "attention does (its tools' default, auto, is on for CPU); exact numerics are the "
-        "same either way.",
+        help="on, off, or auto (which is on): with --numerics llamacpp, round as llama.cpp's "
+        "flash attention does (llama.cpp's tools default to auto); exact numerics give the "
+        "same results either way.",
     ),
 ]
 # the one-shot commands' images (`generate`, `run`)

@@ -571,9 +571,10 @@ class Model:
             max_tokens = self.n_ctx
         request = Request(ids, max_tokens, sampler, constraint=con, lora=lora, images=spans)
         handle = engine.submit(request)
-        pieces = self._stream_text(engine, handle, StopStrings(stop))
+        stops = StopStrings(stop)
+        pieces = self._stream_text(engine, handle, stops)
         if stream:
-            return pieces
+            return TextStream(pieces, handle, stops)
         out = []
         try:
             for piece in pieces:
@@ -615,7 +616,8 @@ class Model:
             raise ConstraintIncompleteError(
                 f"the output stopped ({handle.finish_reason}) after "
                 f"{handle.usage.completion_tokens} tokens before the constraint was "
-                "satisfied; raise max_tokens (the text so far is in this error's `partial`)"
+                "satisfied; allow more tokens (max_tokens; `llamay generate -n`): the text so "
+                "far is in this error's `partial`"
             )
 
     def __repr__(self) -> str:
@@ -623,6 +625,32 @@ class Model:
         return (
             f"Model({str(self.path)!r}, arch={c.arch!r}, layers={c.n_layers}, n_ctx={self.n_ctx})"
         )
+
+
+class TextStream:
+    """`Model.generate(stream=True)`: the text pieces as they come (closing it early cancels
+    the request); once they end, `finish_reason` ("stop": an end token or a stop string;
+    "length": max_tokens or a full context) and `completion_tokens`."""
+
+    def __init__(self, pieces: Iterator[str], handle: Handle, stops: StopStrings):
+        self._pieces, self._handle, self._stops = pieces, handle, stops
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    @property
+    def finish_reason(self) -> str | None:
+        return "stop" if self._stops.hit is not None else self._handle.finish_reason
+
+    @property
+    def completion_tokens(self) -> int:
+        return self._handle.usage.completion_tokens
 
 
 def load(

@@ -103,7 +103,23 @@ def lltokenizer_for(tokenizer, n_vocab: int | None = None):
 _UNIMPL = re.compile(r"Unimplemented keys: \[(.*?)\]")
 
 
+def _summary(msg: str) -> str:
+    """llguidance's message on one line: its first line, then the cause its `error:`
+    line gives and the text the caret points at (a regex parse error spans lines)."""
+    lines = [line for line in msg.strip().splitlines() if line.strip()]
+    head = lines[0].rstrip().rstrip(":") if lines else msg
+    cause = next(
+        (x.split("error:", 1)[1].strip() for x in lines if x.strip().startswith("error:")), ""
+    )
+    if not cause:
+        return head
+    at = lines[1].strip() if len(lines) > 1 and not lines[1].strip().startswith("^") else ""
+    return f"{head}: {cause}" + (f" in {at!r}" if at else "")
+
+
 def _classify(msg: str, what: str) -> ConstraintError:
+    if what.startswith("JSON schema") and "regex parse error" in msg:  # say which keyword
+        msg = msg.replace("regex parse error", "a `pattern` regex's parse error", 1)
     m = _UNIMPL.search(msg)
     if m:
         keys = ", ".join(k.strip().strip('"') for k in m.group(1).split(","))
@@ -114,9 +130,9 @@ def _classify(msg: str, what: str) -> ConstraintError:
     for pat in ("Unknown format", "not supported", "unsupported", "Unsupported", "Unimplemented"):
         if pat in msg:
             return UnsupportedConstraintError(
-                f"{what}: {msg.strip().splitlines()[0]} (pass lenient=True to drop it)"
+                f"{what}: {_summary(msg)} (pass lenient=True to drop it)"
             )
-    return GrammarSyntaxError(f"{what}: {msg.strip().splitlines()[0]}")
+    return GrammarSyntaxError(f"{what}: {_summary(msg)}")
 
 
 class GuidanceConstraint:

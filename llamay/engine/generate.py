@@ -101,7 +101,8 @@ def check_prompt(n_prompt: int, n_ctx: int, reply: bool = True) -> None:
     if n_prompt >= n_ctx + (not reply):
         raise ContextOverflowError(
             f"the prompt has {n_prompt} tokens; the context holds {n_ctx} "
-            "(shorten the prompt or load the model with a larger n_ctx)",
+            "(shorten the prompt or load the model with a larger n_ctx: `-c` on the command "
+            "line)",
             n_prompt,
             n_ctx,
         )

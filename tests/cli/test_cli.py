@@ -30,7 +30,16 @@ def test_generate_streams_only_the_text_to_stdout(smollm2_path, fixtures_dir):
     assert r.exit_code == 0, r.stderr
     expect = llamay.load(smollm2_path).detokenize(g["greedy_ids"][:12])
     assert r.stdout == expect + "\n"
-    assert "[llamay]" in r.stderr
+    assert "[llamay] 12 tokens, ended by -n or the context" in r.stderr
+    # --stop ends the text before the string, and the summary says so
+    cut = expect[: len(expect) // 2]
+    word = expect[len(cut) :][:3]
+    r = run(
+        "generate", "-m", str(smollm2_path), "-n", "12", "--temp", "0", "--stop", word, g["prompt"]
+    )
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == expect[: expect.index(word)] + "\n"
+    assert "ended by an end token or --stop" in r.stderr
 
 
 @pytest.mark.model

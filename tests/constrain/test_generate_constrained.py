@@ -112,3 +112,14 @@ def test_lenient_schema_warns_what_it_drops(tiny):
     with pytest.warns(UserWarning, match="uniqueItems"):
         c = tiny.constraint(json_schema=schema, lenient=True)
     assert any("uniqueItems" in d for d in c.dropped)
+
+
+def test_regex_errors_say_what_is_wrong_and_where(tiny):
+    """llguidance's regex errors span lines (the regex, a caret, `error: ...`): the
+    message keeps the cause and the text, and in a schema names the `pattern` keyword."""
+    with pytest.raises(ConstraintError, match=r"unclosed group in '\('"):
+        tiny.constraint(regex="(")
+    with pytest.raises(
+        UnsupportedConstraintError, match=r"`pattern` regex.*look-around.*'\(\?<=a\)b'"
+    ):
+        tiny.constraint(json_schema={"type": "string", "pattern": "(?<=a)b"})

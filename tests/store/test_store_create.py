@@ -229,7 +229,6 @@ def test_run_a_model_without_layers(env, tiny, tmp_path, monkeypatch) -> None:
 def test_a_model_without_a_template_layer_uses_its_ggufs(env, tiny, monkeypatch) -> None:
     """`create` FROM a GGUF whose Modelfile has no TEMPLATE: the SYSTEM layer still
     counts, through the GGUF's own chat template (Ollama makes a template layer of it)."""
-    import llamay
     import llamay.ollama as ollama
 
     monkeypatch.setenv("OLLAMA_MODELS", str(env.home / "none"))
