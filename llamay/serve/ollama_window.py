@@ -83,7 +83,7 @@ class Window:
             reserve = 1
         else:
             half = max(1, (size - max(0, keep)) // 2) if keep < size else 1
-            reserve = max(1, min(half, half if num_predict is None else num_predict))
+            reserve = half if num_predict is None else max(1, min(half, num_predict))
         return cls(size, keep, reserve, truncate is not False)
 
     @property
@@ -114,8 +114,15 @@ class Window:
         return ids[:keep] + ids[len(ids) - (self.budget - keep) :]
 
     def max_tokens(self, n_prompt: int, num_predict: int | None) -> int:
-        """The reply's limit: `num_predict`, within what the window has left."""
+        """The reply's limit: `num_predict`, within what the window has left. A prompt with
+        images is not truncated: one over the window is a 400."""
         room = self.size - n_prompt
+        if room < 1:
+            raise ApiError(
+                400,
+                f"the prompt has {n_prompt} tokens (images included, which are not "
+                f"truncated); the context window (num_ctx) holds {self.size}",
+            )
         return room if num_predict is None else min(num_predict, room)
 
     def chat_ids(self, lm: Loaded, messages: list[dict], tools: list[dict] | None) -> list[int]:

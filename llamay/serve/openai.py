@@ -616,7 +616,7 @@ def _model_obj(k, lm=None) -> dict:
         from llamay.gguf.inspect import summary
 
         cfg, tok = lm.model.config, lm.model.tokenizer
-        s = summary(k.path)
+        s = summary(getattr(lm.model, "gguf", None) or k.path)  # the loaded file if it can
         out["meta"] = {
             "vocab_type": {"spm": 1, "bpe": 2, "wpm": 3}.get(tok.vocab.kind, 0),  # llama.cpp's
             "n_vocab": tok.vocab_size,
