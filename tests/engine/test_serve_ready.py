@@ -95,7 +95,7 @@ def test_health_loading_then_ok_and_first_requests_compile_nothing():
             completion(url, prompt=[1, 2, 3, 4], n_predict=4)  # short
             completion(url, prompt=long_prompt, n_predict=4)  # long: prefill chunks
             hit = completion(url, prompt=long_prompt + [42, 43], n_predict=4)  # prefix hit
-            assert hit["tokens_cached"] >= 288
+            assert hit["timings"]["cache_n"] >= 288
             completion(url, prompt="Code:", n_predict=6, grammar="root ::= [a-z]+")
             probs = completion(url, prompt=[9, 10, 11], n_predict=3, n_probs=5)
             assert len(probs["completion_probabilities"][0]["top_logprobs"]) == 5

@@ -240,7 +240,8 @@ def test_n_predict_0_evaluates_an_image_prompt_into_the_cache(vision_server, png
     out = _ask(vision_server.url, text, b64, 0)
     expect, n = _library(text, png, 3)
     assert (out["content"], out["tokens_predicted"], out["tokens_evaluated"]) == ("", 0, n)
-    assert out["timings"]["prompt_n"] == n and out["tokens_cached"] == 0
+    assert out["timings"]["prompt_n"] == n and out["timings"]["cache_n"] == 0
+    assert out["tokens_cached"] == n  # llama-server's: what the slot holds, the whole prompt
     with llamay.load(tiny_model_file("llama")) as m:
         n_text = len(m.tokenize("Evaluate: ", add_special=True, parse_special=True))
     again = _ask(vision_server.url, text, b64, 3)
