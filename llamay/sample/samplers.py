@@ -62,6 +62,7 @@ _ALIASES = {  # llama.cpp's other names of its samplers
 }
 #: llama.cpp's one-letter names of the samplers (`--sampling-seq`, a string `samplers`).
 LETTERS = {
+    "e": "penalties",
     "d": "dry",
     "k": "top_k",
     "y": "typ_p",

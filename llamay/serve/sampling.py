@@ -87,8 +87,8 @@ def _samplers(v: Any) -> tuple[str, ...]:
     """llama-server's sampler order: a list of names (its other names too), or a string
     of its one-letter names ("kt": top_k, then temperature; "top_k;temperature", names
     separated by semicolons, is taken too). As llama-server, a name or letter it does not
-    know is left out, with a warning in the log; a stage llamay does not order (its
-    penalties, which always come first) is one of those."""
+    know is left out, with a warning in the log (llama.cpp's infill and adaptive_p
+    samplers, which llamay has not, are such names)."""
     if isinstance(v, str) and ";" not in v:
         names = tuple(LETTERS.get(c, c) for c in v)
     else:
