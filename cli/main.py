@@ -468,6 +468,8 @@ def bench(
             raise ValueError
     except ValueError:
         raise typer.BadParameter(f"--batch must be positive integers, got {batch!r}") from None
+    if prompt_tokens == 0 and gen_tokens == 0:  # nothing to measure: say so, load nothing
+        raise typer.BadParameter("-p and -n are both 0: no test to run")
     try:
         m = llamay.load(model, numerics=numerics, cache_type_k=cache_type_k,
                         cache_type_v=cache_type_v, flash_attn=flash_attn)  # fmt: skip

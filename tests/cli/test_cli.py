@@ -158,6 +158,8 @@ def test_bench_json_lines():
     ]
     assert all(x["tokens_per_s"] > 0 and x["backend"] == "cpu" for x in rows)
     assert run("bench", "-m", str(path), "-b", "0").exit_code != 0
+    nothing = run("bench", "-m", "no-such-model:1b", "-p", "0", "-n", "0")  # before loading
+    assert nothing.exit_code == 2 and "no test to run" in nothing.output
 
 
 def test_bench_at_a_depth():
