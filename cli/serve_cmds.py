@@ -193,7 +193,8 @@ def register_serve(app: typer.Typer) -> None:
         ] = None,
         parallel: Annotated[int, typer.Option(min=1, help="Sequences decoded together.")] = 8,
         ctx: Annotated[
-            int | None, typer.Option("--ctx", "-c", min=1, help="Context length per model.")
+            int | None,
+            typer.Option("--ctx", "--ctx-size", "-c", min=1, help="Context length per model."),
         ] = None,
         keep_alive: Annotated[
             float, typer.Option(help="Seconds an idle model stays loaded (negative: forever).")
@@ -718,7 +719,9 @@ def register_chat(app: typer.Typer) -> None:
         ] = None,
         ctx: Annotated[
             int | None,
-            typer.Option("--ctx", "-c", min=1, help="Context length (default: the model's)."),
+            typer.Option(
+                "--ctx", "--ctx-size", "-c", min=1, help="Context length (default: the model's)."
+            ),
         ] = None,
         mmproj: Annotated[
             Path | None,

@@ -25,3 +25,17 @@ def test_allow_local_files_reaches_the_server(monkeypatch, tmp_path, args, allow
     assert r.exit_code == 0, r.output
     [server] = served
     assert server.state.llamay.extra.get("allow_local_files", False) is allowed
+
+
+@pytest.mark.parametrize("flag", ["--ctx", "--ctx-size", "-c"])
+def test_the_context_flag_has_llama_servers_name_too(monkeypatch, tmp_path, flag) -> None:
+    monkeypatch.setenv("LLAMAY_HOME", str(tmp_path))
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app_, *a, **k: served.append(app_))
+    monkeypatch.setattr(
+        "llamay.serve.app.run_server", lambda app_, *a, **k: served.append(app_), raising=False
+    )
+    r = CliRunner().invoke(app, ["serve", "--no-store", flag, "321"])
+    assert r.exit_code == 0, r.output
+    [server] = served
+    assert server.state.llamay.models.n_ctx == 321
