@@ -103,12 +103,12 @@ def test_token_ids_are_checked_before_a_forward_pass(tiny):
 
     m = llamay.load(tiny, n_ctx=64)
     vocab = m.tokenizer.vocab_size
-    for bad in ([1, vocab], [1, -5], np.array([1, 10**6])):
+    for bad in ([1, vocab], (2, -5), np.array([1, 10**6])):
         with pytest.raises(RequestError, match="not in the vocabulary"):
             m.logits(bad)
     with pytest.raises(RequestError, match="not in the vocabulary"):
         m.logits_batch([[1, 2], [vocab + 3]])
-    for wrong in ("hello", [1.7, 2.2], np.array([[1, 2], [3, 4]]), 123):
+    for wrong in ("hello", [1.7, 2.2], [1, True], np.array([[1, 2], [3, 4]]), 123):
         with pytest.raises(TypeError, match="token ids"):
             m.logits(wrong)
     with pytest.raises(TypeError, match="token ids"):

