@@ -706,7 +706,8 @@ def register_chat(app: typer.Typer) -> None:
             str, typer.Option("--model", "-m", help="A .gguf path or a store name.")
         ] = "smollm2:135m",
         system: Annotated[
-            str | None, typer.Option("--system", "-s", help="A system prompt.")
+            str | None,
+            typer.Option("--system", "--system-prompt", "-sys", help="A system prompt."),
         ] = None,
         max_tokens: Annotated[
             int, typer.Option("--max-tokens", "-n", min=1, help="The most tokens of an answer.")
@@ -715,7 +716,8 @@ def register_chat(app: typer.Typer) -> None:
             float, typer.Option("--temperature", "--temp", min=0.0, help="0: greedy.")
         ] = 0.8,
         seed: Annotated[
-            int | None, typer.Option("--seed", help="Seed of the draws (default: a new one).")
+            int | None,
+            typer.Option("--seed", "-s", help="Seed of the draws (default: a new one)."),
         ] = None,
         ctx: Annotated[
             int | None,

@@ -6,6 +6,12 @@ grammar that does not parse, or any warning llguidance raises while compiling, i
 `UnsupportedConstraintError` / `GrammarSyntaxError` naming it — unless `lenient=True`,
 in which case llguidance drops what it cannot enforce and `constraint.dropped` lists it.
 Every grammar, regex and schema is checked against `llamay.constrain.limits` first.
+
+One difference from llama.cpp's own grammar sampler, by llguidance's design: text the
+grammar forces (a literal, a JSON key) may be produced only as the tokenizer would
+tokenize it, where llama.cpp lets the model pick any tokens that spell it. After "Hi",
+`root ::= "ab"` gives the one token "ab" here; llama.cpp's greedy sampler may give "a",
+"b" (the likelier first token), then the end of generation. The text is the same.
 """
 
 from __future__ import annotations

@@ -115,6 +115,9 @@ class Handle:
         self.id = request.id
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
+        # the end-of-generation token that ended it, never emitted: (id, logprob, top)
+        # (llama-server counts and lists it)
+        self.stop_token: tuple[int, float | None, tuple] | None = None
         self.usage = Usage(prompt_tokens=len(request.prompt_ids))
         # when it was submitted, and when an engine slot took it (the queue wait between)
         self.t_submitted = time.perf_counter()

@@ -257,6 +257,7 @@ class StepWorker:
         context ends applied. False when it ended the request."""
         con = a.handle.request.constraint
         if tok in a.stop_ids and (con is None or con.accepting):
+            a.handle.stop_token = (tok, *logprobs)
             self.slots[i] = None
             self._end(a, "stop")
             return False

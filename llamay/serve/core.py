@@ -122,16 +122,19 @@ class TextGen:
         max_tokens_limit: int | None = None,
         stop_ids: frozenset[int] | None = None,
         start: Callable[[Request], Awaitable[Handle]] | None = None,
+        empty_ok: bool = False,
     ):
         """`start`: how the request is run (default: submitted to the model's engine);
-        the context API passes one that continues a sequence kept in the engine."""
+        the context API passes one that continues a sequence kept in the engine.
+        `empty_ok`: an empty prompt generates nothing (llama-server's completions) rather
+        than being refused."""
         n_ctx = lm.model.n_ctx
         if not getattr(lm.model.config, "causal", True):
             raise RequestError(
                 f"model {lm.name!r} is an embedding model ({lm.model.config.arch}); it does "
                 "not generate text (use the embeddings endpoints)"
             )
-        if not prompt_ids:
+        if not prompt_ids and not empty_ok:
             raise RequestError("the prompt is empty (no tokens to condition on)")
         if len(prompt_ids) >= n_ctx:
             raise ContextOverflowError(
@@ -148,6 +151,9 @@ class TextGen:
         self.lm = lm
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = min(max_tokens, room)
+        self.max_tokens_limit = max_tokens_limit
+        self.shift: Any = None  # Ollama's context shift (`shift_past`)
+        self.shifts = 0  # how many times the context shifted
         self.sampler = fit_sampler(sampler, lm.model.tokenizer.vocab_size, n_ctx)
         self.stop = StopStrings(stop)
         self.constraint = constraint
@@ -160,6 +166,8 @@ class TextGen:
         self.lines: LineLimits | None = None  # llama-server's n_indent, t_max_predict_ms
         self.draft: dict[str, Any] = {}  # speculative decoding: draft_max/_min/_p_min
         self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
+        # the end-of-generation token that ended the text: (id, logprob, alternatives)
+        self.eos: tuple[int, float | None, tuple] | None = None
         self._logprobs_taken = 0
         self.text = ""
         self.finish_reason: str | None = None
@@ -183,6 +191,11 @@ class TextGen:
         return len(self.token_ids)
 
     @property
+    def predicted_tokens(self) -> int:
+        """llama-server's count of tokens generated: the end-of-generation token too."""
+        return self.completion_tokens + (self.eos is not None)
+
+    @property
     def prompt_seconds(self) -> float:
         return (self.t_first or self.t_end or time.perf_counter()) - self.t_start
 
@@ -199,21 +212,67 @@ class TextGen:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
 
+    def shift_past(self, window: Any, max_tokens: int) -> None:
+        """Ollama's context shift: a reply that fills `window.size` tokens goes on over
+        `window.shifted(context, n_prompt)`, up to `max_tokens` tokens in all (within the
+        server's limit). Not for a reply that continues kept K/V (`start`)."""
+        if self.start is not None:
+            return
+        self.shift = window
+        self.max_tokens = min(max_tokens, self.max_tokens_limit or max_tokens)
+
     async def stream(self) -> AsyncIterator[str]:
-        """Text deltas until a stop token, a stop string, the budget or cancellation."""
+        """Text deltas until a stop token, a stop string, the budget or cancellation (with
+        a `shift_past` window, past its end)."""
         lm = self.lm
-        engine = lm.engine
-        tok = lm.model.tokenizer
         lm.busy += 1
         self.t_start = time.perf_counter()
-        if self.max_tokens <= 0:
-            self.finish_reason = "length"
+        try:
+            if self.max_tokens <= 0 or not self.prompt_ids:  # nothing to condition on
+                self.finish_reason = "length"
+                return
+            dec = IncrementalDecoder(lm.model.tokenizer)
+            context = list(self.prompt_ids)
+            while True:
+                n0 = len(self.token_ids)
+                room = self.max_tokens - n0
+                if self.shift is not None:
+                    room = min(room, self.shift.size - len(context))
+                handle = await self._submit(context, room)
+                async for out in self._segment(handle, dec):
+                    yield out
+                if n0 == 0:
+                    self.cached_tokens = getattr(handle.usage, "cached_tokens", 0)
+                if self.finish_reason is not None:  # a stop string or a line limit
+                    return
+                context += self.token_ids[n0:]
+                full = self.shift is not None and len(context) >= self.shift.size
+                if handle.finish_reason == "length" and full and room < self.max_tokens - n0:
+                    context = self.shift.shifted(context, len(self.prompt_ids))
+                    self.shifts += 1
+                    continue
+                break
+            out, hit = self.stop.feed(dec.flush(), final=True)
+            out, limited = self._limit(out)
+            if out:
+                self.text += out
+                yield out
+            reason = handle.finish_reason or "length"
+            self.finish_reason = "stop" if hit else "length" if limited else reason
+            if not (hit or limited):
+                self.eos = handle.stop_token
+        finally:
+            if self.handle is not None and not self.handle.done:
+                lm.engine.cancel(self.handle)
+                if self.finish_reason is None:
+                    self.finish_reason = "cancelled"
             self.t_end = time.perf_counter()
             lm.busy -= 1
-            return
+
+    async def _submit(self, context: list[int], max_tokens: int) -> Handle:
         request = Request(
-            self.prompt_ids,
-            self.max_tokens,
+            context,
+            max_tokens,
             self.sampler,
             stop_ids=self.stop_ids,
             constraint=self.constraint,
@@ -222,47 +281,30 @@ class TextGen:
             cache_prompt=self.cache_prompt,
             **self.draft,
         )
-        try:
-            if self.start is not None:
-                handle = await self.start(request)
-            else:
-                handle = engine.submit(request)
-        except BaseException:
-            lm.busy -= 1
-            raise
-        self.handle = handle
-        dec = IncrementalDecoder(tok)
-        try:
-            async for ev in handle:
-                if self.t_first is None:
-                    self.t_first = time.perf_counter()
-                self.token_ids.append(ev.token_id)
-                if ev.logprob is not None:
-                    self.token_logprobs.append((ev.logprob, list(ev.top_logprobs)))
-                out, hit = self.stop.feed(dec.feed(ev.token_id))
-                out, limited = self._limit(out)
-                if out:
-                    self.text += out
-                    yield out
-                if hit or limited:
-                    self.finish_reason = "stop" if hit else "length"
-                    engine.cancel(handle)
-                    return
-            out, hit = self.stop.feed(dec.flush(), final=True)
+        if self.start is not None:
+            self.handle = await self.start(request)
+        else:
+            self.handle = self.lm.engine.submit(request)
+        return self.handle
+
+    async def _segment(self, handle: Handle, dec: IncrementalDecoder) -> AsyncIterator[str]:
+        """The text of one engine request's tokens; a stop string or a line limit sets
+        `finish_reason` and ends it."""
+        async for ev in handle:
+            if self.t_first is None:
+                self.t_first = time.perf_counter()
+            self.token_ids.append(ev.token_id)
+            if ev.logprob is not None:
+                self.token_logprobs.append((ev.logprob, list(ev.top_logprobs)))
+            out, hit = self.stop.feed(dec.feed(ev.token_id))
             out, limited = self._limit(out)
             if out:
                 self.text += out
                 yield out
-            reason = handle.finish_reason or "length"
-            self.finish_reason = "stop" if hit else "length" if limited else reason
-            self.cached_tokens = getattr(handle.usage, "cached_tokens", 0)
-        finally:
-            if not handle.done:
-                engine.cancel(handle)
-                if self.finish_reason is None:
-                    self.finish_reason = "cancelled"
-            self.t_end = time.perf_counter()
-            lm.busy -= 1
+            if hit or limited:
+                self.finish_reason = "stop" if hit else "length"
+                self.lm.engine.cancel(handle)
+                return
 
     def _limit(self, out: str) -> tuple[str, bool]:
         """`out` within the line limits (`lines`), and whether they end the text."""
@@ -275,6 +317,13 @@ class TextGen:
         return [
             (t, lp, top) for t, (lp, top) in zip(self.token_ids, self.token_logprobs, strict=False)
         ]
+
+    def eos_rows(self) -> list[tuple[int, float, list[tuple[int, float]]]]:
+        """`logprob_rows`' row of the end-of-generation token, when one ended the text
+        and log-probabilities were asked for."""
+        if self.eos is None or self.eos[1] is None:
+            return []
+        return [(self.eos[0], self.eos[1], list(self.eos[2]))]
 
     def take_logprobs(self) -> list[tuple[int, float, list[tuple[int, float]]]]:
         """`logprob_rows` of the tokens received since the last call."""

@@ -33,6 +33,7 @@ from llamay.serve.core import (
 )
 from llamay.serve.errors import ApiError
 from llamay.serve.line_limits import LineLimits
+from llamay.serve.logprobs import MAX_N_PROBS
 from llamay.serve.lora_adapters import request_lora
 from llamay.serve.models import Loaded
 from llamay.serve.sampling import extra_params, make_sampler
@@ -159,7 +160,7 @@ def timings(g: TextGen) -> dict[str, float]:
     """llama-server's `timings`: cache_n prompt tokens reused from the cache, prompt_n
     computed, predicted_n generated."""
     pm, dm = g.prompt_seconds * 1e3, g.decode_seconds * 1e3
-    pn, dn = g.prompt_tokens - g.cached_tokens, g.completion_tokens
+    pn, dn = g.prompt_tokens - g.cached_tokens, g.predicted_tokens
     return {
         "cache_n": g.cached_tokens,
         "prompt_n": pn,
@@ -175,6 +176,8 @@ def timings(g: TextGen) -> dict[str, float]:
 
 
 def _stop_type(g: TextGen) -> str:
+    if not g.prompt_ids:  # an empty prompt: nothing was generated, nothing stopped it
+        return "none"
     if g.stop_sequence is not None:
         return "word"
     return "limit" if g.finish_reason == "length" else "eos"
@@ -235,13 +238,12 @@ async def complete(
         post_probs.check(sampler, body.grammar is not None or body.json_schema is not None)
     stop_ids = frozenset() if body.ignore_eos else None
     n_slots = len(slots.occupants(st, lm))
-    if body.id_slot >= n_slots:
-        raise ApiError(400, "Invalid slot ID", param="id_slot", kind="invalid_request_error")
     n_cmpl = body.n_cmpl if body.n_cmpl is not None else body.n if body.n is not None else 1
     if not 1 <= n_cmpl <= n_slots:
         raise ApiError(400, f"n_cmpl must be in [1, {n_slots}], not {n_cmpl}", param="n_cmpl")
     prompts = [ids for ids in prompts for _ in range(n_cmpl)]  # prompt by prompt
-    pin = body.id_slot if len(prompts) == 1 else -1
+    # a slot past the last is no slot (llama-server takes any free one)
+    pin = body.id_slot if len(prompts) == 1 and body.id_slot < n_slots else -1
     if body.n_predict == 0 and kept.supports_kv(lm.engine):
         outs = [await _evaluate(st, lm, i, ids, pin) for i, ids in enumerate(prompts)]
         return outs if len(outs) > 1 else outs[0]
@@ -250,14 +252,14 @@ async def complete(
         con = await st.constraint(lm, json_schema=body.json_schema, grammar=body.grammar)
         image = getattr(ids, "start", None)  # an image prompt runs on its own (serve.vision)
         start = image or slots.restored_for(st, lm, ids)  # a restored slot's K/V, if they fit
-        g = st.textgen(lm, ids, body.n_predict, sampler, stop, con, stop_ids=stop_ids, start=start)
+        g = st.textgen(lm, ids, body.n_predict, sampler, stop, con, stop_ids, start, empty_ok=True)
         g.keeps = start is not None and image is None  # kept K/V (a fork): released at the end
         g.id_slot = pin
         g.cache_prompt = body.cache_prompt
         lines = LineLimits(body.n_indent, body.t_max_predict_ms)
         g.lines = lines if lines.active else None
         if n_probs:
-            g.logprobs = post_probs.WIDTH if post else min(n_probs, 64)
+            g.logprobs = post_probs.WIDTH if post else min(n_probs, MAX_N_PROBS)
         g.lora = request_lora(lm, body.model_extra)
         g.draft = request_draft(body.model_extra)
         gens.append(g)
@@ -277,7 +279,7 @@ async def complete(
             "id_slot": _slot_of(g),
             "stop": True,
             "model": lm.name,
-            "tokens_predicted": g.completion_tokens,
+            "tokens_predicted": g.predicted_tokens,
             "tokens_evaluated": g.prompt_tokens,
             "prompt": lm.model.detokenize(g.prompt_ids),
             # llama-server's flag for a generation the context cut short
@@ -286,7 +288,7 @@ async def complete(
             "stop_type": _stop_type(g),
             "stopping_word": g.stop_sequence or "",
             # the tokens the slot holds after it: the last one generated is not computed
-            "tokens_cached": g.prompt_tokens + max(0, g.completion_tokens - 1),
+            "tokens_cached": g.prompt_tokens + max(0, g.predicted_tokens - 1),
             "has_new_line": "\n" in g.text,
             "timings": timings(g),
             "generation_settings": slots.generation_params(
@@ -318,9 +320,9 @@ async def complete(
             await release()
         outs = []
         for i, (g, text) in enumerate(zip(gens, texts, strict=True)):
-            out = final(i, text, list(g.token_ids) if body.return_tokens else [])
-            if n_probs:
-                out["completion_probabilities"] = probs(g, g.logprob_rows())
+            out = final(i, text, _all_tokens(g) if body.return_tokens else [])
+            if n_probs:  # the end-of-generation token listed too, as llama-server does
+                out["completion_probabilities"] = probs(g, g.logprob_rows() + g.eos_rows())
             if body.response_fields:
                 out = picked(out, body.response_fields)
             outs.append(out)
@@ -345,20 +347,29 @@ async def complete(
         async for i, delta in merged(gens):
             g = gens[i]
             if delta is None:
-                end = final(i, "", new_tokens(i))
-                if n_probs and (rest := g.take_logprobs()):
-                    end["completion_probabilities"] = probs(g, rest)
+                rest = new_tokens(i), g.take_logprobs()
+                if g.eos is not None:  # its own chunk, empty text, as llama-server sends it
+                    eos = partial(i, "", [*rest[0], g.eos[0]], rest[1] + g.eos_rows(), True)
+                    yield sse(eos)
+                    rest = [], []
+                end = final(i, "", rest[0])
+                if n_probs and rest[1]:
+                    end["completion_probabilities"] = probs(g, rest[1])
                 yield sse(end)
                 continue
-            out = {"index": i, "content": delta, "tokens": new_tokens(i), "stop": False}
-            out["id_slot"] = _slot_of(g)
-            out["tokens_predicted"] = g.completion_tokens
-            out["tokens_evaluated"] = g.prompt_tokens
-            if body.timings_per_token:
-                out["timings"] = timings(g)
-            if n_probs:
-                out["completion_probabilities"] = probs(g, g.take_logprobs())
-            yield sse(out)
+            yield sse(partial(i, delta, new_tokens(i), g.take_logprobs()))
+
+    def partial(i: int, content: str, tokens: list[int], rows, eos: bool = False):
+        g = gens[i]
+        out = {"index": i, "content": content, "tokens": tokens, "stop": False}
+        out["id_slot"] = _slot_of(g)
+        out["tokens_predicted"] = sent[i] + eos  # those sent so far (the pump runs ahead)
+        out["tokens_evaluated"] = g.prompt_tokens
+        if body.timings_per_token:
+            out["timings"] = timings(g)
+        if n_probs:
+            out["completion_probabilities"] = probs(g, rows)
+        return out
 
     return sse_response(await primed(events()), "llamacpp")
 
@@ -376,6 +387,11 @@ def picked(out: dict[str, Any], fields: list[str]) -> dict[str, Any]:
         else:
             got[name] = v
     return got
+
+
+def _all_tokens(g: TextGen) -> list[int]:
+    """The ids generated, the end-of-generation token that ended them last."""
+    return [*g.token_ids, *([g.eos[0]] if g.eos is not None else [])]
 
 
 def _slot_of(g: TextGen) -> int:
@@ -442,7 +458,7 @@ def _post_probs(lm: Loaded, sampler, rows, n_probs: int) -> list[dict[str, Any]]
     tok = lm.model.tokenizer
 
     def entry(i: int, p: float) -> dict[str, Any]:
-        raw = tok.token_to_piece(i)
+        raw = tok.token_to_piece(i, special=False)  # a control token: "", as llama-server
         return {"id": i, "token": raw.decode("utf-8", "replace"), "bytes": list(raw), "prob": p}
 
     out = []
@@ -457,7 +473,7 @@ def _probs(lm: Loaded, rows) -> list[dict[str, Any]]:
     tok = lm.model.tokenizer
 
     def entry(i: int, lp: float) -> dict[str, Any]:
-        raw = tok.token_to_piece(i)
+        raw = tok.token_to_piece(i, special=False)  # a control token: "", as llama-server
         return {"id": i, "token": raw.decode("utf-8", "replace"), "bytes": list(raw), "logprob": lp}
 
     return [

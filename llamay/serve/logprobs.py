@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+#: The most alternatives a token's log-probability comes with (llama-server's n_probs).
+MAX_N_PROBS = 64
+
 
 def piece(lm, token_id: int) -> tuple[str, list[int]]:
     """A token's text (invalid UTF-8 replaced) and its bytes."""

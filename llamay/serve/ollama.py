@@ -59,7 +59,7 @@ class GenerateRequest(OpenModel):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     truncate: bool | None = None  # None: on (a prompt longer than the window is truncated)
-    shift: bool | None = None  # None: on (see ollama_window: llamay leaves room up front)
+    shift: bool | None = None  # None: on (a full window shifts: ollama_window)
 
 
 class ChatMessage(OpenModel):
@@ -82,7 +82,7 @@ class ChatRequest(OpenModel):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     truncate: bool | None = None  # None: on (a prompt longer than the window is truncated)
-    shift: bool | None = None  # None: on (see ollama_window: llamay leaves room up front)
+    shift: bool | None = None  # None: on (a full window shifts: ollama_window)
 
 
 class EmbedRequest(OpenModel):
@@ -329,9 +329,11 @@ async def generate(body: GenerateRequest, request: Request):
         ids, start = await off_loop(V.image_prompt, lm, text, images)
     else:
         ids = await off_loop(_generate_ids, lm, body, system, body.template or own_template, window)
-    num_predict = window.max_tokens(len(ids), num_predict)
+    first = window.max_tokens(len(ids), num_predict)
     con = await st.constraint(lm, **_format(body.format))
-    g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con, start=start)
+    g = st.textgen(lm, ids, first, make_sampler(**params), stop, con, start=start)
+    if window.shift:
+        g.shift_past(window, window.reply_limit(num_predict))
     g.logprobs = want_lp
 
     def final() -> dict[str, Any]:
@@ -433,9 +435,11 @@ async def chat(body: ChatRequest, request: Request):
         ids, start = await off_loop(V.image_prompt, lm, text, images)
     else:
         ids = await off_loop(window.chat_ids, lm, messages, tools)
-    num_predict = window.max_tokens(len(ids), num_predict)
+    first = window.max_tokens(len(ids), num_predict)
     con = await st.constraint(lm, **_format(body.format))
-    g = st.textgen(lm, ids, num_predict, make_sampler(**params), stop, con, start=start)
+    g = st.textgen(lm, ids, first, make_sampler(**params), stop, con, start=start)
+    if window.shift:
+        g.shift_past(window, window.reply_limit(num_predict))
     g.logprobs = want_lp
 
     def message(content: str) -> dict[str, Any]:

@@ -15,13 +15,18 @@ Ollama's `truncate` (on by default) does:
 
 `truncate: false` makes a prompt that does not fit a 400 instead.
 
-Ollama also shifts the context when a reply reaches the end of the window (`shift`, on by
-default): it drops half of what follows the kept tokens and goes on. llamay does not
-shift in the middle of a reply. A prompt that has to be truncated is cut once, up front,
-far enough to leave the reply room: `num_predict` tokens, or at most half the window after
-the kept tokens, which is what Ollama's first shift would leave. With `shift: false` the
-prompt keeps the whole window but one token, as Ollama fills it. A prompt that fits is
-never cut, and its reply ends where the window does (done_reason "length").
+A prompt that has to be truncated is cut once, up front, far enough to leave the reply
+room: `num_predict` tokens, or at most half the window after the kept tokens. With
+`shift: false` the prompt keeps the whole window but one token, as Ollama fills it, and
+the reply ends where the window does (done_reason "length").
+
+Ollama shifts the context when a reply reaches the end of the window (`shift`, on by
+default): it keeps the first `num_keep` tokens (the whole prompt when negative), drops
+half of what follows them, and goes on, up to `num_predict` tokens in all; with no
+`num_predict` (or -1), up to ten windows' worth (Ollama's llm/server.go bound on a reply
+"running on forever"). Ollama moves the kept keys to their new positions; llamay computes
+the shifted context afresh (`TextGen.shift_past`), which the prefix cache makes a prefill
+of the tokens past the kept ones.
 """
 
 from __future__ import annotations
@@ -52,13 +57,14 @@ def _option_int(options: dict[str, Any], key: str) -> int | None:
 @dataclass(frozen=True)
 class Window:
     """The tokens one request may use (`size`), the prompt tokens a truncation keeps from
-    the start (`keep`), the room a truncated prompt leaves the reply (`reserve`), and
-    whether a prompt may be truncated at all (`truncate`)."""
+    the start (`keep`), the room a truncated prompt leaves the reply (`reserve`), whether
+    a prompt may be truncated at all (`truncate`) and a full window shifted (`shift`)."""
 
     size: int
     keep: int
     reserve: int
     truncate: bool
+    shift: bool = True
 
     @classmethod
     def of(
@@ -84,7 +90,7 @@ class Window:
         else:
             half = max(1, (size - max(0, keep)) // 2) if keep < size else 1
             reserve = half if num_predict is None else max(1, min(half, num_predict))
-        return cls(size, keep, reserve, truncate is not False)
+        return cls(size, keep, reserve, truncate is not False, shift is not False)
 
     @property
     def budget(self) -> int:
@@ -124,6 +130,21 @@ class Window:
                 f"truncated); the context window (num_ctx) holds {self.size}",
             )
         return room if num_predict is None else min(num_predict, room)
+
+    def reply_limit(self, num_predict: int | None) -> int:
+        """The most tokens a reply that shifts the window may have: `num_predict`, at most
+        ten windows (Ollama's bound, for no `num_predict` too)."""
+        bound = 10 * self.size
+        return bound if num_predict is None else min(num_predict, bound)
+
+    def shifted(self, ids: list[int], n_prompt: int) -> list[int]:
+        """A full window's `ids` shifted as Ollama's runner shifts them: the first `keep`
+        tokens (the prompt's `n_prompt` when `keep` is negative), then the later half of
+        the rest."""
+        keep = n_prompt if self.keep < 0 else self.keep
+        keep = max(0, min(keep, len(ids) - 2))  # something is dropped
+        drop = (len(ids) - keep) // 2
+        return ids[:keep] + ids[keep + drop :]
 
     def chat_ids(self, lm: Loaded, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """The prompt of a chat (blocking: run it with `core.off_loop`): all of it if it

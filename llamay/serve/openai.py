@@ -37,7 +37,12 @@ from llamay.serve.core import (
 from llamay.serve.errors import ApiError, not_found
 from llamay.serve.fim import fim_ids
 from llamay.serve.llamacpp import EmbeddingContentRequest, embedding, timings
-from llamay.serve.logprobs import chat_logprobs, legacy_logprobs, prompt_logprobs
+from llamay.serve.logprobs import (
+    MAX_N_PROBS,
+    chat_logprobs,
+    legacy_logprobs,
+    prompt_logprobs,
+)
 from llamay.serve.lora_adapters import request_lora
 from llamay.serve.sampling import extra_params, make_sampler
 from llamay.serve.speculative import request_draft
@@ -297,6 +302,17 @@ def _usage(gens: list[TextGen]) -> dict[str, Any]:
 # --- routes -----------------------------------------------------------------------------
 
 
+def _n_probs(body: ChatCompletionRequest) -> int | None:
+    """How many alternatives each token's log-probability comes with (None: none asked):
+    OpenAI's logprobs/top_logprobs, or llama-server's n_probs without them."""
+    if body.logprobs:
+        return body.top_logprobs or 0
+    n_probs = (body.model_extra or {}).get("n_probs")
+    if body.logprobs is None and isinstance(n_probs, int) and not isinstance(n_probs, bool):
+        return min(n_probs, MAX_N_PROBS) if n_probs > 0 else None
+    return None
+
+
 @router.post("/v1/chat/completions", summary="Create a chat completion")
 @router.post("/chat/completions", include_in_schema=False)  # llama-server's unprefixed route
 async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -305,6 +321,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise ApiError(400, "logprobs must be true or false", param="logprobs")
     if body.top_logprobs and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    top = _n_probs(body)
     lm = await st.models.get(body.model, lenient=True)
     template_tools, forced = _tool_plan(body)
     names = {t["function"]["name"] for t in template_tools or []}
@@ -326,7 +343,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     for i in range(body.n):
         con = await st.constraint(lm, **ckw) if ckw else None
         g = st.textgen(lm, ids, max_tokens, _sampler(body, i), _stops(body.stop), con, start=start)
-        g.logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        g.logprobs = top
         g.lora = request_lora(lm, body.model_extra)
         g.draft = request_draft(body.model_extra)  # llama-server's speculative.n_max...
         gens.append(g)
@@ -339,7 +356,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         choices = []
         for i, (g, t) in enumerate(zip(gens, texts, strict=True)):
             msg, reason = _message_of(g, t, forced is not None, names)
-            lp = chat_logprobs(lm, g.logprob_rows()) if body.logprobs else None
+            lp = chat_logprobs(lm, g.logprob_rows()) if top is not None else None
             choices.append({"index": i, "message": msg, "finish_reason": reason, "logprobs": lp})
         return {
             "id": cid,
@@ -378,7 +395,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         if i not in opened:
             opened.add(i)
             delta = {"role": "assistant", "content": None if "tool_calls" in delta else "", **delta}
-        rows = gens[i].take_logprobs() if body.logprobs else []
+        rows = gens[i].take_logprobs() if top is not None else []
         lp = chat_logprobs(lm, rows) if rows else None
         return {"index": i, "delta": delta, "finish_reason": reason, "logprobs": lp}
 
@@ -468,7 +485,9 @@ async def completions(body: CompletionRequest, request: Request):
     for p in prompts:
         for i in range(best_of):
             con = await st.constraint(lm, **ckw) if ckw else None
-            g = st.textgen(lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop), con)
+            g = st.textgen(
+                lm, p, body.max_tokens, _sampler(body, i), _stops(body.stop), con, empty_ok=True
+            )
             # best_of ranks candidates by their tokens' log-probabilities
             g.logprobs = lp if lp is not None or best_of == body.n else 0
             g.lora = request_lora(lm, body.model_extra)
@@ -539,9 +558,13 @@ async def completions(body: CompletionRequest, request: Request):
             obj["usage"] = use
         if end is not None:
             obj["timings"] = timings(end)
+            ended.append(end)
+            if not include_usage and len(ended) == len(gens):
+                obj["usage"] = usage()  # llama-server's: on the last choice's final chunk
         return sse(obj)
 
     sent = [0] * len(gens)  # characters of each choice's text sent (logprob offsets)
+    ended: list[TextGen] = []
 
     def choice(i: int, text: str, reason: str | None = None, rows=None) -> dict:
         if rows is None:

@@ -105,6 +105,7 @@ class ServerState:
         constraint=None,
         stop_ids: frozenset[int] | None = None,
         start=None,
+        empty_ok: bool = False,
     ) -> TextGen:
         gen = MeteredGen(
             lm,
@@ -116,6 +117,7 @@ class ServerState:
             max_tokens_limit=self.max_tokens_limit,
             stop_ids=stop_ids,
             start=start,
+            empty_ok=empty_ok,
         )
         gen.metrics = self.metrics
         gen.server = self

@@ -109,6 +109,50 @@ REQUESTS = {
         "/completion",
         {"prompt": "Hi", "n_predict": 3, "stream": True, "timings_per_token": True},
     ),
+    # the end-of-generation token: counted, listed and streamed (a bias of 100 picks it)
+    "eos_first": (
+        "/completion",
+        {
+            "prompt": "Hi",
+            "n_predict": 4,
+            "logit_bias": [[2, 100]],
+            "n_probs": 1,
+            "return_tokens": True,
+            "temperature": 0,
+        },
+    ),
+    "eos_after_text": (
+        "/completion",
+        {
+            "prompt": "Hi",
+            "n_predict": 5,
+            "grammar": "root ::= [a-z]+",
+            "logit_bias": [[2, 100]],
+            "n_probs": 1,
+            "return_tokens": True,
+            "temperature": 0,
+        },
+    ),
+    "eos_after_text_stream": (
+        "/completion",
+        {
+            "prompt": "Hi",
+            "n_predict": 5,
+            "grammar": "root ::= [a-z]+",
+            "logit_bias": [[2, 100]],
+            "n_probs": 1,
+            "temperature": 0,
+            "stream": True,
+        },
+    ),
+    "empty_prompt": ("/completion", {"prompt": "", "n_predict": 2}),
+    "empty_prompt_v1": ("/v1/completions", {"prompt": "", "max_tokens": 2}),
+    "id_slot_past_the_last": ("/completion", {"prompt": "Hi", "n_predict": 1, "id_slot": 5}),
+    "v1_stream_usage": ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "stream": True}),
+    "chat_n_probs": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n_probs": 2},
+    ),
     "overflow": ("/completion", {"prompt": "a " * 300, "n_predict": 1}),
     "overflow_chat": (
         "/v1/chat/completions",

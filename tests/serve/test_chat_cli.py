@@ -1,7 +1,7 @@
 """`llamay chat` driven through a pseudo-terminal: a streamed greedy answer equal to
-`Model.generate` for the template, history across turns, multi-line input, /save, /clear,
-/load, Ctrl-C stopping an answer without leaving, /bye (and Ollama's /exit, /?), readline
-editing and its history across chats."""
+`Model.generate` for the template, llama-cli's option names, history across turns,
+multi-line input, /save, /clear, /load, Ctrl-C stopping an answer without leaving, /bye
+(and Ollama's /exit, /?), readline editing and its history across chats."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def chat(tiny_paths, serve_home):
     """Start `llamay chat` on the tiny llama (greedy) with a token budget."""
     started: list[Term] = []
 
-    def start(max_tokens: int) -> Term:
+    def start(max_tokens: int, *more: str) -> Term:
         env = {**os.environ, "LLAMAY_HOME": str(serve_home), "TERM": "dumb"}
         argv = [
             sys.executable,
@@ -81,6 +81,7 @@ def chat(tiny_paths, serve_home):
             "0",
             "--max-tokens",
             str(max_tokens),
+            *more,
         ]
         started.append(Term(argv, env))
         return started[-1]
@@ -127,6 +128,20 @@ def test_chat_session(chat, tiny):
     assert "cleared" in term.read_until(">>> ")
     term.send("/load conv1\n")
     assert "loaded conv1 (4 messages)" in term.read_until(">>> ")
+    bye(term)
+
+
+def test_llama_cli_option_names(chat, tiny):
+    """-sys is the system prompt and -s the seed, as llama-cli names them."""
+    term = chat(8, "-sys", "Be brief.", "-s", "7")
+    term.read_until(">>> ")
+    term.send("Hello there\n")
+    term.read_until("Hello there\n")  # the echoed input line
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there"},
+    ]
+    replies_greedily(term, tiny, msgs)
     bye(term)
 
 

@@ -35,7 +35,8 @@ def http(small_ctx):
 
 def test_no_token_limit_generates_until_the_context_is_full(http, tiny):
     """Defect 1: without max_tokens / n_predict / num_predict every peer generates to EOS
-    or a full context (finish "length"); llamay answered 400 (one KV page short)."""
+    or a full context (finish "length"; Ollama shifts a full window, for ten windows at
+    most); llamay answered 400 (one KV page short)."""
     r = http.post("/v1/chat/completions", json={"model": "tiny", "messages": MSGS})
     assert r.status_code == 200, r.text
     u, choice = r.json()["usage"], r.json()["choices"][0]
@@ -54,8 +55,8 @@ def test_no_token_limit_generates_until_the_context_is_full(http, tiny):
     r = http.post("/api/generate", json={"model": "tiny", "prompt": "Hi", "stream": False})
     assert r.status_code == 200, r.text
     out = r.json()
-    if out["done_reason"] == "length":
-        assert out["prompt_eval_count"] + out["eval_count"] == CTX
+    if out["done_reason"] == "length":  # Ollama shifts a full window, for ten windows
+        assert out["eval_count"] == 10 * CTX
 
     r = http.post("/v1/responses", json={"model": "tiny", "input": "Hi"})
     assert r.status_code == 200, r.text

@@ -506,8 +506,9 @@ def test_id_slot_names_the_slot_a_request_fills(http, server, slot_dir, tiny):
     wait_idle(server.state)
     saved = http.post(f"/slots/{last}?action=save", json={"filename": "pin.bin"}).json()
     assert saved["n_saved"] == out["tokens_evaluated"] + out["tokens_predicted"]
+    # a slot past the last is no slot (test_llamaserver_requests holds it to llama-server)
     r = http.post("/completion", json={**req, "id_slot": last + 1})
-    assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid slot ID"
+    assert r.status_code == 200 and 0 <= r.json()["id_slot"] <= last
 
 
 def test_n_cmpl_completions_per_prompt(http, server, tiny):

@@ -5,9 +5,11 @@ answer depends on no numerics (a grammar forces the text, or the answer is about
 request): `n_indent`, `t_max_predict_ms`, a `stop` string, `response_fields`, the sampler
 order as letters and other names, malformed `logit_bias` entries skipped, negative
 temperature/top_k (greedy, off), `tokens_cached`, `cache_prompt: false`, the streamed
-chunks' fields with `timings_per_token`, a context overflow's error fields, and
-`/v1/models`' `meta`. Differences from llama-server by design are named where they are
-checked."""
+chunks' fields with `timings_per_token`, a context overflow's error fields,
+`/v1/models`' `meta`, the end-of-generation token counted, listed and streamed, an empty
+prompt answered with nothing, an `id_slot` past the last, `/v1/completions`' streamed
+usage and the chat route's `n_probs`. Differences from llama-server by design are named
+where they are checked."""
 
 from __future__ import annotations
 
@@ -185,3 +187,82 @@ def test_embeddings_take_either_field_name(server, tiny_paths):
         np.testing.assert_allclose(alt[0]["embedding"][0], want, atol=1e-5)
         r = c.post("/v1/embeddings", json={"model": "bert"})
         assert r.status_code == 400
+
+
+def _chunks(r) -> list[dict]:
+    lines = [x[6:] for x in r.text.splitlines() if x.startswith("data: ")]
+    return [json.loads(x) for x in lines if x != "[DONE]"]
+
+
+def _listed(rows: list[dict]) -> list[tuple]:
+    return [(r["id"], r["token"], r["bytes"]) for r in rows]
+
+
+def test_the_end_of_generation_token_is_counted_listed_and_streamed(http, golden):
+    for name in ("eos_first", "eos_after_text"):
+        want, got = golden[name]["body"], _post(http, name).json()
+        for key in ("content", "tokens", "tokens_predicted", "tokens_cached", "stop_type"):
+            assert got[key] == want[key], (name, key)
+        assert got["timings"]["predicted_n"] == want["timings"]["predicted_n"]
+        want_rows, got_rows = want["completion_probabilities"], got["completion_probabilities"]
+        assert _listed(got_rows) == _listed(want_rows)  # the token last, its text ""
+    # streamed: the token in a chunk of its own, empty text, before the final one
+    want = golden["eos_after_text_stream"]["body"]["chunks"]
+    got = _chunks(_post(http, "eos_after_text_stream"))
+
+    def shape(chunks):
+        keys = ("content", "tokens", "stop", "tokens_predicted")
+        return [
+            ({k: c[k] for k in keys}, _listed(c.get("completion_probabilities", [])))
+            for c in chunks
+        ]
+
+    assert shape(got) == shape(want)
+
+
+@pytest.mark.parametrize("name", ["empty_prompt", "empty_prompt_v1"])
+def test_an_empty_prompt_is_answered_with_nothing(http, golden, name):
+    want, r = golden[name], _post(http, name)
+    assert r.status_code == want["status"] == 200
+    got, expected = r.json(), want["body"]
+    if name == "empty_prompt":
+        for key in ("content", "stop", "stop_type", "tokens_predicted", "tokens_evaluated"):
+            assert got[key] == expected[key], key
+    else:
+        assert got["choices"][0]["text"] == expected["choices"][0]["text"] == ""
+        assert got["choices"][0]["finish_reason"] == expected["choices"][0]["finish_reason"]
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            assert got["usage"][key] == expected["usage"][key]
+
+
+def test_an_id_slot_past_the_last_is_no_slot(http, golden):
+    want, r = golden["id_slot_past_the_last"], _post(http, "id_slot_past_the_last")
+    assert r.status_code == want["status"] == 200
+    assert r.json()["id_slot"] == want["body"]["id_slot"]
+
+
+def test_v1_completions_streams_usage_on_its_final_chunk(http, golden):
+    import openai
+
+    want = golden["v1_stream_usage"]["body"]["chunks"][-1]["usage"]
+    client = openai.OpenAI(base_url=f"{str(http.base_url).rstrip('/')}/v1", api_key="none")
+    _, body = REQUESTS["v1_stream_usage"]
+    chunks = list(client.completions.create(model="tiny", **body))
+    assert [c.usage is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    got = chunks[-1].usage
+    assert (got.prompt_tokens, got.completion_tokens) == (
+        want["prompt_tokens"],
+        want["completion_tokens"],
+    )
+    # asked for, OpenAI's way: a chunk of its own with no choices, as before
+    asked = list(
+        client.completions.create(model="tiny", stream_options={"include_usage": True}, **body)
+    )
+    assert asked[-1].choices == [] and asked[-1].usage.completion_tokens == 2
+
+
+def test_chat_takes_n_probs(http, golden):
+    want = golden["chat_n_probs"]["body"]["choices"][0]["logprobs"]["content"]
+    got = _post(http, "chat_n_probs").json()["choices"][0]["logprobs"]["content"]
+    assert len(got) == len(want) == 2
+    assert [len(t["top_logprobs"]) for t in got] == [len(t["top_logprobs"]) for t in want]

@@ -2,12 +2,15 @@
 request, and a prompt that does not fit it is truncated as Ollama truncates one (a chat
 drops its oldest turns, keeping the system message and the last turn, never a tool result
 without its call; a generate prompt keeps its first `num_keep` tokens and its end), unless
-`truncate` is false. llamay does not shift the context mid-reply (`ollama_window`): a
-truncated prompt leaves the reply `num_predict` tokens, at most half the window after the
-kept ones; with `shift: false` it fills the window but one token.
+`truncate` is false. A truncated prompt leaves the reply `num_predict` tokens, at most
+half the window after the kept ones; with `shift: false` it fills the window but one
+token. A reply that fills the window goes on over the context shifted as Ollama's runner
+shifts it (the first `num_keep` tokens, then the later half of the rest), up to
+`num_predict` tokens, or ten windows without one.
 
 The oracle for every reply is the tiny model run directly on the prompt those rules
-define, written here as Ollama's own loop (drop a message at a time from the front)."""
+define, written here as Ollama's own loops (drop a message at a time from the front;
+shift a full window)."""
 
 from __future__ import annotations
 
@@ -33,6 +36,22 @@ def _ids(tiny, messages) -> list[int]:
 
 def _reply(tiny, ids: list[int], n: int) -> str:
     return tiny.tokenizer.decode(list(tiny.generation(ids, n, GREEDY)))
+
+
+def _shifting_reply(tiny, ids: list[int], size: int, n: int, keep: int = 4) -> str:
+    """Ollama's runner: `n` tokens after `ids` in a window of `size`, a full window
+    keeping its first `keep` tokens and the later half of the rest."""
+    context, out = list(ids), []
+    while len(out) < n:
+        room = min(n - len(out), size - len(context))
+        got = list(tiny.generation(context, room, GREEDY))
+        out, context = out + got, context + got
+        if len(got) < room:  # the end of generation
+            break
+        if len(context) >= size:
+            drop = (len(context) - keep) // 2
+            context = context[:keep] + context[keep + drop :]
+    return tiny.tokenizer.decode(out)
 
 
 def _history(turns: int) -> list[dict]:
@@ -70,24 +89,36 @@ def test_a_chat_longer_than_num_ctx_keeps_the_system_message_and_the_latest_turn
     assert r.prompt_eval_count == len(ids)
     assert r.message.content == _reply(tiny, ids, 8)
 
-    # without num_predict, a truncated prompt leaves the reply half the window after
-    # num_keep (what Ollama's first context shift leaves), and the reply ends at the window
+    # a longer reply: the prompt leaves it half the window after num_keep, and the reply
+    # goes on past the window's end over the shifted context
     budget = 128 - (128 - 4) // 2
     ids = _ids(tiny, _ollama_chat_cut(tiny, msgs, budget))
-    r = client.chat(model="tiny", messages=msgs, options={**GREEDY_OPTS, "num_ctx": 128})
+    opts = {**GREEDY_OPTS, "num_ctx": 128, "num_predict": 100}
+    r = client.chat(model="tiny", messages=msgs, options=opts)
     assert r.prompt_eval_count == len(ids)
-    assert r.eval_count == 128 - len(ids) and r.done_reason == "length"
-    assert r.message.content == _reply(tiny, ids, 128 - len(ids))
+    assert r.eval_count == 100 > 128 - len(ids) and r.done_reason == "length"
+    assert r.message.content == _shifting_reply(tiny, ids, 128, 100)
 
 
-def test_a_chat_that_fits_is_not_cut_and_its_reply_ends_at_the_window(client, tiny):
+def test_a_chat_that_fits_is_not_cut_and_its_reply_goes_on_past_the_window(client, tiny):
     msgs = _history(2)
     ids = _ids(tiny, msgs)
     assert len(ids) < 100
-    r = client.chat(model="tiny", messages=msgs, options={**GREEDY_OPTS, "num_ctx": 100})
+    opts = {**GREEDY_OPTS, "num_ctx": 100, "num_predict": 150}
+    r = client.chat(model="tiny", messages=msgs, options=opts)
     assert r.prompt_eval_count == len(ids)
-    assert r.eval_count == 100 - len(ids) and r.done_reason == "length"
-    assert r.message.content == _reply(tiny, ids, 100 - len(ids))
+    assert r.eval_count == 150 and r.done_reason == "length"
+    assert r.message.content == _shifting_reply(tiny, ids, 100, 150)
+    # num_keep -1 keeps the whole prompt through every shift
+    r = client.chat(model="tiny", messages=msgs, options={**opts, "num_keep": -1})
+    assert r.message.content == _shifting_reply(tiny, ids, 100, 150, keep=len(ids))
+
+
+def test_a_reply_without_num_predict_ends_after_ten_windows(client):
+    # Ollama's bound on a reply "running on forever" (llm/server.go); this server's own
+    # limit (--max-tokens 256) is more than ten windows of 16
+    r = client.generate(model="tiny", prompt="The sea is", options={**GREEDY_OPTS, "num_ctx": 16})
+    assert r.eval_count == 160 and r.done_reason == "length"
 
 
 def test_a_tool_result_is_never_kept_without_the_call_it_answers(client, tiny):
