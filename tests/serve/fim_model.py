@@ -62,6 +62,15 @@ def write_fim_model(src: Path, dst: Path) -> Path:
 
 
 _CODE = 'root ::= "x\\n  y\\nz w"'  # a second line indented by 2, a third by none
+#: greedy under a grammar of letters, then the end-of-generation token (a bias of 100)
+_EOS_AFTER_TEXT = {
+    "prompt": "Hi",
+    "n_predict": 5,
+    "grammar": "root ::= [a-z]+",
+    "logit_bias": [[2, 100]],
+    "n_probs": 1,
+    "temperature": 0,
+}
 #: llama-server requests whose answers depend on no numerics (a grammar forces the text,
 #: or the answer is about the request itself): name -> (path, body). One slot of 256.
 REQUESTS = {
@@ -121,30 +130,8 @@ REQUESTS = {
             "temperature": 0,
         },
     ),
-    "eos_after_text": (
-        "/completion",
-        {
-            "prompt": "Hi",
-            "n_predict": 5,
-            "grammar": "root ::= [a-z]+",
-            "logit_bias": [[2, 100]],
-            "n_probs": 1,
-            "return_tokens": True,
-            "temperature": 0,
-        },
-    ),
-    "eos_after_text_stream": (
-        "/completion",
-        {
-            "prompt": "Hi",
-            "n_predict": 5,
-            "grammar": "root ::= [a-z]+",
-            "logit_bias": [[2, 100]],
-            "n_probs": 1,
-            "temperature": 0,
-            "stream": True,
-        },
-    ),
+    "eos_after_text": ("/completion", {**_EOS_AFTER_TEXT, "return_tokens": True}),
+    "eos_after_text_stream": ("/completion", {**_EOS_AFTER_TEXT, "stream": True}),
     "empty_prompt": ("/completion", {"prompt": "", "n_predict": 2}),
     "empty_prompt_v1": ("/v1/completions", {"prompt": "", "max_tokens": 2}),
     "id_slot_past_the_last": ("/completion", {"prompt": "Hi", "n_predict": 1, "id_slot": 5}),
