@@ -22,7 +22,7 @@ from llamay.serve.core import (
 )
 from llamay.serve.errors import ApiError, error_body, to_http_status
 from llamay.serve.models import Loaded
-from llamay.serve.sampling import extra_params, make_sampler
+from llamay.serve.sampling import extra_params, llama_constraint, make_sampler
 from llamay.serve.state import ServerState, state
 
 router = APIRouter(tags=["Anthropic"])
@@ -126,11 +126,27 @@ def _messages(body: CountTokensRequest, images: list[bytes] | None = None) -> li
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
+    out = _merged(out)
     # a final assistant message is a prefill the reply continues (`T.prefill_split`);
     # Anthropic refuses one ending in whitespace (a token boundary the model would not make)
     _, prefill = T.prefill_split(out)
     if prefill and prefill != prefill.rstrip():
         raise ApiError(400, "messages: final assistant content cannot end with trailing whitespace")
+    return out
+
+
+def _merged(msgs: list[dict]) -> list[dict]:
+    """Consecutive user (or assistant) turns as one, as Anthropic combines them (a chat
+    template may insist that turns alternate); an assistant turn's calls end it."""
+    out: list[dict] = []
+    for m in msgs:
+        last = out[-1] if out else None
+        if last and last["role"] == m["role"] in ("user", "assistant") and "tool_calls" not in last:
+            last["content"] = "\n\n".join(x for x in (last["content"], m["content"]) if x)
+            if "tool_calls" in m:
+                last["tool_calls"] = m["tool_calls"]
+        else:
+            out.append(dict(m))
     return out
 
 
@@ -156,9 +172,18 @@ def _plan(body: CountTokensRequest):
     raise ApiError(400, f"tool_choice type {kind!r} is not auto, any, tool or none")
 
 
-def _prompt_ids(lm: Loaded, body: CountTokensRequest) -> tuple[list[int], Any, Any]:
+async def _prompt(lm: Loaded, body: CountTokensRequest):
+    """(prompt ids, how an image prompt starts or None, tools for the template, the
+    functions a call is forced among or None): image blocks as mtmd lays them out
+    (llamay.serve.vision)."""
     tools, forced = _plan(body)
-    return T.chat_ids(lm, _messages(body), tools), tools, forced
+    images: list[bytes] = []
+    msgs = _messages(body, images)
+    if not images:
+        return await off_loop(T.chat_ids, lm, msgs, tools), None, tools, forced
+    text = await off_loop(T.render_prompt, lm, msgs, tools)
+    ids, start = await off_loop(V.image_prompt, lm, text, images)
+    return ids, start, tools, forced
 
 
 _REASONS = {"length": "max_tokens", "stop": "end_turn", "cancelled": "end_turn"}
@@ -167,22 +192,23 @@ _REASONS = {"length": "max_tokens", "stop": "end_turn", "cancelled": "end_turn"}
 def _stop_reason(g: TextGen) -> str:
     if g.stop_sequence is not None:
         return "stop_sequence"
+    if g.finish_reason == "length" and g.prompt_tokens + g.completion_tokens >= g.lm.model.n_ctx:
+        return "model_context_window_exceeded"  # the context filled before max_tokens
     return _REASONS.get(g.finish_reason or "stop", "end_turn")
 
 
 def _blocks(text: str, forced, names: set[str]) -> list[dict]:
+    """A reply's content blocks: its text, or the text beside its tool calls (if any)
+    then a tool_use block a call."""
     calls = T.calls_in(text, forced is not None, names)
-    if calls:
-        return [
-            {
-                "type": "tool_use",
-                "id": T.call_id("toolu_"),
-                "name": c["name"],
-                "input": c["arguments"],
-            }
-            for c in calls
-        ]
-    return [{"type": "text", "text": text}]
+    if not calls:
+        return [{"type": "text", "text": text}]
+    beside = "" if forced is not None else T.text_around_calls(text)
+    uses = [
+        {"type": "tool_use", "id": T.call_id("toolu_"), "name": c["name"], "input": c["arguments"]}
+        for c in calls
+    ]
+    return ([{"type": "text", "text": beside}] if beside else []) + uses
 
 
 def _check_thinking(thinking: Any, max_tokens: int) -> None:
@@ -210,15 +236,7 @@ async def messages(body: MessagesRequest, request: Request):
     st: ServerState = state(request)
     _check_thinking((body.model_extra or {}).get("thinking"), body.max_tokens)
     lm = await st.models.get(body.model, lenient=True)
-    images: list[bytes] = []
-    msgs = _messages(body, images)
-    start = None
-    if images:  # image blocks: the prompt as mtmd lays it out (llamay.serve.vision)
-        tools, forced = _plan(body)
-        text = await off_loop(T.render_prompt, lm, msgs, tools)
-        ids, start = await off_loop(V.image_prompt, lm, text, images)
-    else:
-        ids, tools, forced = await off_loop(_prompt_ids, lm, body)
+    ids, start, tools, forced = await _prompt(lm, body)
     names = {t["function"]["name"] for t in tools or []}
     con = None
     if forced is not None:
@@ -233,6 +251,8 @@ async def messages(body: MessagesRequest, request: Request):
                 400, 'output_config.format must be {"type": "json_schema", "schema": {...}}'
             )
         con = await st.constraint(lm, json_schema=fmt["schema"])
+    elif ckw := llama_constraint(body.model_extra):  # llama-server's grammar / json_schema
+        con = await st.constraint(lm, **ckw)
     sampler = make_sampler(
         **extra_params(body.model_extra),
         temperature=body.temperature,
@@ -266,7 +286,7 @@ async def messages(body: MessagesRequest, request: Request):
     if not body.stream:
         text = await g.collect(request)
         blocks = _blocks(text, forced, names)
-        used = blocks[0]["type"] == "tool_use" and g.finish_reason != "length"
+        used = blocks[-1]["type"] == "tool_use" and g.finish_reason != "length"
         reason = "tool_use" if used else _stop_reason(g)
         return message(blocks, reason, g.completion_tokens)
 
@@ -320,26 +340,42 @@ async def messages(body: MessagesRequest, request: Request):
         yield ev({"type": "content_block_stop", "index": 0})
 
     async def answer():
-        """Text as it comes; with tools, an answer that starts like a tool call is held
-        back and sent as its blocks once whole."""
+        """Text as it comes; with tools, from where a tool call begins the answer is held
+        back and sent as its blocks once whole (after the text block, if one streamed)."""
         auto = T.AutoCalls(names)
         opened = not names  # without tools the text block opens at once, as Anthropic's does
         if opened:
             yield block_start(0, {"type": "text", "text": ""})
         yield ev({"type": "ping"})
+
+        async def text(out: str):
+            nonlocal opened
+            if not opened:
+                yield block_start(0, {"type": "text", "text": ""})
+                opened = True
+            yield text_delta(0, out)
+
         async for delta in g.stream():
-            out = auto.feed(delta)
-            if out:
-                if not opened:
-                    yield block_start(0, {"type": "text", "text": ""})
-                    opened = True
-                yield text_delta(0, out)
-        if not auto.holding or not auto.held:
+            if out := auto.feed(delta):
+                async for e in text(out):
+                    yield e
+        pieces = [auto.flush()]
+        calls = T.parse_calls(auto.held, names) if auto.holding else None
+        if not calls:  # no call after all: what was held is text too
+            pieces.append(auto.held)
+        for out in filter(None, pieces):
+            async for e in text(out):
+                yield e
+        if not calls:
             if not opened:
                 yield block_start(0, {"type": "text", "text": ""})
             yield ev({"type": "content_block_stop", "index": 0})
             return
-        for i, b in enumerate(_blocks(auto.held, None, names)):
+        i = 0
+        if opened:
+            yield ev({"type": "content_block_stop", "index": 0})
+            i = 1
+        for b in _blocks(auto.held, None, names):
             if b["type"] == "tool_use":
                 yield tool_start(i, b["name"])
                 yield json_delta(i, json.dumps(b["input"]))
@@ -347,6 +383,7 @@ async def messages(body: MessagesRequest, request: Request):
                 yield block_start(i, {"type": "text", "text": ""})
                 yield text_delta(i, b["text"])
             yield ev({"type": "content_block_stop", "index": i})
+            i += 1
 
     async def events():
         yield ev({"type": "message_start", "message": message([], None, 0)})
@@ -378,5 +415,5 @@ async def messages(body: MessagesRequest, request: Request):
 async def count_tokens(body: CountTokensRequest, request: Request):
     st: ServerState = state(request)
     lm = await st.models.get(body.model, lenient=True)
-    ids, _, _ = await off_loop(_prompt_ids, lm, body)
+    ids, _, _, _ = await _prompt(lm, body)  # images counted as /v1/messages counts them
     return {"input_tokens": len(ids)}

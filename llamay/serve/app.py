@@ -73,11 +73,13 @@ class ApiKeyCheck:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             request = Request(scope)
-            given = request.headers.get("x-api-key")
+            given = [request.headers.get("x-api-key") or ""]
             bearer = request.headers.get("authorization", "")
             if bearer.lower().startswith("bearer "):
-                given = bearer[7:].strip()
-            if not given or not hmac.compare_digest(given, self.api_key):
+                given.append(bearer[7:].strip())
+            # either header may carry it (Anthropic's client sends both when given both)
+            ok = [hmac.compare_digest(g.encode(), self.api_key.encode()) for g in given if g]
+            if not any(ok):
                 await _error(request, 401, "invalid or missing API key")(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -447,7 +447,7 @@ async def chat(body: ChatRequest, request: Request):
         if calls:
             return {
                 "role": "assistant",
-                "content": "",
+                "content": T.text_around_calls(content),
                 "tool_calls": [
                     {"function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls
                 ],
@@ -488,7 +488,9 @@ async def chat(body: ChatRequest, request: Request):
         async for delta in g.stream():
             if out := auto.feed(delta):
                 yield line({"role": "assistant", "content": out})
-        if auto.holding and auto.held:
+        if out := auto.flush():
+            yield line({"role": "assistant", "content": out})
+        if auto.holding:
             yield line(message(auto.held))
         st.models.touch(lm, ka)
         yield ndjson(final())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import json
 import time
 import uuid
@@ -44,7 +45,7 @@ from llamay.serve.logprobs import (
     prompt_logprobs,
 )
 from llamay.serve.lora_adapters import request_lora
-from llamay.serve.sampling import extra_params, make_sampler
+from llamay.serve.sampling import extra_params, llama_constraint, make_sampler
 from llamay.serve.speculative import request_draft
 from llamay.serve.state import ServerState, state
 
@@ -245,18 +246,6 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any]:
     )
 
 
-def _llama_constraint(extras: dict[str, Any] | None) -> dict[str, Any]:
-    """llama-server's own constraint fields on chat and completion requests: `grammar`
-    (GBNF) or `json_schema`."""
-    extras = extras or {}
-    grammar, schema = extras.get("grammar"), extras.get("json_schema")
-    if grammar is not None and not isinstance(grammar, str):
-        raise ApiError(400, "grammar must be a GBNF string", param="grammar")
-    if schema is not None and not isinstance(schema, dict):
-        raise ApiError(400, "json_schema must be a JSON schema object", param="json_schema")
-    return {k: v for k, v in (("grammar", grammar), ("json_schema", schema)) if v is not None}
-
-
 def _oa_reason(reason: str | None) -> str:
     return "length" if reason == "length" else "stop"
 
@@ -275,7 +264,8 @@ def _message_of(gen: TextGen, text: str, forced: bool, names: set[str]) -> tuple
         if forced:  # the arguments as generated, as a stream sends them
             tool_calls[0]["function"]["arguments"] = T.forced_arguments(text)
         reason = "length" if calls[0].get("cut") else "tool_calls"
-        return {"role": "assistant", "content": None, "tool_calls": tool_calls}, reason
+        content = None if forced else T.text_around_calls(text) or None  # what came beside
+        return {"role": "assistant", "content": content, "tool_calls": tool_calls}, reason
     return {"role": "assistant", "content": text}, _oa_reason(gen.finish_reason)
 
 
@@ -336,7 +326,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
-    ckw = _response_format(body.response_format) or _llama_constraint(body.model_extra)
+    ckw = _response_format(body.response_format) or llama_constraint(body.model_extra)
     if forced is not None:
         ckw = {"json_schema": T.call_schema(forced)}
     gens = []
@@ -427,6 +417,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             autos = [T.AutoCalls(names) for _ in gens]
             async for i, delta in merged(gens):
                 if delta is None:
+                    if rest := autos[i].flush():  # a marker's start that never became one
+                        yield chunk([choice(i, {"content": rest})])
                     if autos[i].holding:
                         msg, reason = _message_of(gens[i], autos[i].held, False, names)
                         out = {k: v for k, v in msg.items() if k != "role"}
@@ -480,7 +472,7 @@ async def completions(body: CompletionRequest, request: Request):
     lm = await st.models.get(body.model, lenient=True)
     prompts = await off_loop(_prompts, lm, body.prompt, body.suffix)
     check_ids(lm, prompts)
-    ckw = _llama_constraint(body.model_extra)  # llama-server's OAI completions take them too
+    ckw = llama_constraint(body.model_extra)  # llama-server's OAI completions take them too
     gens = []
     for p in prompts:
         for i in range(best_of):
@@ -635,6 +627,9 @@ def _model_obj(k, lm=None) -> dict:
     """OpenAI's model object; a loaded model (`lm`) also carries llama-server's `meta`
     (clients read its n_ctx_train, as the context the model was trained for)."""
     out = {"id": k.name, "object": "model", "created": k.created, "owned_by": "llamay"}
+    # Anthropic's Models API reads the same route: its fields beside OpenAI's
+    when = datetime.datetime.fromtimestamp(k.created, datetime.UTC)
+    out |= {"type": "model", "display_name": k.name, "created_at": when.isoformat()}
     if lm is not None:
         from llamay.gguf.inspect import summary
 
@@ -659,7 +654,15 @@ async def list_models(request: Request):
     st: ServerState = state(request)
     loaded = st.models.loaded
     data = [_model_obj(k, loaded.get(k.name)) for k in st.models.known()]
-    return {"object": "list", "data": data}
+    ids = [m["id"] for m in data] or [None]
+    # Anthropic's paging fields beside OpenAI's list
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": False,
+        "first_id": ids[0],
+        "last_id": ids[-1],
+    }
 
 
 @router.get("/v1/models/{model_id:path}", summary="Describe a model")

@@ -195,36 +195,35 @@ async def responses(body: ResponsesRequest, request: Request):
     created = int(time.time())
 
     def output_items(text: str) -> list[dict]:
+        """The reply's items: its message, or the text beside its calls (if any) as a
+        message and then a function_call item a call."""
         calls = T.calls_in(text, forced is not None, names)
-        if calls:
-            return [
-                {
-                    "type": "function_call",
-                    "id": f"fc_{uuid.uuid4().hex[:24]}",
-                    "call_id": T.call_id(),
-                    "name": c["name"],
-                    "arguments": T.forced_arguments(text)
-                    if forced is not None
-                    else json.dumps(c["arguments"]),
-                    "status": "completed",
-                }
-                for c in calls
-            ]
-        part = {
-            "type": "output_text",
-            "text": text,
-            "annotations": [],
-            "logprobs": logprobs(g.logprob_rows()),
-        }
-        return [
+        if not calls:
+            return [message_item(text, logprobs(g.logprob_rows()))]
+        beside = "" if forced is not None else T.text_around_calls(text)
+        return ([message_item(beside, [])] if beside else []) + [
             {
-                "type": "message",
-                "id": mid,
-                "status": "incomplete" if g.finish_reason == "length" else "completed",
-                "role": "assistant",
-                "content": [part],
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex[:24]}",
+                "call_id": T.call_id(),
+                "name": c["name"],
+                "arguments": T.forced_arguments(text)
+                if forced is not None
+                else json.dumps(c["arguments"]),
+                "status": "completed",
             }
+            for c in calls
         ]
+
+    def message_item(text: str, rows: list[dict]) -> dict:
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": rows}
+        return {
+            "type": "message",
+            "id": mid,
+            "status": "incomplete" if g.finish_reason == "length" else "completed",
+            "role": "assistant",
+            "content": [part],
+        }
 
     def response(status: str, output: list[dict]) -> dict:
         incomplete = g.finish_reason == "length" and status != "in_progress"

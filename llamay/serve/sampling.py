@@ -132,6 +132,18 @@ def extra_params(extras: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: extras[k] for k in EXTRA_FIELDS if k in (extras or {})}
 
 
+def llama_constraint(extras: Mapping[str, Any] | None) -> dict[str, Any]:
+    """llama-server's own constraint fields on chat and completion requests: `grammar`
+    (GBNF) or `json_schema`, as `Model.constraint` keywords."""
+    extras = extras or {}
+    grammar, schema = extras.get("grammar"), extras.get("json_schema")
+    if grammar is not None and not isinstance(grammar, str):
+        raise ApiError(400, "grammar must be a GBNF string", param="grammar")
+    if schema is not None and not isinstance(schema, dict):
+        raise ApiError(400, "json_schema must be a JSON schema object", param="json_schema")
+    return {k: v for k, v in (("grammar", grammar), ("json_schema", schema)) if v is not None}
+
+
 def checked_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """`params` (llama.cpp's Sampler field names; None: the default) as values the engine
     can hold, or an `ApiError` 400 naming the first field that is not."""

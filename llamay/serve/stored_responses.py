@@ -157,8 +157,8 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 call = T.history_call({"id": it.get("call_id"), "function": fn}, "a call")
             except ApiError:  # storing never fails the response it stores
                 continue
-            if out and out[-1].get("tool_calls") and not out[-1]["content"]:
-                out[-1]["tool_calls"].append(call)
+            if out:  # one reply: its calls go with its text (the message before them)
+                out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
     return out

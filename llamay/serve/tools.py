@@ -210,40 +210,79 @@ def calls_in(text: str, forced: bool, names: set[str]) -> list[dict] | None:
     return parse_calls(text, names) if names else None
 
 
-def tool_like(text: str) -> str | None:
-    """ "tool" if `text` starts like a tool call, "text" if it cannot, None: not yet known."""
-    head = text.lstrip()
-    if not head:
-        return None
-    if head.startswith(("{", "<tool_call>")):
-        return "tool"
-    return None if "<tool_call>".startswith(head) else "text"
+def text_around_calls(text: str) -> str:
+    """A reply's text outside its tagged tool calls (none for a reply that is one bare
+    JSON call), stripped: what an API sends beside the calls it recognised."""
+    if text.lstrip().startswith("{"):
+        return ""
+    return _TAGGED.sub("", text).strip()
+
+
+_MARK = "<tool_call>"
+
+
+def _mark_prefix(text: str) -> int:
+    """The length of the longest end of `text` that begins the marker (it may be
+    completed by the next delta)."""
+    for n in range(min(len(text), len(_MARK) - 1), 0, -1):
+        if _MARK.startswith(text[-n:]):
+            return n
+    return 0
 
 
 class AutoCalls:
-    """One answer with tools on "auto", as it streams: text passes on as it comes, unless
-    the answer starts like a tool call; then it is held back, to be recognised whole
-    (`held`) when the answer ends."""
+    """One answer with tools on "auto", as it streams: text passes on as it comes until a
+    tool call begins (a `<tool_call>` marker, or a JSON object opening the answer); from
+    there on the answer is held back (`held`), to be read whole when it ends
+    (`parse_calls`, `text_around_calls`). An end that may begin the marker waits for the
+    next delta; `flush` gives it at the end, when it never became one."""
 
     def __init__(self, names: set[str]):
-        self.mode = None if names else "text"
+        self.watch = bool(names)
+        self.mode = None if names else "text"  # None: only whitespace so far
         self.held = ""
+        self._tail = ""  # text not yet passed on: leading whitespace, or a marker's start
+        self._sent = False
 
     def feed(self, delta: str) -> str:
         """The part of `delta` that may be sent now as text."""
-        if self.mode == "text":
-            return delta
-        self.held += delta
+        if self.mode == "tool":
+            self.held += delta
+            return ""
+        text, self._tail = self._tail + delta, ""
         if self.mode is None:
-            self.mode = tool_like(self.held)
-            if self.mode == "text":
-                out, self.held = self.held, ""
-                return out
-        return ""
+            if not text.strip():
+                self._tail = text
+                return ""
+            if text.lstrip().startswith("{"):
+                self.mode, self.held = "tool", text
+                return ""
+            self.mode = "text"
+        if not self.watch:
+            return self._out(text)
+        at = text.find(_MARK)
+        if at >= 0:
+            self.mode, self.held = "tool", text[at:]
+            before = text[:at]
+            return self._out(before if self._sent or before.strip() else "")
+        keep = _mark_prefix(text)
+        self._tail = text[len(text) - keep :]
+        return self._out(text[: len(text) - keep])
+
+    def _out(self, text: str) -> str:
+        self._sent = self._sent or bool(text)
+        return text
+
+    def flush(self) -> str:
+        """At the end: the text held back as a marker's possible start (none once a call
+        began)."""
+        out, self._tail = self._tail, ""
+        return "" if self.mode == "tool" else self._out(out)
 
     @property
     def holding(self) -> bool:
-        return self.mode != "text"
+        """Whether a call began: `held` is the answer from there on."""
+        return self.mode == "tool"
 
 
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')

@@ -151,6 +151,30 @@ def test_auto_tools_stream_text_as_it_comes(client):
     assert _same(streamed, r)
 
 
+def test_a_call_after_text_is_a_text_block_then_a_tool_use_block(client):
+    from tests.serve.test_openai import TEXT_THEN_CALL_GBNF
+
+    kw = dict(
+        model="tiny",
+        max_tokens=64,
+        messages=MSGS,
+        tools=TOOLS,
+        extra_body={**GREEDY, "grammar": TEXT_THEN_CALL_GBNF},
+    )
+    r = client.messages.create(**kw)
+    assert [b.type for b in r.content] == ["text", "tool_use"]
+    assert r.content[0].text == "Let me check." and r.content[1].name == "get_time"
+    assert r.stop_reason == "tool_use"
+    with client.messages.stream(**kw) as s:
+        text = "".join(e.delta.text for e in s if e.type == "content_block_delta"
+                       and e.delta.type == "text_delta")  # fmt: skip
+        streamed = s.get_final_message()
+    assert text.strip() == "Let me check."
+    assert [b.type for b in streamed.content] == ["text", "tool_use"]
+    assert streamed.content[1].name == "get_time" and streamed.content[1].input == {}
+    assert streamed.stop_reason == "tool_use"
+
+
 def test_tool_result_round_trip(client):
     msgs = [
         *MSGS,
@@ -194,6 +218,16 @@ def test_count_tokens(client, tiny):
     assert r.input_tokens == len(tiny.tokenize(chat_prompt(tiny, msgs), parse_special=True))
 
 
+def test_consecutive_turns_of_one_role_are_one_turn(client, tiny):
+    """Anthropic combines consecutive user (or assistant) turns into one."""
+    two = [{"role": "user", "content": "Hi"}, {"role": "user", "content": "What is 2+2?"}]
+    one = [{"role": "user", "content": "Hi\n\nWhat is 2+2?"}]
+    r = client.messages.count_tokens(model="tiny", messages=two)
+    assert r.input_tokens == len(tiny.tokenize(chat_prompt(tiny, one), parse_special=True))
+    got = client.messages.create(model="tiny", max_tokens=4, messages=two, extra_body=GREEDY)
+    assert got.content[0].text == greedy(tiny, chat_prompt(tiny, one), 4)
+
+
 def test_errors_are_anthropic_shaped(client):
     with pytest.raises(anthropic.NotFoundError) as e:
         client.messages.create(model="nope", max_tokens=4, messages=MSGS)
@@ -209,3 +243,13 @@ def test_errors_are_anthropic_shaped(client):
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="tiny", max_tokens=0, messages=MSGS)
     assert e.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_models_list_in_anthropics_shape(client, server):
+    page = client.models.list()
+    names = [m.id for m in page.data]
+    assert names == [k.name for k in server.state.models.known()]
+    assert page.has_more is False and (page.first_id, page.last_id) == (names[0], names[-1])
+    one = client.models.retrieve(names[0])
+    assert one.type == "model" and one.display_name == names[0]
+    assert one.created_at.tzinfo is not None  # a datetime the client parsed

@@ -342,3 +342,18 @@ def test_llama_server_grammar_on_completions(server):
         server.url + "/v1/completions", json={**body, "grammar": "root ::= [a-z]{1000000000}"}
     )
     assert r.status_code == 400, r.text
+
+
+def test_anthropic_a_reply_the_context_cut_short_says_so(small_ctx):
+    """Anthropic's stop reasons: `max_tokens` for the request's limit, and
+    `model_context_window_exceeded` when the context filled first (the client's own)."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=small_ctx.url, api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=MSGS, extra_body={"temperature": 0})
+    r = client.messages.create(max_tokens=4000, **kw)
+    used = r.usage.input_tokens + r.usage.cache_read_input_tokens + r.usage.output_tokens
+    assert (r.stop_reason, used) == ("model_context_window_exceeded", CTX)
+    with client.messages.stream(max_tokens=4000, **kw) as s:
+        assert s.get_final_message().stop_reason == "model_context_window_exceeded"
+    assert client.messages.create(max_tokens=4, **kw).stop_reason == "max_tokens"

@@ -415,11 +415,54 @@ def test_auto_tools_stream_plain_answers(client):
         assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
 
 
-def test_tool_like():
-    from llamay.serve.tools import tool_like
+def test_auto_calls_pass_text_until_a_call_begins():
+    from llamay.serve.tools import AutoCalls, parse_calls, text_around_calls
 
-    assert tool_like("  ") is None
-    assert tool_like("<tool") is None
-    assert tool_like(' {"name"') == "tool"
-    assert tool_like("<tool_call>{") == "tool"
-    assert tool_like("Hello") == "text"
+    call = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    reply = "Let me check.\n" + call + "\nDone."
+    for cut in range(1, len(reply)):  # every split of the reply into two deltas
+        auto = AutoCalls({"get_time"})
+        sent = auto.feed(reply[:cut]) + auto.feed(reply[cut:]) + auto.flush()
+        assert sent == "Let me check.\n" and auto.holding
+        assert auto.held == call + "\nDone."
+    assert parse_calls(reply, {"get_time"}) == [{"name": "get_time", "arguments": {}}]
+    assert text_around_calls(reply) == "Let me check.\n\nDone."
+    # a start of the marker that never becomes one is text at the end; "<" alone too
+    for text in ("a < b", "see <tool", "<tool_calls are fun"):
+        auto = AutoCalls({"get_time"})
+        assert "".join(auto.feed(c) for c in text) + auto.flush() == text
+        assert not auto.holding
+    # a reply that opens with a JSON object is held whole; no tools: nothing is held
+    auto = AutoCalls({"get_time"})
+    assert auto.feed("  ") + auto.feed('{"name"') == "" and auto.held == '  {"name"'
+    auto = AutoCalls(set())
+    assert auto.feed(call) == call and not auto.holding
+
+
+#: a reply that says something, then calls get_time (a grammar makes the tiny model write
+#: it: llama-server's `grammar` field)
+TEXT_THEN_CALL = 'Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+TEXT_THEN_CALL_GBNF = "root ::= " + json.dumps(TEXT_THEN_CALL)
+
+
+def test_a_call_after_text_is_a_call_with_that_text(client):
+    kw = dict(
+        model="tiny",
+        messages=MSGS,
+        max_tokens=64,
+        temperature=0,
+        tools=[TIME],
+        extra_body={"grammar": TEXT_THEN_CALL_GBNF},
+    )
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert whole.message.content == "Let me check."
+    assert [c.function.name for c in whole.message.tool_calls] == ["get_time"]
+    assert whole.finish_reason == "tool_calls"
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    text = "".join(d.content or "" for d in deltas)
+    assert text.strip() == "Let me check." and "<tool_call>" not in text
+    calls = [tc for d in deltas for tc in d.tool_calls or []]
+    assert [c.function.name for c in calls] == ["get_time"]
+    assert json.loads(calls[0].function.arguments) == {}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

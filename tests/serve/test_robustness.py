@@ -96,6 +96,12 @@ def test_api_key(tiny_paths, serve_home):
         assert httpx.get(s.url + "/api/tags", headers={"x-api-key": "s3cret"}).status_code == 200
         body = httpx.post(s.url + "/v1/completions", headers={"x-api-key": "wrong"}).json()
         assert body["error"]["type"] == "authentication_error"
+        # both headers sent (a client holding a key and a token): either may carry it
+        for key, token in (("s3cret", "other"), ("other", "s3cret")):
+            both = {"x-api-key": key, "Authorization": f"Bearer {token}"}
+            assert httpx.get(s.url + "/api/tags", headers=both).status_code == 200
+        wrong = {"x-api-key": "other", "Authorization": "Bearer wrong"}
+        assert httpx.get(s.url + "/api/tags", headers=wrong).status_code == 401
         # open, as llama-server leaves them (issue 19 defect 7): probes and model lists
         for path in ("/health", "/v1/models", "/models"):
             assert httpx.get(s.url + path).status_code == 200, path

@@ -153,6 +153,9 @@ def test_anthropic_image_blocks_reach_the_model(vision_server, png):
     expect, n = _library(prompt, png, 4)
     assert r.content[0].text == expect
     assert r.usage.input_tokens + r.usage.cache_read_input_tokens == n
+    # count_tokens counts the image's tokens as the message did
+    msgs = [{"role": "user", "content": content}]
+    assert client.messages.count_tokens(model="tiny", messages=msgs).input_tokens == n
     url = {"type": "image", "source": {"type": "url", "url": "http://example.com/a.png"}}
     with pytest.raises(anthropic.BadRequestError, match="not fetched"):
         client.messages.create(
