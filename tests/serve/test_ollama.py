@@ -249,3 +249,31 @@ def test_tool_call_is_recognised_streaming_or_not(client):
     calls = [c for p in parts for c in p.message.tool_calls or []]
     assert [c.model_dump() for c in calls] == [call.model_dump()]
     assert not any(p.message.content for p in parts)  # the call's JSON is not sent as text
+
+
+def test_a_call_after_text_keeps_the_text(client, monkeypatch):
+    """A reply that says something, then calls a tool: the text is the message's content,
+    the call its tool_calls (streamed: the text as it comes, the call once whole). The
+    generation is replaced by that reply (no grammar reaches Ollama's API to force it)."""
+    from llamay.serve.core import TextGen
+
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    reply = ["Let me ", "check.\n<tool", call[len("<tool") :]]
+
+    async def said(self):
+        for delta in reply:
+            self.text += delta
+            yield delta
+        self.finish_reason = "stop"
+
+    monkeypatch.setattr(TextGen, "stream", said)
+    kw = dict(model="tiny", messages=MSGS, tools=[TIME_TOOL])
+    whole = client.chat(**kw).message
+    assert whole.content == "Let me check."
+    assert [(c.function.name, c.function.arguments) for c in whole.tool_calls] == [
+        ("get_time", {"city": "Oslo"})
+    ]
+    parts = [p.message for p in client.chat(stream=True, **kw)]
+    assert "".join(p.content or "" for p in parts).strip() == "Let me check."
+    calls = [c for p in parts for c in p.tool_calls or []]
+    assert [c.model_dump() for c in calls] == [c.model_dump() for c in whole.tool_calls]
