@@ -53,12 +53,14 @@ def _error(
     return JSONResponse(body, status_code=status)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """(the message, the first field at fault: OpenAI's `param`)."""
+    parts, params = [], []
     for e in exc.errors()[:5]:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
         parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
-    return "invalid request: " + "; ".join(parts)
+        params.append(loc or None)
+    return "invalid request: " + "; ".join(parts), (params or [None])[0]
 
 
 class ApiKeyCheck:
@@ -178,7 +180,8 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        return _error(request, 400, _validation_message(exc))
+        message, param = _validation_message(exc)
+        return _error(request, 400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

@@ -42,10 +42,19 @@ def legacy_logprobs(lm, rows, pos: int = 0) -> dict:
         "tokens": tokens,
         "token_logprobs": [lp for _, lp, _ in rows],
         "top_logprobs": [
-            None if lp is None else {piece(lm, i)[0]: a for i, a in alts} for _, lp, alts in rows
+            None if lp is None else _with_sampled({piece(lm, i)[0]: a for i, a in alts}, text, lp)
+            for (_, lp, alts), text in zip(rows, tokens, strict=True)
         ],
         "text_offset": offsets,
     }
+
+
+def _with_sampled(top: dict[str, float], text: str, lp: float) -> dict[str, float]:
+    """OpenAI's legacy `top_logprobs` entry: "the logprob of the sampled token" always
+    among them (logprobs + 1 entries at most)."""
+    if text not in top:
+        top[text] = lp
+    return top
 
 
 def prompt_logprobs(lm, ids: list[int], n: int) -> list[tuple[int, float | None, list]]:

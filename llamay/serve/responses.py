@@ -20,7 +20,7 @@ from llamay.serve import tools as T
 from llamay.serve.core import OpenModel, off_loop, primed, sse, sse_response
 from llamay.serve.errors import ApiError
 from llamay.serve.logprobs import chat_logprobs
-from llamay.serve.sampling import extra_params, make_sampler
+from llamay.serve.sampling import extra_params, llama_constraint, make_sampler
 from llamay.serve.state import ServerState, state
 from llamay.serve.stored_responses import (
     input_items,
@@ -177,7 +177,7 @@ async def responses(body: ResponsesRequest, request: Request):
     elif fmt.get("type") == "json_object":
         ckw = {"json": True}
     elif fmt.get("type") in (None, "text"):
-        ckw = {}
+        ckw = llama_constraint(body.model_extra)  # llama-server's grammar / json_schema
     else:
         raise ApiError(400, f"text.format type {fmt.get('type')!r} is not supported", param="text")
     con = await st.constraint(lm, **ckw) if ckw else None
@@ -339,64 +339,65 @@ async def responses(body: ResponsesRequest, request: Request):
             async for e in forced_call():
                 yield e
             return
-        if names:  # tool calls are recognised in the whole text
-            items = output_items(await g.collect())
-            for i, item in enumerate(items):
-                yield ev({"type": "response.output_item.added", "output_index": i, "item": item})
-                yield ev({"type": "response.output_item.done", "output_index": i, "item": item})
-            yield ev({"type": "response.completed", "response": finished("completed", items)})
-            return
-        empty = {
-            "type": "message",
-            "id": mid,
-            "status": "in_progress",
-            "role": "assistant",
-            "content": [],
-        }
-        part = {"type": "output_text", "text": "", "annotations": []}
-        yield ev({"type": "response.output_item.added", "output_index": 0, "item": empty})
-        yield ev(
-            {
-                "type": "response.content_part.added",
-                "item_id": mid,
-                "output_index": 0,
-                "content_index": 0,
-                "part": part,
-            }
-        )
+        async for e in answer():
+            yield e
+
+    async def answer():
+        """The text as it comes in a message item; with tools, from where a call begins
+        the reply is held back, then each call is a function_call item."""
+        auto, opened, streamed = T.AutoCalls(names), False, []
+
+        def text_events(piece: str, rows) -> list[str]:
+            nonlocal opened
+            out = []
+            if not opened:
+                opened = True
+                empty = {**message_item("", []), "status": "in_progress", "content": []}
+                part = {"type": "output_text", "text": "", "annotations": []}
+                out.append(ev({"type": "response.output_item.added", "output_index": 0,
+                               "item": empty}))  # fmt: skip
+                out.append(ev({"type": "response.content_part.added", "item_id": mid,
+                               "output_index": 0, "content_index": 0, "part": part}))  # fmt: skip
+            if not piece:  # an empty reply: the item opens and closes empty
+                return out
+            streamed.append(piece)
+            out.append(ev({"type": "response.output_text.delta", "item_id": mid,
+                           "output_index": 0, "content_index": 0, "delta": piece,
+                           "logprobs": logprobs(rows)}))  # fmt: skip
+            return out
+
         async for delta in g.stream():
-            yield ev(
-                {
-                    "type": "response.output_text.delta",
-                    "item_id": mid,
-                    "output_index": 0,
-                    "content_index": 0,
-                    "delta": delta,
-                    "logprobs": logprobs(g.take_logprobs()),
-                }
-            )
-        text = g.text
-        yield ev(
-            {
-                "type": "response.output_text.done",
-                "item_id": mid,
-                "output_index": 0,
-                "content_index": 0,
-                "text": text,
-                "logprobs": logprobs(g.logprob_rows()),
-            }
-        )
-        yield ev(
-            {
-                "type": "response.content_part.done",
-                "item_id": mid,
-                "output_index": 0,
-                "content_index": 0,
-                "part": {**part, "text": text},
-            }
-        )
-        items = output_items(text)
-        yield ev({"type": "response.output_item.done", "output_index": 0, "item": items[0]})
+            if out := auto.feed(delta):
+                for e in text_events(out, g.take_logprobs()):
+                    yield e
+        calls = T.parse_calls(auto.held, names) if auto.holding else None
+        rest = auto.flush() + ("" if calls else auto.held)  # no call after all: text too
+        if rest or not (opened or calls):
+            for e in text_events(rest, g.take_logprobs()):
+                yield e
+        items = []
+        if opened:
+            text = "".join(streamed)
+            rows = logprobs(g.logprob_rows()) if not calls else []
+            part = {"type": "output_text", "text": text, "annotations": []}
+            yield ev({"type": "response.output_text.done", "item_id": mid, "output_index": 0,
+                      "content_index": 0, "text": text, "logprobs": rows})  # fmt: skip
+            yield ev({"type": "response.content_part.done", "item_id": mid, "output_index": 0,
+                      "content_index": 0, "part": part})  # fmt: skip
+            items.append(message_item(text, rows))
+            yield ev({"type": "response.output_item.done", "output_index": 0, "item": items[0]})
+        for c in calls or []:
+            i, args = len(items), json.dumps(c["arguments"])
+            item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}",
+                    "call_id": T.call_id(), "name": c["name"], "arguments": "",
+                    "status": "in_progress"}  # fmt: skip
+            yield ev({"type": "response.output_item.added", "output_index": i, "item": item})
+            yield ev({"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                      "output_index": i, "delta": args})  # fmt: skip
+            yield ev({"type": "response.function_call_arguments.done", "item_id": item["id"],
+                      "output_index": i, "arguments": args})  # fmt: skip
+            items.append({**item, "arguments": args, "status": "completed"})
+            yield ev({"type": "response.output_item.done", "output_index": i, "item": items[-1]})
         done = "response.incomplete" if g.finish_reason == "length" else "response.completed"
         yield ev({"type": done, "response": finished("completed", items)})
 

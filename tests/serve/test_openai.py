@@ -261,8 +261,9 @@ def test_errors_are_openai_shaped(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="nope", messages=MSGS)
     assert "nope" in e.value.message
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=MSGS, temperature=5)
+    assert e.value.param == "temperature"  # the field at fault, as OpenAI names it
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "word " * 3000}], max_tokens=1
@@ -341,6 +342,46 @@ def test_responses_forced_function_call(client):
     assert final.name == "get_weather" and final.arguments == call.arguments
 
 
+TIME_TOOL = {"type": "function", "name": "get_time", "parameters": TIME["function"]["parameters"]}
+
+
+def test_responses_with_tools_stream_text_as_it_comes(client):
+    ask = dict(model="tiny", input="Hi", tools=[TIME_TOOL], max_output_tokens=6, temperature=0)
+    whole = client.responses.create(**ask)
+    assert whole.status == "incomplete" and whole.output[0].type == "message"
+    events = list(client.responses.create(stream=True, **ask))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == whole.output_text
+    assert events[-1].type == "response.incomplete"  # as the response's own status says
+    assert events[-1].response.output_text == whole.output_text
+
+
+def test_responses_a_call_after_text_streams_the_text_then_the_call(client):
+    ask = dict(
+        model="tiny",
+        input="What time is it?",
+        tools=[TIME_TOOL],
+        max_output_tokens=64,
+        temperature=0,
+        extra_body={"grammar": TEXT_THEN_CALL_GBNF},
+    )
+    whole = client.responses.create(**ask)
+    assert [o.type for o in whole.output] == ["message", "function_call"]
+    assert whole.output_text == "Let me check." and whole.output[1].name == "get_time"
+    events = list(client.responses.create(stream=True, **ask))
+    kinds = [e.type for e in events]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text.strip() == "Let me check." and "<tool_call>" not in text
+    assert kinds.index("response.function_call_arguments.delta") > kinds.index(
+        "response.output_text.done"
+    )
+    final = events[-1]
+    assert final.type == "response.completed"
+    assert [o.type for o in final.response.output] == ["message", "function_call"]
+    assert final.response.output[1].name == "get_time"
+    assert json.loads(final.response.output[1].arguments) == {}
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_logprobs_equal_the_logits(client, tiny, stream):
     kw = dict(model="tiny", messages=MSGS, max_tokens=6, temperature=0, logprobs=True)
@@ -370,6 +411,19 @@ def test_chat_logprobs_equal_the_logits(client, tiny, stream):
     r = client.chat.completions.create(**kw)
     assert [len(c.top_logprobs) for c in r.choices[0].logprobs.content] == [0] * 6
     assert r.choices[0].logprobs.content[0].logprob == pytest.approx(want[0][toks[0]], abs=1e-4)
+
+
+def test_legacy_top_logprobs_always_hold_the_sampled_token(client):
+    """OpenAI: "The API will always return the logprob of the sampled token, so there may
+    be up to logprobs+1 elements" (a draw at a high temperature leaves the top one)."""
+    kw = dict(model="tiny", prompt="Hello", max_tokens=8, temperature=1.5, logprobs=1)
+    outside = 0
+    for seed in (1, 2, 3):
+        lp = client.completions.create(seed=seed, **kw).choices[0].logprobs
+        for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+            assert top[token] == value and len(top) <= 2
+            outside += len(top) == 2
+    assert outside  # some draws were not the most likely token
 
 
 @pytest.mark.parametrize("stream", [False, True])
