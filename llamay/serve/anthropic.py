@@ -200,7 +200,7 @@ def _stop_reason(g: TextGen) -> str:
 def _blocks(text: str, forced, names: set[str]) -> list[dict]:
     """A reply's content blocks: its text, or the text beside its tool calls (if any)
     then a tool_use block a call."""
-    calls = T.calls_in(text, forced is not None, names)
+    calls = T.calls_in(text, forced, names)
     if not calls:
         return [{"type": "text", "text": text}]
     beside = "" if forced is not None else T.text_around_calls(text)
@@ -325,7 +325,7 @@ async def messages(body: MessagesRequest, request: Request):
     async def forced_call():
         """The enforced call as it is generated: its block opens once the name is known,
         the arguments follow as input_json_delta pieces."""
-        call = T.ForcedCallStream()
+        call = T.ForcedCallStream(T.sole_name(forced))
         yield ev({"type": "ping"})
         async for delta in g.stream():
             name, piece = call.feed(delta)

@@ -250,7 +250,9 @@ def _oa_reason(reason: str | None) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def _message_of(gen: TextGen, text: str, forced: bool, names: set[str]) -> tuple[dict, str]:
+def _message_of(
+    gen: TextGen, text: str, forced: list[dict] | None, names: set[str]
+) -> tuple[dict, str]:
     calls = T.calls_in(text, forced, names)
     if calls:
         tool_calls = [
@@ -345,7 +347,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         texts = await asyncio.gather(*(g.collect(request) for g in gens))
         choices = []
         for i, (g, t) in enumerate(zip(gens, texts, strict=True)):
-            msg, reason = _message_of(g, t, forced is not None, names)
+            msg, reason = _message_of(g, t, forced, names)
             lp = chat_logprobs(lm, g.logprob_rows()) if top is not None else None
             choices.append({"index": i, "message": msg, "finish_reason": reason, "logprobs": lp})
         return {
@@ -396,7 +398,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         if forced is not None:
             # The enforced call as it is generated: its id and name once the name is
             # complete, then the arguments piece by piece.
-            calls = [T.ForcedCallStream() for _ in gens]
+            calls = [T.ForcedCallStream(T.sole_name(forced)) for _ in gens]
             async for i, delta in merged(gens):
                 call = calls[i]
                 if delta is None:
@@ -420,7 +422,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                     if rest := autos[i].flush():  # a marker's start that never became one
                         yield chunk([choice(i, {"content": rest})])
                     if autos[i].holding:
-                        msg, reason = _message_of(gens[i], autos[i].held, False, names)
+                        msg, reason = _message_of(gens[i], autos[i].held, None, names)
                         out = {k: v for k, v in msg.items() if k != "role"}
                         if "tool_calls" in out:
                             out["tool_calls"] = [

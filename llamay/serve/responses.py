@@ -197,7 +197,7 @@ async def responses(body: ResponsesRequest, request: Request):
     def output_items(text: str) -> list[dict]:
         """The reply's items: its message, or the text beside its calls (if any) as a
         message and then a function_call item a call."""
-        calls = T.calls_in(text, forced is not None, names)
+        calls = T.calls_in(text, forced, names)
         if not calls:
             return [message_item(text, logprobs(g.logprob_rows()))]
         beside = "" if forced is not None else T.text_around_calls(text)
@@ -283,7 +283,7 @@ async def responses(body: ResponsesRequest, request: Request):
     async def forced_call():
         """The enforced call as it is generated: its item once the name is complete, then
         the arguments as function_call_arguments.delta events."""
-        call, item = T.ForcedCallStream(), None
+        call, item = T.ForcedCallStream(T.sole_name(forced)), None
 
         def added(name: str) -> tuple[dict, str]:
             it = {

@@ -185,16 +185,17 @@ def parse_calls(text: str, names: set[str]) -> list[dict] | None:
     return calls or None
 
 
-def forced_call(text: str) -> dict:
+def forced_call(text: str, sole: str | None = None) -> dict:
     """The call in the output of a constrained (forced) generation. Cut off before its
     JSON closed (max_tokens), it is `{"name": what came of it, "arguments": {}, "cut":
-    True}`: the answer is still a 200, finishing for length, as OpenAI's is."""
+    True}`: the answer is still a 200, finishing for length, as OpenAI's is. `sole`: the
+    one function that could be called (its name, though the cut came before it)."""
     try:
         obj = json.loads(text)
     except ValueError:
         partial = ForcedCallStream()
         partial.feed(text)
-        return {"name": partial.name or "", "arguments": {}, "cut": True}
+        return {"name": partial.name or sole or "", "arguments": {}, "cut": True}
     return {"name": obj["name"], "arguments": obj.get("arguments", {})}
 
 
@@ -202,11 +203,16 @@ def call_id(prefix: str = "call_") -> str:
     return prefix + uuid.uuid4().hex[:24]
 
 
-def calls_in(text: str, forced: bool, names: set[str]) -> list[dict] | None:
-    """The tool calls in a generation's text: the one forced call, the calls recognised
-    among `names`, or None (plain text)."""
+def sole_name(forced: list[dict] | None) -> str | None:
+    """The name of the one function a forced call can be, if it is one."""
+    return forced[0]["name"] if forced and len(forced) == 1 else None
+
+
+def calls_in(text: str, forced: list[dict] | None, names: set[str]) -> list[dict] | None:
+    """The tool calls in a generation's text: the one forced call (among the `forced`
+    functions), the calls recognised among `names`, or None (plain text)."""
     if forced:
-        return [forced_call(text)]
+        return [forced_call(text, sole_name(forced))]
     return parse_calls(text, names) if names else None
 
 
@@ -296,7 +302,8 @@ class ForcedCallStream:
     When the text does not begin as `{"name": "...", "arguments": ` (another key order),
     nothing streams and `finish` returns the whole call parsed at the end."""
 
-    def __init__(self):
+    def __init__(self, sole: str | None = None):
+        self.sole = sole  # `forced_call`'s
         self.text = ""
         self.name: str | None = None
         self.args = ""  # the arguments' JSON text passed on so far
@@ -343,7 +350,7 @@ class ForcedCallStream:
 
     def finish(self) -> dict:
         """The whole call (`forced_call`), checked against what was streamed."""
-        call = forced_call(self.text)
+        call = forced_call(self.text, self.sole)
         if call.get("cut"):
             return call
         if self.name is not None and json.loads(self.args) != call["arguments"]:

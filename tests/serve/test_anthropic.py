@@ -128,6 +128,17 @@ def test_forced_tool_use_streams_its_arguments(client):
     assert _same(streamed, r)
 
 
+def test_a_forced_call_cut_before_its_name_has_the_one_name_it_could_have(client):
+    kw = dict(model="tiny", max_tokens=2, messages=MSGS, extra_body=GREEDY, tools=TOOLS)
+    one = {"type": "tool", "name": "lookup"}
+    r = client.messages.create(tool_choice=one, **kw)
+    assert r.stop_reason == "max_tokens" and r.content[0].name == "lookup"
+    with client.messages.stream(tool_choice=one, **kw) as s:
+        assert s.get_final_message().content[0].name == "lookup"
+    # any of two: the name is not known
+    assert client.messages.create(tool_choice={"type": "any"}, **kw).content[0].name == ""
+
+
 def _same(a, b) -> bool:
     strip = lambda m: [  # noqa: E731
         {k: v for k, v in c.model_dump().items() if k != "id"} for c in m.content
