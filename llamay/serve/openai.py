@@ -251,9 +251,9 @@ def _oa_reason(reason: str | None) -> str:
 
 
 def _message_of(
-    gen: TextGen, text: str, forced: list[dict] | None, names: set[str]
+    gen: TextGen, text: str, forced: list[dict] | None, names: set[str], parallel: bool = True
 ) -> tuple[dict, str]:
-    calls = T.calls_in(text, forced, names)
+    calls = T.calls_in(text, forced, names, parallel)
     if calls:
         tool_calls = [
             {
@@ -314,6 +314,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.top_logprobs and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     top = _n_probs(body)
+    parallel = body.parallel_tool_calls is not False  # false: at most one call
     lm = await st.models.get(body.model, lenient=True)
     template_tools, forced = _tool_plan(body)
     names = {t["function"]["name"] for t in template_tools or []}
@@ -347,7 +348,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         texts = await asyncio.gather(*(g.collect(request) for g in gens))
         choices = []
         for i, (g, t) in enumerate(zip(gens, texts, strict=True)):
-            msg, reason = _message_of(g, t, forced, names)
+            msg, reason = _message_of(g, t, forced, names, parallel)
             lp = chat_logprobs(lm, g.logprob_rows()) if top is not None else None
             choices.append({"index": i, "message": msg, "finish_reason": reason, "logprobs": lp})
         return {
@@ -422,7 +423,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                     if rest := autos[i].flush():  # a marker's start that never became one
                         yield chunk([choice(i, {"content": rest})])
                     if autos[i].holding:
-                        msg, reason = _message_of(gens[i], autos[i].held, None, names)
+                        msg, reason = _message_of(gens[i], autos[i].held, None, names, parallel)
                         out = {k: v for k, v in msg.items() if k != "role"}
                         if "tool_calls" in out:
                             out["tool_calls"] = [

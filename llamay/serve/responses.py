@@ -193,11 +193,12 @@ async def responses(body: ResponsesRequest, request: Request):
 
     rid, mid = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
     created = int(time.time())
+    parallel = body.parallel_tool_calls is not False  # false: at most one call
 
     def output_items(text: str) -> list[dict]:
         """The reply's items: its message, or the text beside its calls (if any) as a
         message and then a function_call item a call."""
-        calls = T.calls_in(text, forced, names)
+        calls = T.calls_in(text, forced, names, parallel)
         if not calls:
             return [message_item(text, logprobs(g.logprob_rows()))]
         beside = "" if forced is not None else T.text_around_calls(text)
@@ -370,7 +371,7 @@ async def responses(body: ResponsesRequest, request: Request):
             if out := auto.feed(delta):
                 for e in text_events(out, g.take_logprobs()):
                     yield e
-        calls = T.parse_calls(auto.held, names) if auto.holding else None
+        calls = T.parse_calls(auto.held, names, parallel) if auto.holding else None
         rest = auto.flush() + ("" if calls else auto.held)  # no call after all: text too
         if rest or not (opened or calls):
             for e in text_events(rest, g.take_logprobs()):

@@ -163,8 +163,9 @@ def pick(functions: list[dict], name: str | None) -> list[dict]:
 _TAGGED = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
-def parse_calls(text: str, names: set[str]) -> list[dict] | None:
-    """Tool calls in a model's free text, or None: each `{"name", "arguments": dict}`."""
+def parse_calls(text: str, names: set[str], parallel: bool = True) -> list[dict] | None:
+    """Tool calls in a model's free text, or None: each `{"name", "arguments": dict}`
+    (the first only without `parallel`: OpenAI's parallel_tool_calls false)."""
     blobs = _TAGGED.findall(text)
     if not blobs and text.strip().startswith("{"):
         blobs = [text.strip()]
@@ -182,7 +183,7 @@ def parse_calls(text: str, names: set[str]) -> list[dict] | None:
                 except ValueError:
                     continue
             calls.append({"name": obj["name"], "arguments": args if isinstance(args, dict) else {}})
-    return calls or None
+    return (calls if parallel else calls[:1]) or None
 
 
 def forced_call(text: str, sole: str | None = None) -> dict:
@@ -208,12 +209,14 @@ def sole_name(forced: list[dict] | None) -> str | None:
     return forced[0]["name"] if forced and len(forced) == 1 else None
 
 
-def calls_in(text: str, forced: list[dict] | None, names: set[str]) -> list[dict] | None:
+def calls_in(
+    text: str, forced: list[dict] | None, names: set[str], parallel: bool = True
+) -> list[dict] | None:
     """The tool calls in a generation's text: the one forced call (among the `forced`
-    functions), the calls recognised among `names`, or None (plain text)."""
+    functions), the calls recognised among `names` (`parse_calls`), or None (plain text)."""
     if forced:
         return [forced_call(text, sole_name(forced))]
-    return parse_calls(text, names) if names else None
+    return parse_calls(text, names, parallel) if names else None
 
 
 def text_around_calls(text: str) -> str:

@@ -382,6 +382,29 @@ def test_responses_a_call_after_text_streams_the_text_then_the_call(client):
     assert json.loads(final.response.output[1].arguments) == {}
 
 
+def test_parallel_tool_calls_false_is_one_call(client):
+    call = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+    kw = dict(
+        model="tiny",
+        messages=MSGS,
+        max_tokens=64,
+        temperature=0,
+        tools=[TIME],
+        extra_body={"grammar": "root ::= " + json.dumps(call * 2)},
+    )
+    r = client.chat.completions.create(**kw)
+    assert len(r.choices[0].message.tool_calls) == 2  # parallel calls by default
+    r = client.chat.completions.create(parallel_tool_calls=False, **kw)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_time"]
+    chunks = list(client.chat.completions.create(parallel_tool_calls=False, stream=True, **kw))
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert len(calls) == 1
+    ask = dict(model="tiny", input="Time?", tools=[TIME_TOOL], max_output_tokens=64)
+    ask |= dict(temperature=0, extra_body=kw["extra_body"], parallel_tool_calls=False)
+    out = client.responses.create(**ask).output
+    assert [o.type for o in out] == ["function_call"]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_logprobs_equal_the_logits(client, tiny, stream):
     kw = dict(model="tiny", messages=MSGS, max_tokens=6, temperature=0, logprobs=True)
