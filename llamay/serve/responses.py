@@ -211,17 +211,21 @@ async def responses(body: ResponsesRequest, request: Request):
                 "arguments": T.forced_arguments(text)
                 if forced is not None
                 else json.dumps(c["arguments"]),
-                "status": "completed",
+                "status": item_status(),
             }
             for c in calls
         ]
+
+    def item_status() -> str:
+        """An output item's status: incomplete when the reply was cut (max_output_tokens)."""
+        return "incomplete" if g.finish_reason == "length" else "completed"
 
     def message_item(text: str, rows: list[dict]) -> dict:
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": rows}
         return {
             "type": "message",
             "id": mid,
-            "status": "incomplete" if g.finish_reason == "length" else "completed",
+            "status": item_status(),
             "role": "assistant",
             "content": [part],
         }
@@ -328,7 +332,7 @@ async def responses(body: ResponsesRequest, request: Request):
                 "arguments": args,
             }
         )
-        item = {**item, "arguments": args, "status": "completed"}
+        item = {**item, "arguments": args, "status": item_status()}
         yield ev({"type": "response.output_item.done", "output_index": 0, "item": item})
         done = "response.incomplete" if g.finish_reason == "length" else "response.completed"
         yield ev({"type": done, "response": finished("completed", [item])})
@@ -397,7 +401,7 @@ async def responses(body: ResponsesRequest, request: Request):
                       "output_index": i, "delta": args})  # fmt: skip
             yield ev({"type": "response.function_call_arguments.done", "item_id": item["id"],
                       "output_index": i, "arguments": args})  # fmt: skip
-            items.append({**item, "arguments": args, "status": "completed"})
+            items.append({**item, "arguments": args, "status": item_status()})
             yield ev({"type": "response.output_item.done", "output_index": i, "item": items[-1]})
         done = "response.incomplete" if g.finish_reason == "length" else "response.completed"
         yield ev({"type": done, "response": finished("completed", items)})

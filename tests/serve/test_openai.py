@@ -340,6 +340,13 @@ def test_responses_forced_function_call(client):
     assert len(pieces) > 1 and "".join(pieces) == call.arguments  # streamed as generated
     final = events[-1].response.output[0]
     assert final.name == "get_weather" and final.arguments == call.arguments
+    assert call.status == final.status == "completed"
+    # cut by max_output_tokens: the call's item is incomplete, as the response is
+    cut = client.responses.create(**{**ask, "max_output_tokens": 8})
+    assert (cut.status, cut.output[0].status) == ("incomplete", "incomplete")
+    events = list(client.responses.create(**{**ask, "max_output_tokens": 8}, stream=True))
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.output[0].status == "incomplete"
 
 
 TIME_TOOL = {"type": "function", "name": "get_time", "parameters": TIME["function"]["parameters"]}
