@@ -391,14 +391,7 @@ def test_responses_a_call_after_text_streams_the_text_then_the_call(client):
 
 def test_parallel_tool_calls_false_is_one_call(client):
     call = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
-    kw = dict(
-        model="tiny",
-        messages=MSGS,
-        max_tokens=64,
-        temperature=0,
-        tools=[TIME],
-        extra_body={"grammar": "root ::= " + json.dumps(call * 2)},
-    )
+    kw = _written_by_grammar(call * 2)
     r = client.chat.completions.create(**kw)
     assert len(r.choices[0].message.tool_calls) == 2  # parallel calls by default
     r = client.chat.completions.create(parallel_tool_calls=False, **kw)
@@ -529,15 +522,15 @@ TEXT_THEN_CALL = 'Let me check.\n<tool_call>\n{"name": "get_time", "arguments": 
 TEXT_THEN_CALL_GBNF = "root ::= " + json.dumps(TEXT_THEN_CALL)
 
 
+def _written_by_grammar(reply: str) -> dict:
+    """A chat request with get_time on auto whose reply a GBNF grammar writes."""
+    grammar = "root ::= " + json.dumps(reply)
+    return dict(model="tiny", messages=MSGS, max_tokens=64, temperature=0, tools=[TIME],
+                extra_body={"grammar": grammar})  # fmt: skip
+
+
 def test_a_call_after_text_is_a_call_with_that_text(client):
-    kw = dict(
-        model="tiny",
-        messages=MSGS,
-        max_tokens=64,
-        temperature=0,
-        tools=[TIME],
-        extra_body={"grammar": TEXT_THEN_CALL_GBNF},
-    )
+    kw = _written_by_grammar(TEXT_THEN_CALL)
     whole = client.chat.completions.create(**kw).choices[0]
     assert whole.message.content == "Let me check."
     assert [c.function.name for c in whole.message.tool_calls] == ["get_time"]
